@@ -1,0 +1,396 @@
+"""MXFP8 numerics: the reference every kernel in this package is tested against.
+
+Everything here is plain torch, runs on any device, and follows ``design.md`` section 1:
+
+* Block size 32 along the *scaled* dim; elements ``float8_e4m3fn`` (max 448) or ``float8_e5m2`` (max 57344);
+  one ``float8_e8m0fnu`` scale per block, byte ``b`` meaning ``2**(b - 127)``, byte 255 NaN, byte 0 ``2**-127``.
+  Source: OCP Microscaling Formats (MX) Specification v1.0.
+* ``scale_mode="floor"`` (OCP MX v1.0): ``scale = 2**(floor(log2(amax)) - emax_elem)`` with ``emax_elem`` 8 (e4m3)
+  or 15 (e5m2); elements that still exceed the element max saturate.
+* ``scale_mode="rceil"`` (cuBLAS "block scaling factors for FP8 with UE8M0 scales"): ``scale`` is the smallest
+  power of two ``>= amax / max_elem``, computed exactly from the fp32 amax.
+* ``amax`` is ``max |x|`` over the block in fp32.  A block holding NaN or Inf gets scale byte 255 and all-NaN
+  elements; an all-zero block gets scale byte 0 and zero elements with their sign kept.
+* Elements: ``x / scale`` (exact, the scale is a power of two), round to nearest even, saturate to ``+-max``.
+
+Scale layouts (``design.md`` section 2): "plain" scales have the data's shape with the scaled dim divided by 32.
+The "blocked" (swizzled) layout is what tcgen05 block-scaled MMA and cuBLAS read: the (R, C) scale matrix padded
+with zeros to (ceil(R/128)*128, ceil(C/4)*4) and stored as 512-byte tiles of 128 rows x 4 columns, tile
+``(r // 128) * ceil(C/4) + c // 4``, byte ``(r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4`` inside the tile
+(the (32, 4, 4) atom of ``cutlass.utils.blockscaled_layout``).
+
+Grouped layouts use int32 cumulative *end* offsets ``offs`` of shape (G,): group g holds rows
+``[offs[g-1], offs[g])`` (start 0 for g = 0), ``offs[-1] <= M``, empty groups are legal.
+
+* Groups along M (2d-3d GEMM operand, blocks along K): each group's blocked scales start on a fresh 128-row tile.
+* Groups along K (2d-2d wgrad operand, blocks along the token dim): blocks never cross a group end (a group's last
+  partial block is quantized as if zero-padded) and each group's scale columns start on a multiple of 4.
+
+Both grouped layouts reserve ``grouped_scale_tiles(M, G) = M // 128 + G`` tiles along the grouped dim, an upper
+bound on ``sum_g ceil(size_g / 128)`` that depends only on shapes, so buffers have static sizes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "BLOCK_SIZE",
+    "SCALE_MODES",
+    "ELEM_DTYPES",
+    "elem_max",
+    "quantize_mxfp8",
+    "dequantize_mxfp8",
+    "e8m0_to_float",
+    "amax_to_e8m0",
+    "to_blocked_scales",
+    "from_blocked_scales",
+    "blocked_scales_numel",
+    "grouped_scale_tiles",
+    "validate_offsets",
+    "group_tile_starts",
+    "to_blocked_scales_grouped_m",
+    "from_blocked_scales_grouped_m",
+    "quantize_mxfp8_grouped_k",
+    "dequantize_mxfp8_grouped_k",
+    "to_blocked_scales_grouped_k",
+    "from_blocked_scales_grouped_k",
+]
+
+BLOCK_SIZE = 32
+SCALE_MODES = ("floor", "rceil")
+# element dtype -> (largest finite value, exponent of the largest power of two below it, i.e. emax_elem)
+ELEM_DTYPES = {
+    torch.float8_e4m3fn: (448.0, 8),
+    torch.float8_e5m2: (57344.0, 15),
+}
+_E8M0_NAN = 255
+_TILE_ROWS = 128  # rows of one blocked scale tile
+_TILE_COLS = 4  # scale columns of one blocked scale tile (= 128 elements along the scaled dim)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_elem_dtype(elem_dtype: torch.dtype) -> None:
+    if elem_dtype not in ELEM_DTYPES:
+        raise ValueError(
+            f"elem_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {elem_dtype}"
+        )
+
+
+def _check_scale_mode(scale_mode: str) -> None:
+    if scale_mode not in SCALE_MODES:
+        raise ValueError(f"scale_mode must be one of {SCALE_MODES}, got {scale_mode!r}")
+
+
+def elem_max(elem_dtype: torch.dtype) -> float:
+    """Largest finite value of an MXFP8 element dtype (448 for e4m3, 57344 for e5m2)."""
+    _check_elem_dtype(elem_dtype)
+    return ELEM_DTYPES[elem_dtype][0]
+
+
+def amax_to_e8m0(amax: torch.Tensor, scale_mode: str = "rceil", elem_dtype=torch.float8_e4m3fn,
+                 *, max_elem: float | None = None) -> torch.Tensor:
+    """E8M0 scale byte (as uint8) for fp32 block maxima ``amax`` (>= 0, NaN/Inf allowed).
+
+    ``floor``: ``clamp(floor(log2 amax) - emax_elem + 127, 0, 254)``.  ``rceil``: the smallest ``b`` in [0, 254]
+    with ``2**(b-127) >= amax / max_elem`` (``max_elem`` defaults to the element dtype's max; pass 1.0 to get the
+    bare round-up-to-a-power-of-two step).  ``amax == 0`` gives 0; NaN or Inf gives 255.
+    """
+    _check_scale_mode(scale_mode)
+    _check_elem_dtype(elem_dtype)
+    amax = amax.float()
+    fmax, emax = ELEM_DTYPES[elem_dtype]
+    if max_elem is not None:
+        fmax = float(max_elem)
+    if scale_mode == "floor":
+        # frexp: amax = m * 2**e with m in [0.5, 1), so floor(log2(amax)) = e - 1 (exact, subnormals too).
+        _, e = torch.frexp(amax)
+        byte = (e.to(torch.int32) - 1) - emax + 127
+    else:
+        # amax / fmax in float64 is exact enough: an fp32 amax has 24 significant bits, so the quotient is a
+        # power of two exactly when the rounded float64 quotient is one.
+        m, e = torch.frexp(amax.double() / fmax)
+        s = torch.where(m == 0.5, e - 1, e).to(torch.int32)  # ceil(log2(amax / fmax))
+        byte = s + 127
+    byte = byte.clamp(0, 254)
+    byte = torch.where(amax == 0, torch.zeros_like(byte), byte)
+    byte = torch.where(torch.isfinite(amax), byte, torch.full_like(byte, _E8M0_NAN))
+    return byte.to(torch.uint8)
+
+
+def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
+    """Decode E8M0 scales (``float8_e8m0fnu`` or uint8 bytes) to fp32: ``2**(b-127)``, byte 0 is ``2**-127``
+    (fp32 bits 0x00400000, never 0.0), byte 255 is NaN."""
+    b = scales.view(torch.uint8).to(torch.int32)
+    bits = torch.where(b == 0, torch.full_like(b, 0x00400000), b << 23)
+    out = bits.view(torch.float32)
+    return torch.where(b == _E8M0_NAN, torch.full_like(out, float("nan")), out)
+
+
+def _byte_to_scale(byte: torch.Tensor) -> torch.Tensor:
+    return e8m0_to_float(byte)
+
+
+def _quantize_blocks(xb: torch.Tensor, scale_mode: str, elem_dtype: torch.dtype):
+    """Quantize ``xb`` of shape (..., 32) in fp32 along its last dim; returns (elements, scale bytes (...))."""
+    fmax = ELEM_DTYPES[elem_dtype][0]
+    nonfinite = ~torch.isfinite(xb).all(dim=-1)
+    amax = xb.abs().amax(dim=-1)
+    amax = torch.where(nonfinite, torch.full_like(amax, float("inf")), amax)
+    byte = amax_to_e8m0(amax, scale_mode, elem_dtype)
+    scale = _byte_to_scale(byte)
+    # Division by a power of two is exact; a NaN scale (poisoned block) makes every element NaN.
+    q = (xb / scale.unsqueeze(-1)).clamp(-fmax, fmax)
+    q = torch.where(nonfinite.unsqueeze(-1), torch.full_like(q, float("nan")), q)
+    return q.to(elem_dtype), byte
+
+
+def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
+                   elem_dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x`` to MXFP8 with blocks of 32 consecutive elements along ``dim``.
+
+    Args:
+        x: bf16 or fp32 tensor of any rank >= 1, any strides; ``x.shape[dim] % 32 == 0``.
+        dim: the scaled dim.  ``dim=-1`` is "rowwise" (dim0-major data, 1x32 blocks) for a 2-D tensor,
+            ``dim=0`` is "colwise" (32x1 blocks).
+        scale_mode: ``"rceil"`` (default; cuBLAS / TransformerEngine) or ``"floor"`` (OCP MX v1.0).
+        elem_dtype: ``torch.float8_e4m3fn`` (default) or ``torch.float8_e5m2``.
+
+    Returns:
+        ``(data, scales)``: ``data`` has ``x``'s shape in ``elem_dtype`` (contiguous); ``scales`` is
+        ``torch.float8_e8m0fnu`` (contiguous) with ``x``'s shape except ``x.shape[dim] // 32`` along ``dim``
+        (the plain layout; see :func:`to_blocked_scales`).
+
+    Raises:
+        ValueError: unsupported dtype, scale mode or element dtype, or ``x.shape[dim]`` not a multiple of 32.
+    """
+    _check_scale_mode(scale_mode)
+    _check_elem_dtype(elem_dtype)
+    if x.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"quantize_mxfp8 takes bfloat16 or float32 input, got {x.dtype}; cast it first")
+    if x.dim() == 0:
+        raise ValueError("quantize_mxfp8 needs a tensor of rank >= 1")
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    if n % BLOCK_SIZE != 0:
+        raise ValueError(
+            f"the scaled dim (dim={dim}, size {n}) must be a multiple of the MX block size {BLOCK_SIZE}; "
+            "pad it with zeros to a multiple of 32"
+        )
+    xt = x.float().movedim(dim, -1)
+    lead = xt.shape[:-1]
+    q, byte = _quantize_blocks(xt.reshape(*lead, n // BLOCK_SIZE, BLOCK_SIZE), scale_mode, elem_dtype)
+    data = q.reshape(*lead, n).movedim(-1, dim).contiguous()
+    scales = byte.movedim(-1, dim).contiguous().view(torch.float8_e8m0fnu)
+    return data, scales
+
+
+def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, *, dim: int = -1,
+                     out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse of :func:`quantize_mxfp8`: ``data.float() * 2**(b - 127)`` per block (b = 255 gives NaN).
+
+    ``data`` is e4m3/e5m2 of any shape, ``scales`` (plain layout, e8m0 or uint8) has ``data``'s shape with
+    ``data.shape[dim] // 32`` along ``dim``.  Returns ``out_dtype`` (fp32 default) of ``data``'s shape.
+    """
+    if data.dtype not in ELEM_DTYPES:
+        raise ValueError(f"data must be float8_e4m3fn or float8_e5m2, got {data.dtype}")
+    dim = dim % data.dim()
+    n = data.shape[dim]
+    expect = list(data.shape)
+    expect[dim] = n // BLOCK_SIZE
+    if n % BLOCK_SIZE != 0 or list(scales.shape) != expect:
+        raise ValueError(f"scales of shape {tuple(scales.shape)} do not match data {tuple(data.shape)} "
+                         f"blocked by 32 along dim {dim} (expected {tuple(expect)})")
+    s = e8m0_to_float(scales).repeat_interleave(BLOCK_SIZE, dim=dim)
+    return (data.float() * s).to(out_dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Blocked (swizzled) scale layout
+# ---------------------------------------------------------------------------------------------------------
+
+def blocked_scales_numel(rows: int, cols: int) -> int:
+    """Bytes of the blocked layout of a (rows, cols) scale matrix: ceil(rows/128)*128 * ceil(cols/4)*4."""
+    return _ceil_div(rows, _TILE_ROWS) * _TILE_ROWS * _ceil_div(cols, _TILE_COLS) * _TILE_COLS
+
+
+def to_blocked_scales(scales: torch.Tensor) -> torch.Tensor:
+    """Plain (R, C) scales -> the blocked tcgen05/cuBLAS layout as a contiguous 1-D ``float8_e8m0fnu`` buffer of
+    :func:`blocked_scales_numel` (R, C) bytes, zero padded.  A 3-D (E, R, C) input (per-expert weights) gives
+    (E, blocked_scales_numel(R, C)), each expert blocked on its own."""
+    if scales.dim() == 3:
+        if scales.shape[0] == 0:
+            return scales.new_zeros(0, blocked_scales_numel(*scales.shape[1:]))
+        return torch.stack([to_blocked_scales(s) for s in scales])
+    if scales.dim() != 2:
+        raise ValueError(f"to_blocked_scales takes (R, C) or (E, R, C) scales, got shape {tuple(scales.shape)}")
+    r, c = scales.shape
+    rt, ct = _ceil_div(r, _TILE_ROWS), _ceil_div(c, _TILE_COLS)
+    padded = scales.view(torch.uint8).new_zeros(rt * _TILE_ROWS, ct * _TILE_COLS)
+    padded[:r, :c] = scales.view(torch.uint8)
+    # row = rt*128 + r1*32 + r0 -> offset inside the tile r0*16 + r1*4 + c%4
+    blocked = padded.view(rt, 4, 32, ct, _TILE_COLS).permute(0, 3, 2, 1, 4)
+    return blocked.reshape(-1).view(torch.float8_e8m0fnu)
+
+
+def from_blocked_scales(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Inverse of :func:`to_blocked_scales`: a blocked buffer (1-D, or (E, n) per expert) -> plain (rows, cols)
+    (or (E, rows, cols)) ``float8_e8m0fnu`` scales."""
+    if blocked.dim() == 2:
+        if blocked.shape[0] == 0:
+            return blocked.new_zeros(0, rows, cols)
+        return torch.stack([from_blocked_scales(b, rows, cols) for b in blocked])
+    need = blocked_scales_numel(rows, cols)
+    if blocked.dim() != 1 or blocked.numel() != need:
+        raise ValueError(f"blocked scales for ({rows}, {cols}) need a 1-D buffer of {need} bytes, "
+                         f"got shape {tuple(blocked.shape)}")
+    rt, ct = _ceil_div(rows, _TILE_ROWS), _ceil_div(cols, _TILE_COLS)
+    plain = blocked.view(torch.uint8).view(rt, ct, 32, 4, _TILE_COLS).permute(0, 3, 2, 1, 4)
+    plain = plain.reshape(rt * _TILE_ROWS, ct * _TILE_COLS)
+    return plain[:rows, :cols].contiguous().view(torch.float8_e8m0fnu)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Grouped layouts
+# ---------------------------------------------------------------------------------------------------------
+
+def grouped_scale_tiles(total: int, num_groups: int) -> int:
+    """128-wide tiles reserved along the grouped dim: ``total // 128 + num_groups`` >= sum_g ceil(size_g/128)."""
+    return total // _TILE_ROWS + num_groups
+
+
+def validate_offsets(offs: torch.Tensor, total: int) -> None:
+    """Check ``offs``: 1-D int32, non-decreasing, ``0 <= offs[g] <= total``.  Raises ValueError naming the fix.
+
+    Reads the values (a device sync on GPU); the checks on dtype and rank are free.
+    """
+    if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
+        got = f"{offs.dtype} of shape {tuple(offs.shape)}" if isinstance(offs, torch.Tensor) else type(offs)
+        raise ValueError(f"offs must be a 1-D torch.int32 tensor of cumulative group END offsets, got {got}")
+    if offs.numel() == 0:
+        return
+    o = offs.cpu().to(torch.int64)
+    if int(o[0]) < 0 or bool((o[1:] < o[:-1]).any()):
+        raise ValueError(f"offs must be non-decreasing and >= 0 (cumulative end offsets), got {o.tolist()}")
+    if int(o[-1]) > total:
+        raise ValueError(f"offs[-1] = {int(o[-1])} exceeds the grouped dim size {total}")
+
+
+def _group_bounds(offs: torch.Tensor) -> list[tuple[int, int]]:
+    o = offs.cpu().tolist()
+    starts = [0] + o[:-1]
+    return list(zip(starts, o))
+
+
+def group_tile_starts(offs: torch.Tensor) -> torch.Tensor:
+    """First 128-wide tile of each group in a grouped blocked layout: the exclusive prefix sum of
+    ``ceil(size_g / 128)``.  int32, shape (G,), on ``offs``'s device."""
+    o = offs.to(torch.int64)
+    sizes = torch.diff(o, prepend=o.new_zeros(1))
+    tiles = (sizes + _TILE_ROWS - 1) // _TILE_ROWS
+    return (torch.cumsum(tiles, 0) - tiles).to(torch.int32)
+
+
+def to_blocked_scales_grouped_m(scales: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Plain (M, C) row scales of a 2d-3d operand grouped along M -> a blocked buffer in which every group starts
+    on a fresh 128-row tile (:func:`group_tile_starts`).
+
+    Returns a contiguous 1-D ``float8_e8m0fnu`` buffer of ``grouped_scale_tiles(M, G) * 128 * ceil(C/4)*4`` bytes;
+    unused tiles and padding are zero; rows at or past ``offs[-1]`` are not read.
+    """
+    m, c = scales.shape
+    g = offs.numel()
+    validate_offsets(offs, m)
+    ct = _ceil_div(c, _TILE_COLS)
+    tile_bytes = _TILE_ROWS * ct * _TILE_COLS
+    out = scales.view(torch.uint8).new_zeros(grouped_scale_tiles(m, g) * tile_bytes)
+    for (s, e), t in zip(_group_bounds(offs), group_tile_starts(offs).tolist()):
+        if e > s:
+            blk = to_blocked_scales(scales[s:e]).view(torch.uint8)
+            out[t * tile_bytes: t * tile_bytes + blk.numel()] = blk
+    return out.view(torch.float8_e8m0fnu)
+
+
+def from_blocked_scales_grouped_m(blocked: torch.Tensor, offs: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Inverse of :func:`to_blocked_scales_grouped_m`: plain (rows, cols) scales, zero at rows >= offs[-1]."""
+    g = offs.numel()
+    validate_offsets(offs, rows)
+    ct = _ceil_div(cols, _TILE_COLS)
+    tile_bytes = _TILE_ROWS * ct * _TILE_COLS
+    need = grouped_scale_tiles(rows, g) * tile_bytes
+    if blocked.dim() != 1 or blocked.numel() != need:
+        raise ValueError(f"grouped blocked scales for ({rows}, {cols}) with {g} groups need {need} bytes, "
+                         f"got shape {tuple(blocked.shape)}")
+    flat = blocked.view(torch.uint8)
+    out = flat.new_zeros(rows, cols)
+    for (s, e), t in zip(_group_bounds(offs), group_tile_starts(offs).tolist()):
+        if e > s:
+            n = blocked_scales_numel(e - s, cols)
+            out[s:e] = from_blocked_scales(flat[t * tile_bytes: t * tile_bytes + n], e - s, cols).view(torch.uint8)
+    return out.view(torch.float8_e8m0fnu)
+
+
+def quantize_mxfp8_grouped_k(x: torch.Tensor, offs: torch.Tensor, *, scale_mode: str = "rceil",
+                             elem_dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize ``x`` (M, N) along dim 0 (the token dim of a 2d-2d wgrad operand) per token group.
+
+    Blocks of 32 rows start at each group's first row and never cross a group end: a group's last partial block
+    is quantized as if zero-padded.  Any group size works, including 0 and sizes not divisible by 32.
+
+    Returns ``(data, scales)``: ``data`` (M, N) ``elem_dtype``, zero at rows >= offs[-1]; ``scales`` plain and
+    *aligned*: shape (4 * grouped_scale_tiles(M, G), N) ``float8_e8m0fnu``, where the blocks of group g occupy rows
+    ``[4 * group_tile_starts(offs)[g], ... + ceil(size_g / 32))`` and every other row is zero.  The GEMM operand's
+    scale matrix is ``scales.t()`` (N rows, block columns), whose group columns start on multiples of 4; pass it
+    to :func:`to_blocked_scales` (or use :func:`to_blocked_scales_grouped_k`).
+    """
+    if x.dim() != 2:
+        raise ValueError(f"quantize_mxfp8_grouped_k takes a 2-D (M, N) tensor, got shape {tuple(x.shape)}")
+    m, n = x.shape
+    validate_offsets(offs, m)
+    g = offs.numel()
+    data = torch.zeros(m, n, dtype=elem_dtype, device=x.device)
+    scales = torch.zeros(4 * grouped_scale_tiles(m, g), n, dtype=torch.uint8, device=x.device)
+    for (s, e), t in zip(_group_bounds(offs), group_tile_starts(offs).tolist()):
+        if e == s:
+            continue
+        size = e - s
+        padded = x.new_zeros(_ceil_div(size, BLOCK_SIZE) * BLOCK_SIZE, n)
+        padded[:size] = x[s:e]
+        d, sc = quantize_mxfp8(padded, dim=0, scale_mode=scale_mode, elem_dtype=elem_dtype)
+        data[s:e] = d[:size]
+        scales[4 * t: 4 * t + sc.shape[0]] = sc.view(torch.uint8)
+    return data, scales.view(torch.float8_e8m0fnu)
+
+
+def dequantize_mxfp8_grouped_k(data: torch.Tensor, scales: torch.Tensor, offs: torch.Tensor,
+                               out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse of :func:`quantize_mxfp8_grouped_k`; rows >= offs[-1] come back as zero."""
+    m, n = data.shape
+    validate_offsets(offs, m)
+    out = torch.zeros(m, n, dtype=out_dtype, device=data.device)
+    for (s, e), t in zip(_group_bounds(offs), group_tile_starts(offs).tolist()):
+        if e == s:
+            continue
+        nb = _ceil_div(e - s, BLOCK_SIZE)
+        padded = data.new_zeros(nb * BLOCK_SIZE, n)
+        padded[: e - s] = data[s:e]
+        out[s:e] = dequantize_mxfp8(padded, scales[4 * t: 4 * t + nb], dim=0, out_dtype=out_dtype)[: e - s]
+    return out
+
+
+def to_blocked_scales_grouped_k(scales: torch.Tensor) -> torch.Tensor:
+    """Blocked layout of a 2d-2d operand's aligned grouped-K scale matrix (N, 4 * grouped_scale_tiles(M, G)),
+    i.e. ``quantize_mxfp8_grouped_k(...)[1].t()``.  The plain layout is already group-aligned (each group's columns
+    start on a multiple of 4), so this is :func:`to_blocked_scales` of it; kept as a name of its own so the
+    grouped-K convention has one documented entry point."""
+    if scales.dim() != 2 or scales.shape[1] % _TILE_COLS != 0:
+        raise ValueError(f"grouped-K scales must be (N, 4 * tiles), got shape {tuple(scales.shape)}")
+    return to_blocked_scales(scales)
+
+
+def from_blocked_scales_grouped_k(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Inverse of :func:`to_blocked_scales_grouped_k` (``cols`` = 4 * grouped_scale_tiles(M, G))."""
+    return from_blocked_scales(blocked, rows, cols)
