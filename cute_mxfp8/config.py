@@ -1,0 +1,38 @@
+"""User-facing training configuration for the MXFP8 autograd functions and modules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .formats import ELEM_DTYPES, SCALE_MODES
+
+
+@dataclass(frozen=True)
+class MXFP8Config:
+    """How the MXFP8 layers quantize.
+
+    Attributes:
+        scale_mode: ``"rceil"`` (default; cuBLAS / TransformerEngine) or ``"floor"`` (OCP MX v1.0).
+        elem_dtype: element dtype of activations and weights (``torch.float8_e4m3fn`` default, or e5m2).
+        grad_elem_dtype: element dtype of output gradients in backward (e4m3 default, as torchao's MX recipe;
+            ``torch.float8_e5m2`` trades precision for range).
+        wgrad_with_hp: compute weight gradients in high precision from saved bf16/fp32 tensors instead of
+            MXFP8 (costs memory for the saved activations; the two other GEMMs stay MXFP8).
+        backend: force one backend (``"reference"``, ``"sm90"``, ``"sm100"``); None chooses by device.
+    """
+
+    scale_mode: str = "rceil"
+    elem_dtype: torch.dtype = torch.float8_e4m3fn
+    grad_elem_dtype: torch.dtype = torch.float8_e4m3fn
+    wgrad_with_hp: bool = False
+    backend: str | None = None
+
+    def __post_init__(self):
+        if self.scale_mode not in SCALE_MODES:
+            raise ValueError(f"scale_mode must be one of {SCALE_MODES}, got {self.scale_mode!r}")
+        for name in ("elem_dtype", "grad_elem_dtype"):
+            if getattr(self, name) not in ELEM_DTYPES:
+                raise ValueError(f"{name} must be torch.float8_e4m3fn or torch.float8_e5m2, "
+                                 f"got {getattr(self, name)}")

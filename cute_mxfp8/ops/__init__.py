@@ -1,0 +1,25 @@
+"""Custom ops, backends and autograd functions (the only layer that knows about backends).
+
+Importing this package registers the ``cute_mxfp8`` torch.library ops and the ``reference`` backend.
+"""
+
+from . import reference as _reference  # noqa: F401  (registers the reference backend)
+from .api import (  # noqa: F401
+    dswiglu_quant,
+    grouped_mm,
+    grouped_mm_wgrad,
+    mm,
+    quantize_colwise,
+    quantize_dual,
+    quantize_gate_up,
+    quantize_rowwise,
+    swiglu_quant,
+)
+from .autograd import mxfp8_grouped_mm, mxfp8_linear, mxfp8_swiglu_mlp  # noqa: F401
+from .backends import (  # noqa: F401
+    ENV_VAR,
+    BackendUnavailableError,
+    register_backend,
+    registered_backends,
+    resolve_backend,
+)

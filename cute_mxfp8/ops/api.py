@@ -1,0 +1,147 @@
+"""Documented Python entry points to the ``cute_mxfp8`` custom ops (``torch.ops.cute_mxfp8.*``).
+
+Conventions shared by every function here (``design.md`` sections 1-2):
+
+* MXFP8 data is ``torch.float8_e4m3fn`` or ``torch.float8_e5m2``; scales are ``torch.float8_e8m0fnu``, one per
+  32 elements along the scaled dim.  All outputs are new contiguous tensors.
+* ``blocked=True`` returns scales in the tcgen05/cuBLAS blocked layout as a flat buffer
+  (:func:`cute_mxfp8.formats.to_blocked_scales`); ``blocked=False`` the plain layout.  The GEMM ops take blocked.
+* ``offs``: int32 cumulative END offsets of token groups, shape (G,), ``offs[-1] <= M``; empty groups and groups
+  of any size are legal.  Rows at or past ``offs[-1]`` are never read and produce zeros.
+* ``backend``: ``None`` picks automatically (``CUTE_MXFP8_BACKEND`` if set, else the best backend for the
+  device); an explicit backend that cannot run raises :class:`~cute_mxfp8.ops.backends.BackendUnavailableError`.
+* Bad shapes, dtypes, devices or offsets raise ``ValueError`` naming the rule, before any kernel runs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import library as L
+
+E4M3 = torch.float8_e4m3fn
+
+
+def quantize_rowwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
+                     blocked: bool = True, offs: Tensor | None = None, backend: str | None = None):
+    """Rowwise ("dim0", 1x32) MXFP8 quantization: blocks along the last dim.
+
+    Args:
+        x: (M, K) activations or (E, N, K) expert weights, bf16/fp32, ``K % 32 == 0``.
+        offs: token groups of a 2-D ``x`` (2d-3d GEMM operand): with ``blocked=True`` each group's scales start
+            on a fresh 128-row tile (:func:`cute_mxfp8.formats.to_blocked_scales_grouped_m`).
+    Returns:
+        ``(data, scales)``: data of ``x``'s shape; scales plain (M, K/32) / (E, N, K/32), or blocked: 1-D
+        ``blocked_scales_numel(M, K/32)`` (grouped: ``(M // 128 + G) * 128 * ceil4(K/32)``) / (E, numel).
+    """
+    return L._quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs, backend or "")
+
+
+def quantize_colwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
+                     blocked: bool = True, offs: Tensor | None = None, backend: str | None = None):
+    """Colwise ("dim1", 32x1) MXFP8 quantization: blocks along dim -2, data stored transposed.
+
+    The result is the K-major operand of the transposed product (``xᵀ`` as the ``a`` or ``b`` of
+    :func:`mm` / :func:`grouped_mm_wgrad`): quantizing ``x`` colwise equals quantizing ``x.t()`` rowwise.
+
+    Args:
+        x: (M, K) activations (bf16/fp32, any M) or (E, N, K) expert weights (``N % 32 == 0``).
+        offs: token groups along M (2d-2d wgrad operand): blocks never cross a group end, a group's last partial
+            block is quantized as if zero-padded (:func:`cute_mxfp8.formats.quantize_mxfp8_grouped_k`).
+    Returns:
+        ``(data_t, scales)``:
+        * 2-D, no offs: data_t (K, Mp) with Mp = ceil(M/32)*32, columns >= M are zero (padding written by the
+          op); scales (K, Mp/32) plain or blocked 1-D.
+        * 2-D with offs: data_t (K, M); scales (K, 4 * (M // 128 + G)) plain, group g's block columns starting at
+          ``4 * group_tile_starts(offs)[g]``, or that matrix blocked.
+        * 3-D (E, N, K): data_t (E, K, N); scales (E, K, N/32) or (E, blocked numel).
+    """
+    return L._quantize_colwise(x, scale_mode, elem_dtype, blocked, offs, backend or "")
+
+
+def quantize_dual(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
+                  blocked: bool = True, offs: Tensor | None = None, backend: str | None = None):
+    """Rowwise and colwise quantization from one read of ``x``: ``(row_data, row_scales, col_data, col_scales)``,
+    each exactly as :func:`quantize_rowwise` and :func:`quantize_colwise` return them (``K % 32 == 0``)."""
+    return L._quantize_dual(x, scale_mode, elem_dtype, blocked, offs, backend or "")
+
+
+def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
+                     blocked: bool = True, backend: str | None = None):
+    """Quantize the gate (``w1``) and up (``w3``) projections straight into the fused W13 layout
+    (:mod:`cute_mxfp8.swiglu`), with no high-precision copy of W13.
+
+    Args:
+        w1, w3: (I, D) or (E, I, D), bf16/fp32, ``I % 32 == 0`` and ``D % 32 == 0``.
+    Returns:
+        ``(row, row_scales, col, col_scales)``: ``row`` (2I, D) / (E, 2I, D) blocked along D (GEMM1's ``b``);
+        ``col`` (D, 2I) / (E, D, 2I) blocked along 2I (the w13 dgrad ``b``); scales as :func:`quantize_dual`.
+    """
+    return L._quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, backend or "")
+
+
+def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
+       backend: str | None = None) -> Tensor:
+    """MXFP8 GEMM ``out = a · bᵀ`` with fp32 accumulation.
+
+    Args:
+        a: (M, K) and b: (N, K) MXFP8 data, both K-major (blocks along K), ``K % 32 == 0``.
+        a_scales, b_scales: blocked scales of (M, K/32) and (N, K/32) (``quantize_rowwise(..., blocked=True)``).
+        out_dtype: bf16 (default) or fp32.
+    Returns: (M, N) in ``out_dtype``.
+    """
+    return L._mm(a, a_scales, b, b_scales, out_dtype, backend or "")
+
+
+def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, *,
+               out_dtype: torch.dtype = torch.bfloat16, backend: str | None = None) -> Tensor:
+    """2d-3d grouped MXFP8 GEMM (MoE forward and dgrad): ``out[rows of group g] = a[rows of g] · b[g]ᵀ``.
+
+    Args:
+        a: (M, K) MXFP8 data with grouped-M blocked scales (``quantize_rowwise(x, offs=offs)``).
+        b: (E, N, K) MXFP8 expert weights with (E, numel) blocked scales; ``offs`` has E groups.
+    Returns: (M, N) in ``out_dtype``; rows at or past ``offs[-1]`` are zero.
+    """
+    return L._grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, backend or "")
+
+
+def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, *,
+                     out_dtype: torch.dtype = torch.float32, backend: str | None = None) -> Tensor:
+    """2d-2d grouped MXFP8 GEMM (MoE wgrad): ``out[g] = a[:, tokens of g] · b[:, tokens of g]ᵀ``.
+
+    Args:
+        a: (N, M) and b: (K, M) token-major MXFP8 data with grouped-K blocked scales, as
+            ``quantize_colwise(dy, offs=offs)`` and ``quantize_colwise(x, offs=offs)`` return them.
+    Returns: (G, N, K) in ``out_dtype`` (fp32 default); an empty group's slice is exactly zero.
+    """
+    return L._grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, backend or "")
+
+
+def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3, blocked: bool = True,
+                 emit_hp: bool = False, offs: Tensor | None = None, backend: str | None = None):
+    """Fused SwiGLU + dual MXFP8 quantization (forward): ``h = silu(g) · u`` in fp32 from ``h13 = [g | u]``.
+
+    Args:
+        h13: (M, 2I) bf16/fp32 in the fused gate/up layout (:mod:`cute_mxfp8.swiglu`), ``I % 32 == 0``.
+        emit_hp: also return ``h`` in ``h13.dtype``; otherwise the last output is an empty (0,) tensor.
+        offs: token groups (grouped experts): colwise blocks never cross a group end.
+    Returns:
+        ``(h_row, h_row_scales, h_col, h_col_scales, h_hp)`` with the layouts of :func:`quantize_dual` for an
+        (M, I) tensor.
+    """
+    return L._swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "")
+
+
+def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
+                  blocked: bool = True, emit_hp: bool = False, offs: Tensor | None = None,
+                  backend: str | None = None):
+    """Fused SwiGLU backward + dual MXFP8 quantization: ``dg = dh·u·silu'(g)``, ``du = dh·silu(g)`` in fp32.
+
+    Args:
+        dh: (M, I) upstream gradient of ``h``; h13: (M, 2I) saved pre-activation ``[g | u]``.
+        emit_hp: also return ``dh13 = [dg | du]`` in ``dh.dtype``; otherwise an empty (0,) tensor.
+    Returns:
+        ``(dh13_row, row_scales, dh13_col, col_scales, dh13_hp)``, layouts of :func:`quantize_dual` for (M, 2I).
+    """
+    return L._dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "")

@@ -1,0 +1,211 @@
+"""Autograd functions that run a Linear, a grouped GEMM and a whole SwiGLU MLP in MXFP8.
+
+Every GEMM operand is quantized along that GEMM's contraction dim (``design.md`` section 3):
+
+* Linear ``y = x·Wᵀ``: forward x rowwise along K, W rowwise along K; dgrad ``dx = dy·W`` with dy rowwise along N
+  and W colwise along N; wgrad ``dW = dyᵀ·x`` with dy and x colwise along the tokens.
+* SwiGLU MLP (dense, or grouped experts when ``offs`` is given): x dual-quantized once; GEMM1 against the fused
+  W13 = [w1; w3]; SwiGLU + dual quantization of h from the fp32 accumulator (h in bf16 is never materialized);
+  GEMM2 against w2.  Backward: dy dual-quantized; w2 dgrad; dSwiGLU from the saved h13 + dual quantization of
+  dh13; w13 dgrad; w2 and w13 wgrads (2d-2d grouped when grouped).
+* ``wgrad_with_hp``: the weight gradients use the saved high-precision tensors instead (x, h, dy, dh13).
+
+Non-tensor arguments are passed as plain values (str / dtype / bool) so that torch.compile treats them as
+constants.  Gradients are returned in each input's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..swiglu import split_gate_up
+from . import api
+
+__all__ = ["mxfp8_linear", "mxfp8_grouped_mm", "mxfp8_swiglu_mlp"]
+
+
+def _gemm(a, a_s, b, b_s, offs, out_dtype, backend):
+    if offs is None:
+        return api.mm(a, a_s, b, b_s, out_dtype=out_dtype, backend=backend)
+    return api.grouped_mm(a, a_s, b, b_s, offs, out_dtype=out_dtype, backend=backend)
+
+
+def _wgrad(a_col, a_s, b_col, b_s, offs, backend):
+    """fp32 ``aᵀ·b`` over the token dim from two colwise-quantized operands (dense or 2d-2d grouped)."""
+    if offs is None:
+        return api.mm(a_col, a_s, b_col, b_s, out_dtype=torch.float32, backend=backend)
+    return api.grouped_mm_wgrad(a_col, a_s, b_col, b_s, offs, out_dtype=torch.float32, backend=backend)
+
+
+def _hp_wgrad(a: Tensor, b: Tensor, offs: Tensor | None) -> Tensor:
+    """fp32 ``aᵀ·b`` for (M, N) and (M, K) high-precision tensors, per token group when ``offs`` is given."""
+    a, b = a.float(), b.float()
+    if offs is None:
+        return a.t() @ b
+    out = a.new_zeros(offs.numel(), a.shape[1], b.shape[1])
+    start = 0
+    for g, end in enumerate(offs.tolist()):
+        if end > start:
+            out[g] = a[start:end].t() @ b[start:end]
+        start = end
+    return out
+
+
+def _quant(x, dtype, scale_mode, backend, offs, need_col):
+    """Rowwise (and, if ``need_col``, colwise) quantization: returns (row, row_s, col, col_s)."""
+    kw = dict(scale_mode=scale_mode, elem_dtype=dtype, offs=offs, backend=backend)
+    if need_col:
+        return api.quantize_dual(x, **kw)
+    return (*api.quantize_rowwise(x, **kw), None, None)
+
+
+class _LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend):
+        k = x.shape[-1]
+        x2 = x.reshape(-1, k)
+        x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, None, not wgrad_with_hp)
+        w_row, w_row_s, w_col, w_col_s = api.quantize_dual(weight, scale_mode=scale_mode, elem_dtype=elem_dtype,
+                                                           backend=backend)
+        y = api.mm(x_row, x_row_s, w_row, w_row_s, out_dtype=x.dtype, backend=backend)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        ctx.save_for_backward(x2 if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s)
+        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend)
+        ctx.meta = (x.shape, x.dtype, weight.dtype, bias is not None and bias.dtype)
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_saved, x_col_s, w_col, w_col_s = ctx.saved_tensors
+        scale_mode, gdt, hp, backend = ctx.cfg
+        x_shape, x_dtype, w_dtype, b_dtype = ctx.meta
+        n = dy.shape[-1]
+        dy2 = dy.reshape(-1, n)
+        need_w = ctx.needs_input_grad[1]
+        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, None, need_w and not hp)
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = api.mm(dy_row, dy_row_s, w_col, w_col_s, out_dtype=x_dtype, backend=backend).reshape(x_shape)
+        if need_w:
+            dw = _hp_wgrad(dy2, x_saved, None) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s, None, backend)
+            dw = dw.to(w_dtype)
+        if b_dtype is not False and ctx.needs_input_grad[2]:
+            db = dy2.float().sum(0).to(b_dtype)
+        return dx, dw, db, None, None, None, None, None
+
+
+class _GroupedMMFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, offs, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend):
+        x_row, x_row_s, x_col, x_col_s = _quant(x, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp)
+        w_row, w_row_s, w_col, w_col_s = api.quantize_dual(weight, scale_mode=scale_mode, elem_dtype=elem_dtype,
+                                                           backend=backend)
+        y = api.grouped_mm(x_row, x_row_s, w_row, w_row_s, offs, out_dtype=x.dtype, backend=backend)
+        ctx.save_for_backward(x if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s, offs)
+        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend)
+        ctx.meta = (x.dtype, weight.dtype)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_saved, x_col_s, w_col, w_col_s, offs = ctx.saved_tensors
+        scale_mode, gdt, hp, backend = ctx.cfg
+        x_dtype, w_dtype = ctx.meta
+        need_w = ctx.needs_input_grad[1]
+        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy, gdt, scale_mode, backend, offs, need_w and not hp)
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dx = api.grouped_mm(dy_row, dy_row_s, w_col, w_col_s, offs, out_dtype=x_dtype, backend=backend)
+        if need_w:
+            dw = _hp_wgrad(dy, x_saved, offs) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s, offs, backend)
+            dw = dw.to(w_dtype)
+        return dx, dw, None, None, None, None, None, None
+
+
+class _SwiGLUMLPFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w1, w2, w3, offs, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend):
+        d = x.shape[-1]
+        x2 = x.reshape(-1, d)
+        qw = dict(scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend)
+        x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp)
+        w13_row, w13_row_s, w13_col, w13_col_s = api.quantize_gate_up(w1, w3, **qw)
+        w2_row, w2_row_s, w2_col, w2_col_s = api.quantize_dual(w2, **qw)
+        # GEMM1 -> fp32 accumulator; h13 is saved in the activation dtype, h comes from the accumulator.
+        acc = _gemm(x_row, x_row_s, w13_row, w13_row_s, offs, torch.float32, backend)
+        h13 = acc.to(x.dtype)
+        h_row, h_row_s, h_col, h_col_s, h_hp = api.swiglu_quant(acc, emit_hp=wgrad_with_hp, offs=offs, **qw)
+        y = _gemm(h_row, h_row_s, w2_row, w2_row_s, offs, x.dtype, backend)
+        ctx.save_for_backward(x2 if wgrad_with_hp else x_col, x_col_s, h13, h_hp if wgrad_with_hp else h_col,
+                              h_col_s, w13_col, w13_col_s, w2_col, w2_col_s, offs)
+        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend)
+        ctx.meta = (x.shape, x.dtype, w1.dtype, w2.dtype)
+        return y.reshape(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_saved, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s, w2_col, w2_col_s, offs = ctx.saved_tensors
+        scale_mode, gdt, hp, backend = ctx.cfg
+        x_shape, x_dtype, w13_dtype, w2_dtype = ctx.meta
+        dy2 = dy.reshape(-1, x_shape[-1])
+        need_w = any(ctx.needs_input_grad[1:4])
+        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, offs, need_w and not hp)
+        dh = _gemm(dy_row, dy_row_s, w2_col, w2_col_s, offs, torch.float32, backend)  # w2 dgrad, (M, I)
+        dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.dswiglu_quant(
+            dh, h13, scale_mode=scale_mode, elem_dtype=gdt, emit_hp=hp, offs=offs, backend=backend)
+        dx = dw1 = dw2 = dw3 = None
+        if ctx.needs_input_grad[0]:
+            dx = _gemm(dh13_row, dh13_row_s, w13_col, w13_col_s, offs, x_dtype, backend).reshape(x_shape)
+        if need_w:
+            if hp:
+                dw2 = _hp_wgrad(dy2, h_saved, offs)
+                dw13 = _hp_wgrad(dh13_hp, x_saved, offs)
+            else:
+                dw2 = _wgrad(dy_col, dy_col_s, h_saved, h_col_s, offs, backend)
+                dw13 = _wgrad(dh13_col, dh13_col_s, x_saved, x_col_s, offs, backend)
+            dw1, dw3 = (t.to(w13_dtype) for t in split_gate_up(dw13, dim=-2))
+            dw2 = dw2.to(w2_dtype)
+        return dx, dw1, dw2, dw3, None, None, None, None, None, None
+
+
+def _cfg_args(config):
+    from ..config import MXFP8Config
+
+    c = config or MXFP8Config()
+    return c.scale_mode, c.elem_dtype, c.grad_elem_dtype, c.wgrad_with_hp, c.backend
+
+
+def mxfp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, config=None) -> Tensor:
+    """``F.linear(x, weight, bias)`` with all three GEMMs in MXFP8.
+
+    Args:
+        x: (..., K) bf16/fp32; weight: (N, K); bias: (N,) or None.  ``K % 32 == 0`` and ``N % 32 == 0``.
+        config: :class:`cute_mxfp8.config.MXFP8Config` (default one if None).
+    Returns: (..., N) in ``x.dtype``.
+    """
+    return _LinearFn.apply(x, weight, bias, *_cfg_args(config))
+
+
+def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None) -> Tensor:
+    """Grouped ``out[rows of g] = x[rows of g] · weight[g]ᵀ`` in MXFP8 (2d-3d forward and dgrad, 2d-2d wgrad).
+
+    Args:
+        x: (M, K) tokens sorted by group; weight: (E, N, K); offs: (E,) int32 cumulative end offsets.
+    Returns: (M, N) in ``x.dtype``; rows at or past ``offs[-1]`` are zero.
+    """
+    return _GroupedMMFn.apply(x, weight, offs, *_cfg_args(config))
+
+
+def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor | None = None,
+                     config=None) -> Tensor:
+    """``w2(silu(w1(x)) * w3(x))`` as one MXFP8 autograd function (``design.md`` section 3).
+
+    Args:
+        x: (..., D) bf16/fp32 (2-D (M, D) sorted by expert when ``offs`` is given).
+        w1, w3: (I, D) or (E, I, D); w2: (D, I) or (E, D, I); ``D % 32 == 0``, ``I % 32 == 0``.
+        offs: None (dense) or (E,) int32 cumulative end offsets of the token groups (grouped experts).
+    Returns: x's shape and dtype.
+    """
+    return _SwiGLUMLPFn.apply(x, w1, w2, w3, offs, *_cfg_args(config))

@@ -1,0 +1,109 @@
+"""Backend registry: which implementation of each op runs on which device.
+
+A backend is a name, an availability check per device and a table ``op name -> callable``.  Backends:
+
+* ``reference`` — pure torch, every device, the oracle (this package's :mod:`cute_mxfp8.ops.reference`).
+* ``sm90`` / ``sm100`` — CuTe DSL kernels, registered by later modules when their kernels exist.
+
+Selection for one op call (``design.md`` section 4): an explicit request (the op's ``backend`` argument, else the
+``CUTE_MXFP8_BACKEND`` environment variable) must be able to run that op on that device, otherwise
+:class:`BackendUnavailableError` is raised with the reason — never a silent fallback.  With no request, the
+highest-priority backend that is available on the device *and* implements the op is used.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+__all__ = [
+    "Backend",
+    "BackendUnavailableError",
+    "ENV_VAR",
+    "register_backend",
+    "registered_backends",
+    "resolve_backend",
+    "get_impl",
+]
+
+ENV_VAR = "CUTE_MXFP8_BACKEND"
+
+
+class BackendUnavailableError(RuntimeError):
+    """An explicitly requested backend cannot run the op on the given device."""
+
+
+@dataclass
+class Backend:
+    """One implementation family.
+
+    ``unavailable_reason(device)`` returns None when the backend can run on ``device``, else a sentence saying why
+    not (e.g. "needs an SM100 GPU, found SM90").  ``priority`` orders the automatic choice (higher first).
+    """
+
+    name: str
+    priority: int
+    unavailable_reason: Callable[[torch.device], str | None]
+    ops: dict[str, Callable] = field(default_factory=dict)
+
+
+_BACKENDS: dict[str, Backend] = {}
+
+
+def register_backend(backend: Backend) -> None:
+    """Add or replace a backend."""
+    _BACKENDS[backend.name] = backend
+
+
+def registered_backends() -> list[str]:
+    """Names of the registered backends, highest priority first."""
+    return [b.name for b in sorted(_BACKENDS.values(), key=lambda b: -b.priority)]
+
+
+def _requested(requested: str | None) -> str | None:
+    name = requested or os.environ.get(ENV_VAR) or None
+    if name is not None and name not in _BACKENDS:
+        raise BackendUnavailableError(
+            f"unknown cute_mxfp8 backend {name!r} (from {'the backend argument' if requested else ENV_VAR}); "
+            f"registered backends: {registered_backends()}"
+        )
+    return name
+
+
+def _device(device) -> torch.device:
+    return device if isinstance(device, torch.device) else torch.device(device)
+
+
+def resolve_backend(device, requested: str | None = None, op: str | None = None) -> str:
+    """Name of the backend that runs ``op`` (or, with ``op=None``, the GEMM ops) on ``device``.
+
+    Raises:
+        BackendUnavailableError: the requested backend is unknown, cannot run on ``device``, or lacks ``op``.
+    """
+    device = _device(device)
+    name = _requested(requested)
+    if name is not None:
+        b = _BACKENDS[name]
+        reason = b.unavailable_reason(device)
+        if reason is not None:
+            raise BackendUnavailableError(f"cute_mxfp8 backend {name!r} cannot run on {device}: {reason}")
+        if op is not None and op not in b.ops:
+            raise BackendUnavailableError(
+                f"cute_mxfp8 backend {name!r} does not implement op {op!r}; backends that do: "
+                f"{[n for n in registered_backends() if op in _BACKENDS[n].ops]}"
+            )
+        return name
+    probe = op or "mm"
+    for n in registered_backends():
+        b = _BACKENDS[n]
+        if probe in b.ops and b.unavailable_reason(device) is None:
+            return n
+    raise BackendUnavailableError(f"no cute_mxfp8 backend implements {probe!r} on {device}")
+
+
+def get_impl(op: str, device, requested: str | None = None) -> Callable:
+    """The callable that implements ``op`` on ``device`` under the selection rules above."""
+    return _BACKENDS[resolve_backend(device, requested, op)].ops[op]

@@ -1,0 +1,196 @@
+"""The ``cute_mxfp8`` torch.library custom ops: schema, exact fake impls, and dispatch to a backend.
+
+Each op is defined once with ``torch.library.custom_op``; its fake impl returns empty tensors of the exact output
+shapes, dtypes and (contiguous) strides from :mod:`cute_mxfp8.ops.shapes`, so the ops trace under torch.compile
+and pass ``torch.library.opcheck``.  The real impl validates the inputs and calls the implementation chosen by
+:func:`cute_mxfp8.ops.backends.get_impl` (``backend=""`` means "automatic"; see that module for the rules).
+
+Public, documented entry points are the wrappers at the bottom of this file (re-exported by ``cute_mxfp8.ops``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import shapes as S
+from .backends import get_impl
+
+_E8M0 = torch.float8_e8m0fnu
+_NS = "cute_mxfp8"
+
+
+def _impl(op: str, device: torch.device, backend: str):
+    return get_impl(op, device, backend or None)
+
+
+def _empty(like: Tensor, shape, dtype) -> Tensor:
+    return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+def _num_groups(offs: Optional[Tensor]) -> Optional[int]:
+    return None if offs is None else offs.shape[0]
+
+
+def _hp_shape(emit_hp: bool, shape):
+    return shape if emit_hp else (0,)
+
+
+# ---- quantize -------------------------------------------------------------------------------------------
+
+@torch.library.custom_op(f"{_NS}::quantize_rowwise", mutates_args=())
+def _quantize_rowwise(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
+                      offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
+    S.check_quant_args(scale_mode, elem_dtype)
+    S.check_quantize_input(x, offs, colwise=False, rowwise=True)
+    return _impl("quantize_rowwise", x.device, backend)(x, scale_mode, elem_dtype, blocked, offs)
+
+
+@_quantize_rowwise.register_fake
+def _(x, scale_mode, elem_dtype, blocked, offs, backend):
+    S.check_quant_args(scale_mode, elem_dtype)
+    S.check_quantize_input(x, offs, colwise=False, rowwise=True)
+    d, s = S.rowwise_shapes(tuple(x.shape), blocked, _num_groups(offs))
+    return _empty(x, d, elem_dtype), _empty(x, s, _E8M0)
+
+
+@torch.library.custom_op(f"{_NS}::quantize_colwise", mutates_args=())
+def _quantize_colwise(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
+                      offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
+    S.check_quant_args(scale_mode, elem_dtype)
+    S.check_quantize_input(x, offs, colwise=True, rowwise=False)
+    return _impl("quantize_colwise", x.device, backend)(x, scale_mode, elem_dtype, blocked, offs)
+
+
+@_quantize_colwise.register_fake
+def _(x, scale_mode, elem_dtype, blocked, offs, backend):
+    S.check_quant_args(scale_mode, elem_dtype)
+    S.check_quantize_input(x, offs, colwise=True, rowwise=False)
+    d, s = S.colwise_shapes(tuple(x.shape), blocked, _num_groups(offs))
+    return _empty(x, d, elem_dtype), _empty(x, s, _E8M0)
+
+
+@torch.library.custom_op(f"{_NS}::quantize_dual", mutates_args=())
+def _quantize_dual(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
+                   offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    S.check_quant_args(scale_mode, elem_dtype)
+    S.check_quantize_input(x, offs, colwise=True, rowwise=True)
+    return _impl("quantize_dual", x.device, backend)(x, scale_mode, elem_dtype, blocked, offs)
+
+
+def _dual_fake(x_shape, like, elem_dtype, blocked, g):
+    rd, rs = S.rowwise_shapes(x_shape, blocked, g)
+    cd, cs = S.colwise_shapes(x_shape, blocked, g)
+    return (_empty(like, rd, elem_dtype), _empty(like, rs, _E8M0),
+            _empty(like, cd, elem_dtype), _empty(like, cs, _E8M0))
+
+
+@_quantize_dual.register_fake
+def _(x, scale_mode, elem_dtype, blocked, offs, backend):
+    S.check_quant_args(scale_mode, elem_dtype)
+    S.check_quantize_input(x, offs, colwise=True, rowwise=True)
+    return _dual_fake(tuple(x.shape), x, elem_dtype, blocked, _num_groups(offs))
+
+
+def _check_gate_up(w1: Tensor, w3: Tensor) -> tuple:
+    S.check_hp("w1", w1, ranks=(2, 3))
+    S.check_hp("w3", w3, ranks=(2, 3))
+    if w1.shape != w3.shape or w1.dtype != w3.dtype:
+        raise ValueError(f"w1 and w3 must match in shape and dtype, got {tuple(w1.shape)} {w1.dtype} and "
+                         f"{tuple(w3.shape)} {w3.dtype}")
+    S.check_same_device(w1, w3)
+    S.check_mult32("I (w1.shape[-2])", w1.shape[-2])
+    S.check_mult32("D (w1.shape[-1])", w1.shape[-1])
+    packed = list(w1.shape)
+    packed[-2] *= 2
+    return tuple(packed)
+
+
+@torch.library.custom_op(f"{_NS}::quantize_gate_up", mutates_args=())
+def _quantize_gate_up(w1: Tensor, w3: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
+                      backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    S.check_quant_args(scale_mode, elem_dtype)
+    _check_gate_up(w1, w3)
+    return _impl("quantize_gate_up", w1.device, backend)(w1, w3, scale_mode, elem_dtype, blocked)
+
+
+@_quantize_gate_up.register_fake
+def _(w1, w3, scale_mode, elem_dtype, blocked, backend):
+    S.check_quant_args(scale_mode, elem_dtype)
+    return _dual_fake(_check_gate_up(w1, w3), w1, elem_dtype, blocked, None)
+
+
+# ---- GEMMs ----------------------------------------------------------------------------------------------
+
+@torch.library.custom_op(f"{_NS}::mm", mutates_args=())
+def _mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, out_dtype: torch.dtype, backend: str) -> Tensor:
+    S.check_mm(a, a_scales, b, b_scales, out_dtype)
+    return _impl("mm", a.device, backend)(a, a_scales, b, b_scales, out_dtype)
+
+
+@_mm.register_fake
+def _(a, a_scales, b, b_scales, out_dtype, backend):
+    return _empty(a, S.check_mm(a, a_scales, b, b_scales, out_dtype), out_dtype)
+
+
+@torch.library.custom_op(f"{_NS}::grouped_mm", mutates_args=())
+def _grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, out_dtype: torch.dtype,
+                backend: str) -> Tensor:
+    S.check_grouped_mm(a, a_scales, b, b_scales, offs, out_dtype)
+    return _impl("grouped_mm", a.device, backend)(a, a_scales, b, b_scales, offs, out_dtype)
+
+
+@_grouped_mm.register_fake
+def _(a, a_scales, b, b_scales, offs, out_dtype, backend):
+    return _empty(a, S.check_grouped_mm(a, a_scales, b, b_scales, offs, out_dtype), out_dtype)
+
+
+@torch.library.custom_op(f"{_NS}::grouped_mm_wgrad", mutates_args=())
+def _grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor,
+                      out_dtype: torch.dtype, backend: str) -> Tensor:
+    S.check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype)
+    return _impl("grouped_mm_wgrad", a.device, backend)(a, a_scales, b, b_scales, offs, out_dtype)
+
+
+@_grouped_mm_wgrad.register_fake
+def _(a, a_scales, b, b_scales, offs, out_dtype, backend):
+    return _empty(a, S.check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype), out_dtype)
+
+
+# ---- SwiGLU + dual quantization -------------------------------------------------------------------------
+
+@torch.library.custom_op(f"{_NS}::swiglu_quant", mutates_args=())
+def _swiglu_quant(h13: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool, emit_hp: bool,
+                  offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    S.check_quant_args(scale_mode, elem_dtype)
+    S.check_swiglu(h13, offs)
+    return _impl("swiglu_quant", h13.device, backend)(h13, scale_mode, elem_dtype, blocked, emit_hp, offs)
+
+
+@_swiglu_quant.register_fake
+def _(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend):
+    S.check_quant_args(scale_mode, elem_dtype)
+    i = S.check_swiglu(h13, offs)
+    m = h13.shape[0]
+    return (*_dual_fake((m, i), h13, elem_dtype, blocked, _num_groups(offs)),
+            _empty(h13, _hp_shape(emit_hp, (m, i)), h13.dtype))
+
+
+@torch.library.custom_op(f"{_NS}::dswiglu_quant", mutates_args=())
+def _dswiglu_quant(dh: Tensor, h13: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
+                   emit_hp: bool, offs: Optional[Tensor],
+                   backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    S.check_quant_args(scale_mode, elem_dtype)
+    S.check_swiglu(h13, offs, dh)
+    return _impl("dswiglu_quant", dh.device, backend)(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs)
+
+
+@_dswiglu_quant.register_fake
+def _(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend):
+    S.check_quant_args(scale_mode, elem_dtype)
+    S.check_swiglu(h13, offs, dh)
+    shape = tuple(h13.shape)
+    return (*_dual_fake(shape, h13, elem_dtype, blocked, _num_groups(offs)),
+            _empty(h13, _hp_shape(emit_hp, shape), dh.dtype))

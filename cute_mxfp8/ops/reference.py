@@ -1,0 +1,151 @@
+"""The ``reference`` backend: every op in plain torch on top of :mod:`cute_mxfp8.formats`.
+
+Runs on any device.  GEMMs dequantize both operands to fp32 and multiply in fp32, which is what a block-scaled
+MMA with an fp32 accumulator computes up to summation order.  Shapes, dtypes and layouts are exactly those of
+:mod:`cute_mxfp8.ops.shapes`; inputs arrive already checked by :mod:`cute_mxfp8.ops.library`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import formats as F
+from ..swiglu import dswiglu, pack_gate_up, split_gate_up, swiglu
+from .backends import Backend, register_backend
+from .shapes import ceil_div
+
+_B = F.BLOCK_SIZE
+
+
+# ---- quantize -------------------------------------------------------------------------------------------
+
+def _block(scales: torch.Tensor, blocked: bool) -> torch.Tensor:
+    return F.to_blocked_scales(scales) if blocked else scales
+
+
+def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None):
+    data, scales = F.quantize_mxfp8(x, dim=-1, scale_mode=scale_mode, elem_dtype=elem_dtype)
+    if blocked and offs is not None:
+        F.validate_offsets(offs, x.shape[0])
+        return data, F.to_blocked_scales_grouped_m(scales, offs)
+    return data, _block(scales, blocked)
+
+
+def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None):
+    if x.dim() == 3:
+        data, scales = F.quantize_mxfp8(x, dim=1, scale_mode=scale_mode, elem_dtype=elem_dtype)
+        return data.transpose(1, 2).contiguous(), _block(scales.transpose(1, 2).contiguous(), blocked)
+    m, k = x.shape
+    if offs is None:
+        mp = ceil_div(m, _B) * _B
+        xp = x if mp == m else torch.cat([x, x.new_zeros(mp - m, k)])
+        data, scales = F.quantize_mxfp8(xp, dim=0, scale_mode=scale_mode, elem_dtype=elem_dtype)
+    else:
+        F.validate_offsets(offs, m)
+        data, scales = F.quantize_mxfp8_grouped_k(x, offs, scale_mode=scale_mode, elem_dtype=elem_dtype)
+    return data.t().contiguous(), _block(scales.t().contiguous(), blocked)
+
+
+def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None):
+    return (*quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs),
+            *quantize_colwise(x, scale_mode, elem_dtype, blocked, offs))
+
+
+def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked):
+    # Quantize each projection on its own and pack the fp8 results: no high-precision copy of W13 is made.
+    # Rowwise blocks run along D and colwise blocks along I (I % 32 == 0), so no block straddles w1 and w3.
+    r1, rs1 = F.quantize_mxfp8(w1, dim=-1, scale_mode=scale_mode, elem_dtype=elem_dtype)
+    r3, rs3 = F.quantize_mxfp8(w3, dim=-1, scale_mode=scale_mode, elem_dtype=elem_dtype)
+    c1, cs1 = F.quantize_mxfp8(w1, dim=-2, scale_mode=scale_mode, elem_dtype=elem_dtype)
+    c3, cs3 = F.quantize_mxfp8(w3, dim=-2, scale_mode=scale_mode, elem_dtype=elem_dtype)
+    row = pack_gate_up(r1, r3, dim=-2)
+    row_s = pack_gate_up(rs1.view(torch.uint8), rs3.view(torch.uint8), dim=-2).view(torch.float8_e8m0fnu)
+    col = pack_gate_up(c1.transpose(-1, -2), c3.transpose(-1, -2), dim=-1).contiguous()
+    col_s = pack_gate_up(cs1.view(torch.uint8).transpose(-1, -2), cs3.view(torch.uint8).transpose(-1, -2), dim=-1)
+    col_s = col_s.contiguous().view(torch.float8_e8m0fnu)
+    return row, _block(row_s, blocked), col, _block(col_s, blocked)
+
+
+# ---- GEMMs ----------------------------------------------------------------------------------------------
+
+def _deq_rowwise(data: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+    r, k = data.shape
+    return F.dequantize_mxfp8(data, F.from_blocked_scales(blocked, r, k // _B))
+
+
+def mm(a, a_scales, b, b_scales, out_dtype):
+    return (_deq_rowwise(a, a_scales) @ _deq_rowwise(b, b_scales).t()).to(out_dtype)
+
+
+def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
+    m, k = a.shape
+    F.validate_offsets(offs, m)
+    a_plain = F.from_blocked_scales_grouped_m(a_scales, offs, m, k // _B)
+    out = torch.zeros(m, b.shape[1], dtype=torch.float32, device=a.device)
+    for g, (s, e) in enumerate(F._group_bounds(offs)):
+        if e > s:
+            a_g = F.dequantize_mxfp8(a[s:e], a_plain[s:e])
+            out[s:e] = a_g @ _deq_rowwise(b[g], b_scales[g]).t()
+    return out.to(out_dtype)
+
+
+def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
+    (n, m), k = a.shape, b.shape[0]
+    F.validate_offsets(offs, m)
+    cols = 4 * F.grouped_scale_tiles(m, offs.numel())
+    a_deq = F.dequantize_mxfp8_grouped_k(a.t(), F.from_blocked_scales(a_scales, n, cols).t(), offs)
+    b_deq = F.dequantize_mxfp8_grouped_k(b.t(), F.from_blocked_scales(b_scales, k, cols).t(), offs)
+    out = torch.zeros(offs.numel(), n, k, dtype=torch.float32, device=a.device)
+    for g, (s, e) in enumerate(F._group_bounds(offs)):
+        if e > s:
+            out[g] = a_deq[s:e].t() @ b_deq[s:e]
+    return out.to(out_dtype)
+
+
+# ---- SwiGLU + dual quantization -------------------------------------------------------------------------
+
+def _hp_out(t: torch.Tensor, dtype: torch.dtype, emit_hp: bool) -> torch.Tensor:
+    return t.to(dtype) if emit_hp else t.new_empty(0, dtype=dtype)
+
+
+def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None):
+    g, u = split_gate_up(h13)
+    h = swiglu(g, u)  # fp32, never rounded to bf16 before quantization
+    if offs is not None:
+        h = _zero_rows_past_end(h, offs)
+    return (*quantize_dual(h, scale_mode, elem_dtype, blocked, offs), _hp_out(h, h13.dtype, emit_hp))
+
+
+def dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None):
+    g, u = split_gate_up(h13)
+    dg, du = dswiglu(dh, g, u)
+    dh13 = pack_gate_up(dg, du)
+    if offs is not None:
+        dh13 = _zero_rows_past_end(dh13, offs)
+    return (*quantize_dual(dh13, scale_mode, elem_dtype, blocked, offs), _hp_out(dh13, dh.dtype, emit_hp))
+
+
+def _zero_rows_past_end(t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    end = int(offs[-1]) if offs.numel() else 0
+    if end < t.shape[0]:
+        t = t.clone()
+        t[end:] = 0
+    return t
+
+
+register_backend(Backend(
+    name="reference",
+    priority=0,
+    unavailable_reason=lambda device: None,
+    ops={
+        "quantize_rowwise": quantize_rowwise,
+        "quantize_colwise": quantize_colwise,
+        "quantize_dual": quantize_dual,
+        "quantize_gate_up": quantize_gate_up,
+        "mm": mm,
+        "grouped_mm": grouped_mm,
+        "grouped_mm_wgrad": grouped_mm_wgrad,
+        "swiglu_quant": swiglu_quant,
+        "dswiglu_quant": dswiglu_quant,
+    },
+))

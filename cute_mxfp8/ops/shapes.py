@@ -1,0 +1,196 @@
+"""Input checks and exact output shapes of every op, shared by the fake (meta) impls and the real ones.
+
+All outputs of all ops are contiguous, so a shape fully determines the strides.  Every check here looks at
+metadata only (no device sync), so it runs at trace time under torch.compile too; value checks on ``offs`` are
+done by the real impls (:func:`cute_mxfp8.formats.validate_offsets`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..formats import BLOCK_SIZE, ELEM_DTYPES, SCALE_MODES, blocked_scales_numel, grouped_scale_tiles
+
+_HP_DTYPES = (torch.bfloat16, torch.float32)
+_OUT_DTYPES = (torch.bfloat16, torch.float32)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def check_quant_args(scale_mode: str, elem_dtype: torch.dtype) -> None:
+    if scale_mode not in SCALE_MODES:
+        raise ValueError(f"scale_mode must be one of {SCALE_MODES}, got {scale_mode!r}")
+    if elem_dtype not in ELEM_DTYPES:
+        raise ValueError(f"elem_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {elem_dtype}")
+
+
+def check_hp(name: str, x: torch.Tensor, ranks=(2,)) -> None:
+    if x.dtype not in _HP_DTYPES:
+        raise ValueError(f"{name} must be bfloat16 or float32, got {x.dtype}; cast it with .to(torch.bfloat16)")
+    if x.dim() not in ranks:
+        raise ValueError(f"{name} must have rank {' or '.join(map(str, ranks))}, got shape {tuple(x.shape)}")
+
+
+def check_mult32(what: str, n: int) -> None:
+    if n % BLOCK_SIZE != 0:
+        raise ValueError(f"{what} = {n} must be a multiple of the MX block size {BLOCK_SIZE} (pad it with zeros)")
+
+
+def check_offs(offs: torch.Tensor | None, device: torch.device, num_groups: int | None = None) -> None:
+    if offs is None:
+        return
+    if offs.dtype != torch.int32 or offs.dim() != 1:
+        raise ValueError(f"offs must be a 1-D torch.int32 tensor of cumulative group END offsets, "
+                         f"got {offs.dtype} of shape {tuple(offs.shape)}")
+    if offs.device != device:
+        raise ValueError(f"offs is on {offs.device} but the data is on {device}; move offs to the same device")
+    if num_groups is not None and offs.shape[0] != num_groups:
+        raise ValueError(f"offs has {offs.shape[0]} groups but the weights have {num_groups} experts")
+
+
+def check_fp8(name: str, t: torch.Tensor, shape: tuple) -> None:
+    if t.dtype not in ELEM_DTYPES:
+        raise ValueError(f"{name} must be float8_e4m3fn or float8_e5m2 MXFP8 data, got {t.dtype}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+
+
+def check_scales(name: str, s: torch.Tensor, shape: tuple) -> None:
+    if s.dtype != torch.float8_e8m0fnu:
+        raise ValueError(f"{name} must be torch.float8_e8m0fnu E8M0 scales, got {s.dtype}")
+    if tuple(s.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(s.shape)}, expected {tuple(shape)} "
+                         "(blocked scales as returned by the quantize ops with blocked=True)")
+
+
+def check_same_device(*ts: torch.Tensor) -> None:
+    devs = {t.device for t in ts if t is not None}
+    if len(devs) > 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devs))}")
+
+
+def check_out_dtype(out_dtype: torch.dtype) -> None:
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype must be torch.bfloat16 or torch.float32, got {out_dtype}")
+
+
+# ---- quantize -------------------------------------------------------------------------------------------
+
+def grouped_m_scales_numel(m: int, g: int, kb: int) -> int:
+    """Bytes of a grouped-M blocked scale buffer: grouped_scale_tiles(m, g) tiles of 128 rows x ceil4(kb)."""
+    return grouped_scale_tiles(m, g) * 128 * ceil_div(kb, 4) * 4
+
+
+def rowwise_shapes(x_shape, blocked: bool, g: int | None):
+    """(data shape, scales shape) of rowwise quantization (blocks along the last dim)."""
+    *lead, k = x_shape
+    kb = k // BLOCK_SIZE
+    if len(x_shape) == 3:
+        e, n, _ = x_shape
+        return (e, n, k), ((e, blocked_scales_numel(n, kb)) if blocked else (e, n, kb))
+    m = lead[0]
+    if not blocked:
+        return (m, k), (m, kb)
+    if g is None:
+        return (m, k), (blocked_scales_numel(m, kb),)
+    return (m, k), (grouped_m_scales_numel(m, g, kb),)
+
+
+def colwise_shapes(x_shape, blocked: bool, g: int | None):
+    """(data shape, scales shape) of colwise quantization (blocks along dim -2, data stored transposed)."""
+    if len(x_shape) == 3:
+        e, n, k = x_shape
+        nb = n // BLOCK_SIZE
+        return (e, k, n), ((e, blocked_scales_numel(k, nb)) if blocked else (e, k, nb))
+    m, k = x_shape
+    if g is None:
+        mp = ceil_div(m, BLOCK_SIZE) * BLOCK_SIZE
+        cols = mp // BLOCK_SIZE
+        data = (k, mp)
+    else:
+        cols = 4 * grouped_scale_tiles(m, g)
+        data = (k, m)
+    return data, ((blocked_scales_numel(k, cols),) if blocked else (k, cols))
+
+
+def check_quantize_input(x: torch.Tensor, offs: torch.Tensor | None, colwise: bool, rowwise: bool) -> None:
+    check_hp("x", x, ranks=(2, 3))
+    if x.dim() == 3 and offs is not None:
+        raise ValueError("offs applies to 2-D (tokens, features) activations; 3-D (E, N, K) weights take none")
+    if rowwise:
+        check_mult32("x.shape[-1] (the rowwise-scaled dim)", x.shape[-1])
+    if colwise and x.dim() == 3:
+        check_mult32("x.shape[1] (the colwise-scaled dim of (E, N, K) weights)", x.shape[1])
+    check_offs(offs, x.device)
+
+
+# ---- GEMMs ----------------------------------------------------------------------------------------------
+
+def check_mm(a, a_scales, b, b_scales, out_dtype):
+    check_out_dtype(out_dtype)
+    check_same_device(a, a_scales, b, b_scales)
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"mm takes a (M, K) and b (N, K), got {tuple(a.shape)} and {tuple(b.shape)}")
+    m, k = a.shape
+    n = b.shape[0]
+    check_mult32("K", k)
+    check_fp8("a", a, (m, k))
+    check_fp8("b", b, (n, k))
+    check_scales("a_scales", a_scales, (blocked_scales_numel(m, k // BLOCK_SIZE),))
+    check_scales("b_scales", b_scales, (blocked_scales_numel(n, k // BLOCK_SIZE),))
+    return (m, n)
+
+
+def check_grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
+    check_out_dtype(out_dtype)
+    check_same_device(a, a_scales, b, b_scales, offs)
+    if a.dim() != 2 or b.dim() != 3:
+        raise ValueError(f"grouped_mm (2d-3d) takes a (M, K) and b (E, N, K), got {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
+    m, k = a.shape
+    e, n, _ = b.shape
+    check_mult32("K", k)
+    check_offs(offs, a.device, num_groups=e)
+    check_fp8("a", a, (m, k))
+    check_fp8("b", b, (e, n, k))
+    check_scales("a_scales", a_scales, (grouped_m_scales_numel(m, e, k // BLOCK_SIZE),))
+    check_scales("b_scales", b_scales, (e, blocked_scales_numel(n, k // BLOCK_SIZE)))
+    return (m, n)
+
+
+def check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
+    check_out_dtype(out_dtype)
+    check_same_device(a, a_scales, b, b_scales, offs)
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"grouped_mm_wgrad (2d-2d) takes a (N, M) and b (K, M) token-major operands, got "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    n, m = a.shape
+    k = b.shape[0]
+    check_offs(offs, a.device)
+    g = offs.shape[0]
+    cols = 4 * grouped_scale_tiles(m, g)
+    check_fp8("a", a, (n, m))
+    check_fp8("b", b, (k, m))
+    check_scales("a_scales", a_scales, (blocked_scales_numel(n, cols),))
+    check_scales("b_scales", b_scales, (blocked_scales_numel(k, cols),))
+    return (g, n, k)
+
+
+# ---- SwiGLU ---------------------------------------------------------------------------------------------
+
+def check_swiglu(h13: torch.Tensor, offs, dh: torch.Tensor | None = None) -> int:
+    check_hp("h13", h13)
+    m, two_i = h13.shape
+    if two_i % 2:
+        raise ValueError(f"h13 must be (M, 2I) with gate and up halves, got last dim {two_i}")
+    i = two_i // 2
+    check_mult32("I (half of h13's last dim)", i)
+    if dh is not None:
+        check_hp("dh", dh)
+        if tuple(dh.shape) != (m, i):
+            raise ValueError(f"dh must be (M, I) = {(m, i)} to match h13 {tuple(h13.shape)}, got {tuple(dh.shape)}")
+        check_same_device(dh, h13)
+    check_offs(offs, h13.device)
+    return i
