@@ -1,0 +1,144 @@
+"""Drop-in MXFP8 modules with the stock parameter names, so state dicts interchange with the bf16 modules.
+
+* :class:`MXFP8Linear` — an ``nn.Linear`` subclass (``weight`` (N, K), ``bias`` (N,)).
+* :class:`MXFP8SwiGLUMLP` — torchtitan ``FeedForward`` naming: children ``w1`` (gate, D->I), ``w2`` (down, I->D),
+  ``w3`` (up, D->I), all bias-free ``nn.Linear``; ``forward(x) = w2(silu(w1(x)) * w3(x))``.
+* :class:`MXFP8GroupedExperts` — torchtitan ``GroupedExperts`` naming: parameters ``w1`` (E, I, D), ``w2``
+  (E, D, I), ``w3`` (E, I, D); ``forward(x, num_tokens_per_expert)`` with ``x`` (T, D) sorted by expert.
+
+All MXFP8 dims (in/out features, D, I) must be multiples of the MX block size 32; constructors raise ValueError
+otherwise (``convert_to_mxfp8`` skips such layers and reports why).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..config import MXFP8Config
+from ..formats import BLOCK_SIZE
+from ..ops.autograd import mxfp8_linear, mxfp8_swiglu_mlp
+
+__all__ = ["MXFP8Linear", "MXFP8SwiGLUMLP", "MXFP8GroupedExperts", "mxfp8_dims_reason"]
+
+
+def mxfp8_dims_reason(**dims: int) -> str | None:
+    """None if every named dim is a multiple of 32, else a sentence naming the offending dims and the rule."""
+    bad = {k: v for k, v in dims.items() if v % BLOCK_SIZE != 0}
+    if not bad:
+        return None
+    got = ", ".join(f"{k}={v}" for k, v in bad.items())
+    return f"{got} not a multiple of the MX block size {BLOCK_SIZE} (every GEMM dim of an MXFP8 layer must be)"
+
+
+def _require_dims(cls_name: str, **dims: int) -> None:
+    reason = mxfp8_dims_reason(**dims)
+    if reason is not None:
+        raise ValueError(f"{cls_name}: {reason}; keep this layer in high precision")
+
+
+class MXFP8Linear(nn.Linear):
+    """``nn.Linear`` whose forward, dgrad and wgrad GEMMs run in MXFP8 (see :func:`cute_mxfp8.ops.mxfp8_linear`).
+
+    Args: as ``nn.Linear``, plus ``config`` (:class:`MXFP8Config`).  ``in_features`` and ``out_features`` must be
+    multiples of 32 (ValueError otherwise).  Input (..., in_features) bf16/fp32 -> (..., out_features) same dtype.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
+                 config: MXFP8Config | None = None):
+        _require_dims(type(self).__name__, in_features=in_features, out_features=out_features)
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.config = config or MXFP8Config()
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, config: MXFP8Config | None = None) -> "MXFP8Linear":
+        """A new MXFP8Linear that shares ``linear``'s parameters (no copy, no re-initialization)."""
+        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta",
+                  config=config)
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.train(linear.training)
+        return new
+
+    def forward(self, x: Tensor) -> Tensor:
+        return mxfp8_linear(x, self.weight, self.bias, self.config)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, config={self.config}"
+
+
+class MXFP8SwiGLUMLP(nn.Module):
+    """SwiGLU feed-forward ``w2(silu(w1(x)) * w3(x))`` run as ONE MXFP8 autograd function
+    (:func:`cute_mxfp8.ops.mxfp8_swiglu_mlp`: fused W13 GEMM, SwiGLU + dual quantization, no bf16 ``h``).
+
+    Args:
+        dim: D (model dim), hidden_dim: I; both multiples of 32.
+        config: :class:`MXFP8Config`.
+    Input (..., D) bf16/fp32 -> (..., D) same dtype.
+    """
+
+    def __init__(self, dim: int, hidden_dim: int, device=None, dtype=None, config: MXFP8Config | None = None):
+        super().__init__()
+        _require_dims(type(self).__name__, dim=dim, hidden_dim=hidden_dim)
+        kw = dict(bias=False, device=device, dtype=dtype)
+        self.w1 = nn.Linear(dim, hidden_dim, **kw)
+        self.w2 = nn.Linear(hidden_dim, dim, **kw)
+        self.w3 = nn.Linear(dim, hidden_dim, **kw)
+        self.config = config or MXFP8Config()
+
+    @classmethod
+    def from_module(cls, ffn: nn.Module, config: MXFP8Config | None = None) -> "MXFP8SwiGLUMLP":
+        """Take over the ``w1``/``w2``/``w3`` Linears of a stock SwiGLU FFN (shared, not copied)."""
+        new = cls(ffn.w1.in_features, ffn.w1.out_features, device="meta", config=config)
+        new.w1, new.w2, new.w3 = ffn.w1, ffn.w2, ffn.w3
+        new.train(ffn.training)
+        return new
+
+    def forward(self, x: Tensor) -> Tensor:
+        return mxfp8_swiglu_mlp(x, self.w1.weight, self.w2.weight, self.w3.weight, None, self.config)
+
+
+class MXFP8GroupedExperts(nn.Module):
+    """Mixture-of-experts SwiGLU experts in MXFP8: 2d-3d grouped GEMMs forward and dgrad, 2d-2d wgrad.
+
+    Args:
+        dim: D, hidden_dim: I (multiples of 32), num_experts: E.
+    ``forward(x, num_tokens_per_expert)``: ``x`` (T, D) bf16/fp32 with tokens sorted by expert, the first
+    ``num_tokens_per_expert[0]`` rows for expert 0 and so on; ``num_tokens_per_expert`` (E,) integer tensor,
+    ``sum <= T`` (rows past the sum give zeros).  Returns (T, D) in ``x.dtype``.
+    """
+
+    def __init__(self, dim: int, hidden_dim: int, num_experts: int, device=None, dtype=None,
+                 config: MXFP8Config | None = None):
+        super().__init__()
+        _require_dims(type(self).__name__, dim=dim, hidden_dim=hidden_dim)
+        kw = dict(device=device, dtype=dtype)
+        self.num_experts = num_experts
+        self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim, **kw))
+        self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim, **kw))
+        self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim, **kw))
+        self.config = config or MXFP8Config()
+        if self.w1.device.type != "meta":
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for w in (self.w1, self.w2, self.w3):
+            nn.init.trunc_normal_(w, std=1.0 / math.sqrt(w.shape[-1]))
+
+    @classmethod
+    def from_module(cls, experts: nn.Module, config: MXFP8Config | None = None) -> "MXFP8GroupedExperts":
+        """Take over the ``w1``/``w2``/``w3`` parameters of a stock grouped-experts module (shared, not copied)."""
+        e, i, d = experts.w1.shape
+        new = cls(d, i, e, device="meta", config=config)
+        new.w1, new.w2, new.w3 = experts.w1, experts.w2, experts.w3
+        new.train(experts.training)
+        return new
+
+    def forward(self, x: Tensor, num_tokens_per_expert: Tensor) -> Tensor:
+        if num_tokens_per_expert.shape != (self.num_experts,):
+            raise ValueError(f"num_tokens_per_expert must have shape ({self.num_experts},), "
+                             f"got {tuple(num_tokens_per_expert.shape)}")
+        offs = torch.cumsum(num_tokens_per_expert.to(device=x.device), 0).to(torch.int32)
+        return mxfp8_swiglu_mlp(x, self.w1, self.w2, self.w3, offs, self.config)
