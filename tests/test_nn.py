@@ -1,0 +1,173 @@
+"""Drop-in modules and convert_to_mxfp8: naming, state dicts, skip rules (cases section E), torch.compile."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cute_mxfp8 import MXFP8Config, convert_to_mxfp8
+from cute_mxfp8.nn import MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP
+from cute_mxfp8.ops import mxfp8_linear, mxfp8_swiglu_mlp
+
+
+class FeedForward(nn.Module):  # torchtitan naming
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class ReluGLU(FeedForward):  # same structure, different math: must not become an MXFP8SwiGLUMLP
+    def forward(self, x):
+        return self.w2(F.relu(self.w1(x)) * self.w3(x))
+
+
+class GroupedExperts(nn.Module):  # torchtitan naming
+    def __init__(self, dim, hidden, num_experts):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(num_experts, hidden, dim) / dim ** 0.5)
+        self.w2 = nn.Parameter(torch.randn(num_experts, dim, hidden) / hidden ** 0.5)
+        self.w3 = nn.Parameter(torch.randn(num_experts, hidden, dim) / dim ** 0.5)
+
+    def forward(self, x, num_tokens_per_expert):
+        outs = []
+        for xe, w1, w2, w3 in zip(torch.split(x, num_tokens_per_expert.tolist()), self.w1, self.w2, self.w3):
+            outs.append(F.linear(F.silu(F.linear(xe, w1)) * F.linear(xe, w3), w2))
+        return torch.cat(outs)
+
+
+class Block(nn.Module):
+    def __init__(self, dim=64, hidden=128, experts=4):
+        super().__init__()
+        self.attn_proj = nn.Linear(dim, dim)
+        self.ffn = FeedForward(dim, hidden)
+        self.glu = ReluGLU(dim, hidden)
+        self.router = nn.Linear(dim, 16, bias=False)  # 16 outputs: not a multiple of 32
+        self.experts = GroupedExperts(dim, hidden, experts)
+
+    def forward(self, x):
+        h = self.attn_proj(x) + self.ffn(x) + self.glu(x) + self.router(x).sum(-1, keepdim=True)
+        counts = torch.tensor([3, 0, 5, x.shape[0] - 8])
+        return h + self.experts(h, counts)
+
+
+def _sqnr(ref, x):
+    return (10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum())).item()
+
+
+def test_convert_report_state_dict_and_values(caplog, rng):
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    model = Block()
+    x = torch.randn(20, 64, generator=rng)
+    ref = model(x)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with caplog.at_level(logging.INFO, logger="cute_mxfp8"):
+        report = convert_to_mxfp8(model)
+    converted = dict(report.converted)
+    assert converted == {"attn_proj": "MXFP8Linear", "ffn": "MXFP8SwiGLUMLP", "glu.w1": "MXFP8Linear",
+                         "glu.w2": "MXFP8Linear", "glu.w3": "MXFP8Linear", "experts": "MXFP8GroupedExperts"}
+    skipped = dict(report.skipped)
+    assert list(skipped) == ["router"] and "out_features=16" in skipped["router"] and "32" in skipped["router"]
+    assert "router" in caplog.text  # the reason is logged
+    assert type(model.router) is nn.Linear and isinstance(model.ffn, MXFP8SwiGLUMLP)
+    after = model.state_dict()
+    assert list(after) == list(before) and all(torch.equal(before[k], after[k]) for k in before)
+    y = model(x)
+    assert _sqnr(ref, y) > 20
+    assert "router" in str(report) and "MXFP8SwiGLUMLP" in str(report)
+
+
+def test_state_dicts_interchange_both_ways(rng):
+    stock = FeedForward(64, 128)
+    mx = MXFP8SwiGLUMLP(64, 128)
+    assert list(mx.state_dict()) == list(stock.state_dict())
+    mx.load_state_dict(stock.state_dict())
+    stock2 = FeedForward(64, 128)
+    stock2.load_state_dict(mx.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(stock.state_dict().values(), stock2.state_dict().values()))
+    lin, mlin = nn.Linear(64, 96), MXFP8Linear(64, 96)
+    mlin.load_state_dict(lin.state_dict())
+    nn.Linear(64, 96).load_state_dict(mlin.state_dict())
+    ge, mge = GroupedExperts(64, 128, 3), MXFP8GroupedExperts(64, 128, 3)
+    mge.load_state_dict(ge.state_dict())
+    assert list(mge.state_dict()) == ["w1", "w2", "w3"]
+
+
+def test_modules_forward_equals_functional(rng):
+    x = torch.randn(10, 64, generator=rng)
+    lin = MXFP8Linear(64, 96)
+    assert torch.equal(lin(x), mxfp8_linear(x, lin.weight, lin.bias))
+    assert isinstance(lin, nn.Linear)
+    mlp = MXFP8SwiGLUMLP(64, 128)
+    assert torch.equal(mlp(x), mxfp8_swiglu_mlp(x, mlp.w1.weight, mlp.w2.weight, mlp.w3.weight))
+    ex = MXFP8GroupedExperts(64, 128, 2)
+    out = ex(x, torch.tensor([4, 3]))
+    assert out.shape == (10, 64) and torch.all(out[7:] == 0)
+    with pytest.raises(ValueError, match="num_tokens_per_expert"):
+        ex(x, torch.tensor([4, 3, 3]))
+
+
+def test_cases_E_router_rule():
+    with pytest.raises(ValueError, match="out_features=16 not a multiple of the MX block size 32"):
+        MXFP8Linear(64, 16)
+    with pytest.raises(ValueError, match="hidden_dim=100"):
+        MXFP8SwiGLUMLP(64, 100)
+    with pytest.raises(ValueError, match="dim=48"):
+        MXFP8GroupedExperts(48, 64, 2)
+
+
+def test_filter_fn_and_root_and_idempotence():
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32))
+    report = convert_to_mxfp8(model, filter_fn=lambda mod, fqn: fqn != "2")
+    assert dict(report.converted) == {"0": "MXFP8Linear"} and type(model[2]) is nn.Linear
+    assert convert_to_mxfp8(model).converted == [("2", "MXFP8Linear")]  # already-converted modules stay
+    root = nn.Linear(64, 64)
+    report = convert_to_mxfp8(root)
+    assert report.converted == [] and "root" in report.skipped[0][1]
+
+
+def test_config_reaches_modules_and_validates():
+    cfg = MXFP8Config(scale_mode="floor", elem_dtype=torch.float8_e5m2)
+    model = nn.Sequential(FeedForward(64, 64))
+    convert_to_mxfp8(model, config=cfg)
+    assert model[0].config == cfg
+    with pytest.raises(ValueError, match="scale_mode"):
+        MXFP8Config(scale_mode="round")
+    with pytest.raises(ValueError, match="elem_dtype"):
+        MXFP8Config(elem_dtype=torch.bfloat16)
+
+
+def test_meta_device_model_converts_by_structure():
+    with torch.device("meta"):
+        model = nn.Sequential(FeedForward(64, 128), nn.Linear(64, 64))
+    report = convert_to_mxfp8(model)
+    assert dict(report.converted) == {"0": "MXFP8SwiGLUMLP", "1": "MXFP8Linear"}
+
+
+@pytest.mark.slow
+def test_torch_compile_fullgraph_matches_eager(rng):
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    model = nn.Sequential(nn.Linear(64, 64), FeedForward(64, 128))
+    convert_to_mxfp8(model)
+    x = torch.randn(2, 7, 64, generator=rng)
+    eager_x = x.clone().requires_grad_()
+    y_eager = model(eager_x)
+    y_eager.sum().backward()
+    g_eager = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = torch.compile(model, fullgraph=True)
+    comp_x = x.clone().requires_grad_()
+    y_comp = compiled(comp_x)
+    y_comp.sum().backward()
+    torch.testing.assert_close(y_comp, y_eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(comp_x.grad, eager_x.grad, rtol=1e-5, atol=1e-5)
+    for p, g in zip(model.parameters(), g_eager):
+        torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-5)

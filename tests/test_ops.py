@@ -1,0 +1,307 @@
+"""The custom ops: opcheck, fakes equal real outputs (shape, dtype, strides), values equal the formats reference,
+grouped semantics (design.md section 2, cases section F), bad input, and backend selection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.library import opcheck
+
+from cute_mxfp8 import formats as F
+from cute_mxfp8 import ops
+from cute_mxfp8.ops import library as L
+from cute_mxfp8.ops.backends import Backend, BackendUnavailableError, register_backend, resolve_backend
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+E4M3, E5M2, E8M0 = torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu
+# opcheck's schema test compares inputs before/after with allclose, which torch does not implement for float8
+# dtypes; for ops with fp8 inputs we run the other checks and test non-mutation ourselves (test_no_input_mutation).
+FP8_INPUT_CHECKS = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+OFFS = [5, 5, 42, 170]  # cases section F: group sizes [5, 0, 37, 128]
+
+
+def _offs(vals=OFFS):
+    return torch.tensor(vals, dtype=torch.int32)
+
+
+def _u8(t):
+    return t.view(torch.uint8)
+
+
+def _fake_matches(op, args):
+    """Real and fake outputs agree in shape, dtype and strides."""
+    real = op(*args)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
+    real = real if isinstance(real, tuple) else (real,)
+    fake = fake if isinstance(fake, tuple) else (fake,)
+    assert len(real) == len(fake)
+    for r, f in zip(real, fake):
+        assert (r.shape, r.dtype, r.stride()) == (f.shape, f.dtype, f.stride())
+    return real
+
+
+QUANT_CASES = [
+    ((1, 32), None), ((127, 96), None), ((129, 160), None), ((0, 64), None), ((3, 64, 96), None),
+    ((200, 64), OFFS), ((170, 32), [0, 0, 170]),
+]
+
+
+@pytest.mark.parametrize("shape,offs", QUANT_CASES)
+@pytest.mark.parametrize("blocked", [True, False])
+def test_quantize_ops_opcheck_and_fakes(shape, offs, blocked, rng):
+    x = torch.randn(*shape, generator=rng).to(torch.bfloat16)
+    o = None if offs is None else _offs(offs)
+    for op in (L._quantize_rowwise, L._quantize_colwise, L._quantize_dual):
+        args = (x, "rceil", E4M3, blocked, o, "")
+        opcheck(op, args)
+        _fake_matches(op, args)
+    for op, args in [
+        (L._swiglu_quant, (torch.randn(shape[0], 128, generator=rng), "floor", E5M2, blocked, True, o, "")),
+        (L._dswiglu_quant, (torch.randn(shape[0], 64, generator=rng), torch.randn(shape[0], 128, generator=rng),
+                            "rceil", E4M3, blocked, False, o, "")),
+    ]:
+        if len(shape) == 2:
+            opcheck(op, args)
+            _fake_matches(op, args)
+
+
+def test_gemm_ops_opcheck_and_fakes(rng):
+    x, w = torch.randn(200, 64, generator=rng), torch.randn(96, 64, generator=rng)
+    a, a_s = ops.quantize_rowwise(x)
+    b, b_s = ops.quantize_rowwise(w)
+    for dt in (torch.bfloat16, torch.float32):
+        opcheck(L._mm, (a, a_s, b, b_s, dt, ""), test_utils=FP8_INPUT_CHECKS)
+        _fake_matches(L._mm, (a, a_s, b, b_s, dt, ""))
+    o = _offs()
+    ga, ga_s = ops.quantize_rowwise(x, offs=o)
+    gb, gb_s = ops.quantize_rowwise(torch.randn(4, 96, 64, generator=rng))
+    opcheck(L._grouped_mm, (ga, ga_s, gb, gb_s, o, torch.bfloat16, ""), test_utils=FP8_INPUT_CHECKS)
+    _fake_matches(L._grouped_mm, (ga, ga_s, gb, gb_s, o, torch.bfloat16, ""))
+    wa, wa_s = ops.quantize_colwise(torch.randn(200, 96, generator=rng), offs=o)
+    wb, wb_s = ops.quantize_colwise(x, offs=o)
+    opcheck(L._grouped_mm_wgrad, (wa, wa_s, wb, wb_s, o, torch.float32, ""), test_utils=FP8_INPUT_CHECKS)
+    _fake_matches(L._grouped_mm_wgrad, (wa, wa_s, wb, wb_s, o, torch.float32, ""))
+    w1, w3 = torch.randn(2, 64, 96, generator=rng), torch.randn(2, 64, 96, generator=rng)
+    opcheck(L._quantize_gate_up, (w1, w3, "rceil", E4M3, True, ""))
+    _fake_matches(L._quantize_gate_up, (w1, w3, "rceil", E4M3, True, ""))
+
+
+def test_no_input_mutation(rng):
+    a, a_s = ops.quantize_rowwise(torch.randn(64, 64, generator=rng))
+    before = [_u8(t).clone() for t in (a, a_s)]
+    ops.mm(a, a_s, a, a_s)
+    assert all(torch.equal(b, _u8(t)) for b, t in zip(before, (a, a_s)))
+
+
+@pytest.mark.parametrize("mode", ["rceil", "floor"])
+@pytest.mark.parametrize("elem", [E4M3, E5M2])
+def test_quantize_values_match_formats(mode, elem, rng):
+    x = torch.randn(129, 160, generator=rng) * 10
+    x[3, 5] = float("nan")
+    x[40, 64:96] = 0.0
+    d, s = ops.quantize_rowwise(x, scale_mode=mode, elem_dtype=elem)
+    rd, rs = F.quantize_mxfp8(x, dim=-1, scale_mode=mode, elem_dtype=elem)
+    assert torch.equal(_u8(d), _u8(rd)) and torch.equal(_u8(s), _u8(F.to_blocked_scales(rs)))
+    # colwise equals rowwise of the transpose (data stored transposed), M padded to 160 with zeros
+    cd, cs = ops.quantize_colwise(x, scale_mode=mode, elem_dtype=elem, blocked=False)
+    xp = torch.cat([x, torch.zeros(31, 160)])
+    td, ts = F.quantize_mxfp8(xp.t().contiguous(), dim=-1, scale_mode=mode, elem_dtype=elem)
+    assert cd.shape == (160, 160) and torch.equal(_u8(cd), _u8(td)) and torch.equal(_u8(cs), _u8(ts))
+    assert torch.all(_u8(cd)[:, 129:] == 0)
+    # dual = rowwise + colwise
+    dual = ops.quantize_dual(x, scale_mode=mode, elem_dtype=elem, blocked=False)
+    assert torch.equal(_u8(dual[0]), _u8(rd)) and torch.equal(_u8(dual[2]), _u8(td))
+
+
+def test_quantize_3d_weights(rng):
+    w = torch.randn(3, 64, 96, generator=rng)
+    d, s = ops.quantize_rowwise(w)
+    assert s.shape == (3, F.blocked_scales_numel(64, 3))
+    for e in range(3):
+        rd, rs = F.quantize_mxfp8(w[e])
+        assert torch.equal(_u8(d[e]), _u8(rd)) and torch.equal(_u8(s[e]), _u8(F.to_blocked_scales(rs)))
+    cd, cs = ops.quantize_colwise(w, blocked=False)
+    assert cd.shape == (3, 96, 64)
+    for e in range(3):
+        rd, rs = F.quantize_mxfp8(w[e].t().contiguous())
+        assert torch.equal(_u8(cd[e]), _u8(rd)) and torch.equal(_u8(cs[e]), _u8(rs))
+
+
+def test_quantize_gate_up_is_packed_quantization(rng):
+    w1, w3 = torch.randn(64, 96, generator=rng), torch.randn(64, 96, generator=rng)
+    row, row_s, col, col_s = ops.quantize_gate_up(w1, w3, blocked=False)
+    w13 = torch.cat([w1, w3])
+    rd, rs = F.quantize_mxfp8(w13)
+    cd, cs = F.quantize_mxfp8(w13.t().contiguous())
+    assert torch.equal(_u8(row), _u8(rd)) and torch.equal(_u8(row_s), _u8(rs))
+    assert torch.equal(_u8(col), _u8(cd)) and torch.equal(_u8(col_s), _u8(cs))
+
+
+def _sqnr(ref, x):
+    return (10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum())).item()
+
+
+def test_mm_matches_dequantized_product(rng):
+    x, w = torch.randn(130, 96, generator=rng), torch.randn(70, 96, generator=rng)
+    a, a_s = ops.quantize_rowwise(x)
+    b, b_s = ops.quantize_rowwise(w)
+    y = ops.mm(a, a_s, b, b_s, out_dtype=torch.float32)
+    da = F.dequantize_mxfp8(*F.quantize_mxfp8(x))
+    db = F.dequantize_mxfp8(*F.quantize_mxfp8(w))
+    torch.testing.assert_close(y, da @ db.t(), rtol=1e-5, atol=1e-4)
+    assert _sqnr(x @ w.t(), y) > 27  # two e4m3 operands: ~31 dB on Gaussian data
+    assert ops.mm(a, a_s, b, b_s).dtype == torch.bfloat16
+
+
+def test_grouped_mm_2d3d_cases_F(rng):
+    """Group sizes [5, 0, 37, 128] work unpadded; rows past offs[-1] are never read and come out zero."""
+    o = _offs()
+    x = torch.randn(200, 64, generator=rng)
+    w = torch.randn(4, 96, 64, generator=rng)
+    a, a_s = ops.quantize_rowwise(x, offs=o)
+    b, b_s = ops.quantize_rowwise(w)
+    y = ops.grouped_mm(a, a_s, b, b_s, o, out_dtype=torch.float32)
+    dx = F.dequantize_mxfp8(*F.quantize_mxfp8(x))
+    start = 0
+    for g, end in enumerate(OFFS):
+        dw = F.dequantize_mxfp8(*F.quantize_mxfp8(w[g]))
+        torch.testing.assert_close(y[start:end], dx[start:end] @ dw.t(), rtol=1e-5, atol=1e-4)
+        start = end
+    assert torch.all(y[170:] == 0)
+    # garbage past offs[-1] changes nothing
+    a2 = a.clone()
+    a2.view(torch.uint8)[170:] = 0x7F  # NaN
+    assert torch.equal(ops.grouped_mm(a2, a_s, b, b_s, o, out_dtype=torch.float32), y)
+
+
+def test_grouped_mm_wgrad_2d2d_cases_F(rng):
+    o = _offs()
+    dy, x = torch.randn(200, 96, generator=rng), torch.randn(200, 64, generator=rng)
+    a, a_s = ops.quantize_colwise(dy, offs=o)
+    b, b_s = ops.quantize_colwise(x, offs=o)
+    assert a.shape == (96, 200) and b.shape == (64, 200)
+    out = ops.grouped_mm_wgrad(a, a_s, b, b_s, o)
+    assert out.shape == (4, 96, 64) and out.dtype == torch.float32
+    assert torch.all(out[1] == 0)  # the empty group's wgrad is exactly zero
+    start = 0
+    for g, end in enumerate(OFFS):
+        if end > start:
+            ddy = F.dequantize_mxfp8_grouped_k(*F.quantize_mxfp8_grouped_k(dy, o), o)
+            dxx = F.dequantize_mxfp8_grouped_k(*F.quantize_mxfp8_grouped_k(x, o), o)
+            torch.testing.assert_close(out[g], ddy[start:end].t() @ dxx[start:end], rtol=1e-5, atol=1e-4)
+            assert _sqnr(dy[start:end].t() @ x[start:end], out[g]) > 25
+        start = end
+    # tokens past offs[-1] are never read
+    dy2 = dy.clone()
+    dy2[170:] = float("inf")
+    a2, a2_s = ops.quantize_colwise(dy2, offs=o)
+    assert torch.equal(ops.grouped_mm_wgrad(a2, a2_s, b, b_s, o), out)
+
+
+def test_swiglu_quant_matches_reference_math(rng):
+    m, i = 77, 64
+    h13 = torch.randn(m, 2 * i, generator=rng) * 3
+    g, u = h13[:, :i], h13[:, i:]
+    h = torch.nn.functional.silu(g) * u
+    hr, hr_s, hc, hc_s, hp = ops.swiglu_quant(h13, blocked=False, emit_hp=True)
+    rd, rs = F.quantize_mxfp8(h)
+    assert torch.equal(_u8(hr), _u8(rd)) and torch.equal(_u8(hr_s), _u8(rs))
+    torch.testing.assert_close(hp, h)
+    assert hc.shape == (i, 96)
+    dh = torch.randn(m, i, generator=rng)
+    outs = ops.dswiglu_quant(dh, h13, blocked=False, emit_hp=True)
+    gg, uu = g.clone().requires_grad_(), u.clone().requires_grad_()
+    (torch.nn.functional.silu(gg) * uu).backward(dh)
+    torch.testing.assert_close(outs[4], torch.cat([gg.grad, uu.grad], dim=1), rtol=1e-5, atol=1e-5)
+    assert ops.swiglu_quant(h13)[4].shape == (0,)
+
+
+def test_swiglu_inf_gate_poisons_only_its_block():
+    h13 = torch.ones(32, 128)
+    h13[0, 0] = float("inf")
+    h13[0, 64] = 0.0  # up = 0: inf * 0 -> NaN
+    hr, hr_s, *_ = ops.swiglu_quant(h13, blocked=False)
+    assert _u8(hr_s)[0, 0] == 255 and _u8(hr_s)[0, 1] != 255 and _u8(hr_s)[1, 0] != 255
+    assert torch.isnan(hr[0, :32].float()).all() and not torch.isnan(hr[0, 32:].float()).any()
+
+
+# ---- bad input ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: ops.quantize_rowwise(torch.randn(4, 48)), "multiple of the MX block size 32"),
+    (lambda: ops.quantize_rowwise(torch.randn(4, 64).half()), "bfloat16 or float32"),
+    (lambda: ops.quantize_rowwise(torch.randn(4, 64), scale_mode="ceil"), "scale_mode"),
+    (lambda: ops.quantize_rowwise(torch.randn(4, 64), elem_dtype=torch.int8), "elem_dtype"),
+    (lambda: ops.quantize_rowwise(torch.randn(4, 64), offs=torch.tensor([4])), "int32"),
+    (lambda: ops.quantize_rowwise(torch.randn(4, 64), offs=_offs([3, 2])), "non-decreasing"),
+    (lambda: ops.quantize_rowwise(torch.randn(4, 64), offs=_offs([-1, 2])), "non-decreasing"),
+    (lambda: ops.quantize_colwise(torch.randn(4, 64), offs=_offs([2, 5])), "exceeds"),
+    (lambda: ops.quantize_colwise(torch.randn(2, 48, 64)), "multiple of the MX block size 32"),
+    (lambda: ops.quantize_gate_up(torch.randn(64, 64), torch.randn(32, 64)), "must match"),
+    (lambda: ops.swiglu_quant(torch.randn(4, 96)), "multiple of the MX block size 32"),
+    (lambda: ops.dswiglu_quant(torch.randn(4, 32), torch.randn(4, 128)), "dh must be"),
+])
+def test_bad_input_raises_value_error(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_gemm_bad_input(rng):
+    a, a_s = ops.quantize_rowwise(torch.randn(64, 64, generator=rng))
+    b, b_s = ops.quantize_rowwise(torch.randn(32, 96, generator=rng))
+    with pytest.raises(ValueError, match="expected"):
+        ops.mm(a, a_s, b, b_s)
+    with pytest.raises(ValueError, match="float8_e8m0fnu"):
+        ops.mm(a, a_s.view(torch.uint8), a, a_s)
+    with pytest.raises(ValueError, match="float8_e4m3fn or float8_e5m2"):
+        ops.mm(a.view(torch.uint8), a_s, a, a_s)
+    with pytest.raises(ValueError, match="out_dtype"):
+        ops.mm(a, a_s, a, a_s, out_dtype=torch.float16)
+    w, w_s = ops.quantize_rowwise(torch.randn(3, 32, 64, generator=rng))
+    g, g_s = ops.quantize_rowwise(torch.randn(64, 64, generator=rng), offs=_offs([10, 20]))
+    with pytest.raises(ValueError, match="experts"):
+        ops.grouped_mm(g, g_s, w, w_s, _offs([10, 20]))
+
+
+# ---- backends -------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def scratch_registry():
+    """Backends registered by a test are removed afterwards."""
+    from cute_mxfp8.ops import backends
+    saved = dict(backends._BACKENDS)
+    yield
+    backends._BACKENDS.clear()
+    backends._BACKENDS.update(saved)
+
+
+def test_backend_selection_and_explicit_errors(monkeypatch, scratch_registry):
+    monkeypatch.delenv("CUTE_MXFP8_BACKEND", raising=False)
+    assert resolve_backend("cpu") == "reference"
+    register_backend(Backend("test_never", 100, lambda d: "needs hardware this test never has",
+                             ops={"mm": lambda *a: None}))
+    assert resolve_backend("cpu") == "reference"  # unavailable backends are never picked automatically
+    with pytest.raises(BackendUnavailableError, match="needs hardware this test never has"):
+        resolve_backend("cpu", "test_never")
+    x = torch.randn(32, 64)
+    with pytest.raises(BackendUnavailableError, match="test_never"):
+        ops.quantize_rowwise(x, backend="test_never")
+    monkeypatch.setenv("CUTE_MXFP8_BACKEND", "test_never")
+    with pytest.raises(BackendUnavailableError):
+        ops.quantize_rowwise(x)
+    monkeypatch.setenv("CUTE_MXFP8_BACKEND", "nope")
+    with pytest.raises(BackendUnavailableError, match="unknown"):
+        ops.quantize_rowwise(x)
+    monkeypatch.setenv("CUTE_MXFP8_BACKEND", "reference")
+    assert ops.quantize_rowwise(x)[0].shape == (32, 64)
+
+
+def test_explicit_backend_without_the_op_raises(monkeypatch, scratch_registry):
+    monkeypatch.delenv("CUTE_MXFP8_BACKEND", raising=False)
+    register_backend(Backend("test_partial", 100, lambda d: None, ops={"mm": lambda *a: None}))
+    with pytest.raises(BackendUnavailableError, match="does not implement"):
+        ops.quantize_rowwise(torch.randn(32, 64), backend="test_partial")
+    # automatic choice per op: test_partial has no quantize, so the reference runs quantize
+    assert resolve_backend("cpu", op="quantize_rowwise") == "reference"
+    assert resolve_backend("cpu", op="mm") == "test_partial"
