@@ -1,0 +1,174 @@
+"""``python -m cute_mxfp8 bench [GROUP ...]``: per-op timing on every backend this machine can run.
+
+Groups: ``quantize`` (rowwise / colwise / dual casts), ``swiglu`` (fused SwiGLU + dual quant, fwd and bwd),
+``gemm`` (dense, 2d-3d and 2d-2d grouped).  Reports the median time, GB/s for the bytes the op must move (read +
+written) and TFLOP/s for GEMMs.  On CPU only the ``reference`` backend runs, at small shapes; GPU shapes are the
+ones the kernel issues name.  Timing: CUDA -> ``triton.testing.do_bench`` (median) when triton is installed,
+else CUDA events; CPU -> wall clock median.  Numbers from the reference backend measure torch emulation, not kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+GROUPS = ("quantize", "swiglu", "gemm")
+_FP8_OUT = 1.0 + 1.0 / 32  # bytes per element written by one MXFP8 cast: data + one E8M0 scale per 32
+
+
+@dataclass
+class Row:
+    group: str
+    op: str
+    backend: str
+    shape: str
+    ms: float
+    gbps: float
+    tflops: float | None
+
+
+@dataclass
+class Case:
+    group: str
+    op: str
+    shape: str
+    make: Callable[[torch.device], tuple]  # -> (callable(backend) -> None, bytes moved, flops or None)
+
+
+def _quantize_cases(large: bool) -> list[Case]:
+    shapes = [(16384, 16384), (16384, 7168), (65536, 2048)] if large else [(1024, 1024), (4096, 256)]
+    cases = []
+    for m, k in shapes:
+        def make(dev, m=m, k=k, which="rowwise"):
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            fn = {"rowwise": _q.quantize_rowwise, "colwise": _q.quantize_colwise, "dual": _q.quantize_dual}[which]
+            writes = 2 if which == "dual" else 1
+            return (lambda b: fn(x, backend=b)), m * k * (2 + writes * _FP8_OUT), None
+        for which in ("rowwise", "colwise", "dual"):
+            cases.append(Case("quantize", f"quantize_{which}", f"{m}x{k}",
+                              lambda dev, m=m, k=k, w=which: make(dev, m, k, w)))
+    return cases
+
+
+def _swiglu_cases(large: bool) -> list[Case]:
+    shapes = [(16384, 4096), (65536, 1536), (8192, 14336)] if large else [(1024, 512)]
+    cases = []
+    for m, i in shapes:
+        def fwd(dev, m=m, i=i):
+            h13 = torch.randn(m, 2 * i, device=dev, dtype=torch.bfloat16)
+            return (lambda b: _q.swiglu_quant(h13, backend=b)), m * i * (4 + 2 * _FP8_OUT), None
+
+        def bwd(dev, m=m, i=i):
+            dh = torch.randn(m, i, device=dev, dtype=torch.bfloat16)
+            h13 = torch.randn(m, 2 * i, device=dev, dtype=torch.bfloat16)
+            return (lambda b: _q.dswiglu_quant(dh, h13, backend=b)), m * i * (2 + 4 + 4 * _FP8_OUT), None
+        cases += [Case("swiglu", "swiglu_quant", f"{m}x{i}", fwd), Case("swiglu", "dswiglu_quant", f"{m}x{i}", bwd)]
+    return cases
+
+
+def _gemm_cases(large: bool) -> list[Case]:
+    m, n, k, g = (8192, 8192, 8192, 8) if large else (512, 512, 512, 4)
+
+    def dense(dev):
+        a, a_s = _q.quantize_rowwise(torch.randn(m, k, device=dev))
+        b, b_s = _q.quantize_rowwise(torch.randn(n, k, device=dev))
+        return (lambda be: _q.mm(a, a_s, b, b_s, backend=be)), (m * k + n * k) * _FP8_OUT + 2 * m * n, 2 * m * n * k
+
+    def offsets(dev):
+        return torch.linspace(m / g, m, g, device=dev).round().to(torch.int32)
+
+    def grouped(dev):
+        offs = offsets(dev)
+        a, a_s = _q.quantize_rowwise(torch.randn(m, k, device=dev), offs=offs)
+        b, b_s = _q.quantize_rowwise(torch.randn(g, n, k, device=dev))
+        fn = lambda be: _q.grouped_mm(a, a_s, b, b_s, offs, backend=be)  # noqa: E731
+        return fn, (m * k + g * n * k) * _FP8_OUT + 2 * m * n, 2 * m * n * k
+
+    def wgrad(dev):
+        offs = offsets(dev)
+        a, a_s = _q.quantize_colwise(torch.randn(m, n, device=dev), offs=offs)
+        b, b_s = _q.quantize_colwise(torch.randn(m, k, device=dev), offs=offs)
+        fn = lambda be: _q.grouped_mm_wgrad(a, a_s, b, b_s, offs, backend=be)  # noqa: E731
+        return fn, (m * k + m * n) * _FP8_OUT + 4 * g * n * k, 2 * m * n * k
+
+    return [Case("gemm", "mm", f"{m}x{n}x{k}", dense), Case("gemm", "grouped_mm", f"{m}x{n}x{k} G={g}", grouped),
+            Case("gemm", "grouped_mm_wgrad", f"{m}x{n}x{k} G={g}", wgrad)]
+
+
+def _time_ms(fn: Callable[[], object], device: torch.device, budget_s: float) -> float:
+    if device.type == "cuda":
+        try:
+            from triton.testing import do_bench
+            return float(do_bench(fn, return_mode="median"))
+        except ImportError:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            fn()
+            times = []
+            for _ in range(20):
+                start.record()
+                fn()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end))
+            return statistics.median(times)
+    fn()  # warm-up
+    times, t_end = [], time.perf_counter() + budget_s
+    while len(times) < 3 or (time.perf_counter() < t_end and len(times) < 50):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+_q = None  # cute_mxfp8.ops, imported lazily by main()
+
+
+def main(args) -> int:
+    global _q
+    from tabulate import tabulate
+
+    from cute_mxfp8 import ops
+    from cute_mxfp8.ops.backends import _BACKENDS
+
+    _q = ops
+    device = torch.device(getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu"))
+    groups = list(getattr(args, "groups", None) or GROUPS)
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown:
+        raise SystemExit(f"unknown bench group(s) {unknown}; choose from {GROUPS}")
+    large = device.type == "cuda"
+    cases = []
+    for g in groups:
+        cases += {"quantize": _quantize_cases, "swiglu": _swiglu_cases, "gemm": _gemm_cases}[g](large)
+    print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
+          f"backends registered: {ops.registered_backends()}")
+    for name in ("sm90", "sm100"):
+        b = _BACKENDS.get(name)
+        why = "its kernels are not registered in this build" if b is None else b.unavailable_reason(device)
+        if why:
+            print(f"  {name}: not run ({why}); the {name} kernels need an "
+                  f"{'SM90 (H100/H200)' if name == 'sm90' else 'SM100 (B200/GB200)'} GPU")
+    rows: list[Row] = []
+    for case in cases:
+        fn, nbytes, flops = case.make(device)
+        for backend in ops.registered_backends():
+            b = _BACKENDS[backend]
+            if case.op not in b.ops or b.unavailable_reason(device) is not None:
+                continue
+            ms = _time_ms(lambda: fn(backend), device, budget_s=1.0)
+            rows.append(Row(case.group, case.op, backend, case.shape, ms, nbytes / ms / 1e6,
+                            None if flops is None else flops / ms / 1e9))
+    print(tabulate([[r.op, r.backend, r.shape, f"{r.ms:.3f}", f"{r.gbps:.3g}",
+                     "" if r.tflops is None else f"{r.tflops:.3g}"] for r in rows],
+                   headers=["op", "backend", "shape", "ms", "GB/s", "TFLOP/s"]))
+    if device.type == "cpu":
+        print("note: on CPU these time the torch reference (emulation), not kernels.")
+    if getattr(args, "json", None):
+        with open(args.json, "w") as f:
+            json.dump({"device": str(device), "rows": [asdict(r) for r in rows]}, f, indent=2)
+    return 0
