@@ -48,6 +48,7 @@ __all__ = [
     "blocked_scales_numel",
     "grouped_scale_tiles",
     "validate_offsets",
+    "group_bounds",
     "group_tile_starts",
     "to_blocked_scales_grouped_m",
     "from_blocked_scales_grouped_m",
@@ -279,7 +280,8 @@ def validate_offsets(offs: torch.Tensor, total: int) -> None:
         raise ValueError(f"offs[-1] = {int(o[-1])} exceeds the grouped dim size {total}")
 
 
-def _group_bounds(offs: torch.Tensor) -> list[tuple[int, int]]:
+def group_bounds(offs: torch.Tensor) -> list[tuple[int, int]]:
+    """``[(start, end), ...]`` row ranges of the groups described by ``offs`` (host list; a device sync)."""
     o = offs.cpu().tolist()
     starts = [0] + o[:-1]
     return list(zip(starts, o))
@@ -307,7 +309,7 @@ def to_blocked_scales_grouped_m(scales: torch.Tensor, offs: torch.Tensor) -> tor
     ct = _ceil_div(c, _TILE_COLS)
     tile_bytes = _TILE_ROWS * ct * _TILE_COLS
     out = scales.view(torch.uint8).new_zeros(grouped_scale_tiles(m, g) * tile_bytes)
-    for (s, e), t in zip(_group_bounds(offs), group_tile_starts(offs).tolist()):
+    for (s, e), t in zip(group_bounds(offs), group_tile_starts(offs).tolist()):
         if e > s:
             blk = to_blocked_scales(scales[s:e]).view(torch.uint8)
             out[t * tile_bytes: t * tile_bytes + blk.numel()] = blk
@@ -326,7 +328,7 @@ def from_blocked_scales_grouped_m(blocked: torch.Tensor, offs: torch.Tensor, row
                          f"got shape {tuple(blocked.shape)}")
     flat = blocked.view(torch.uint8)
     out = flat.new_zeros(rows, cols)
-    for (s, e), t in zip(_group_bounds(offs), group_tile_starts(offs).tolist()):
+    for (s, e), t in zip(group_bounds(offs), group_tile_starts(offs).tolist()):
         if e > s:
             n = blocked_scales_numel(e - s, cols)
             out[s:e] = from_blocked_scales(flat[t * tile_bytes: t * tile_bytes + n], e - s, cols).view(torch.uint8)
@@ -353,7 +355,7 @@ def quantize_mxfp8_grouped_k(x: torch.Tensor, offs: torch.Tensor, *, scale_mode:
     g = offs.numel()
     data = torch.zeros(m, n, dtype=elem_dtype, device=x.device)
     scales = torch.zeros(4 * grouped_scale_tiles(m, g), n, dtype=torch.uint8, device=x.device)
-    for (s, e), t in zip(_group_bounds(offs), group_tile_starts(offs).tolist()):
+    for (s, e), t in zip(group_bounds(offs), group_tile_starts(offs).tolist()):
         if e == s:
             continue
         size = e - s
@@ -371,7 +373,7 @@ def dequantize_mxfp8_grouped_k(data: torch.Tensor, scales: torch.Tensor, offs: t
     m, n = data.shape
     validate_offsets(offs, m)
     out = torch.zeros(m, n, dtype=out_dtype, device=data.device)
-    for (s, e), t in zip(_group_bounds(offs), group_tile_starts(offs).tolist()):
+    for (s, e), t in zip(group_bounds(offs), group_tile_starts(offs).tolist()):
         if e == s:
             continue
         nb = _ceil_div(e - s, BLOCK_SIZE)

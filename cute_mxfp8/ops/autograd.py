@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..formats import group_bounds
 from ..swiglu import split_gate_up
 from . import api
 
@@ -44,11 +45,9 @@ def _hp_wgrad(a: Tensor, b: Tensor, offs: Tensor | None) -> Tensor:
     if offs is None:
         return a.t() @ b
     out = a.new_zeros(offs.numel(), a.shape[1], b.shape[1])
-    start = 0
-    for g, end in enumerate(offs.tolist()):
+    for g, (start, end) in enumerate(group_bounds(offs)):
         if end > start:
             out[g] = a[start:end].t() @ b[start:end]
-        start = end
     return out
 
 

@@ -82,7 +82,7 @@ def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     F.validate_offsets(offs, m)
     a_plain = F.from_blocked_scales_grouped_m(a_scales, offs, m, k // _B)
     out = torch.zeros(m, b.shape[1], dtype=torch.float32, device=a.device)
-    for g, (s, e) in enumerate(F._group_bounds(offs)):
+    for g, (s, e) in enumerate(F.group_bounds(offs)):
         if e > s:
             a_g = F.dequantize_mxfp8(a[s:e], a_plain[s:e])
             out[s:e] = a_g @ _deq_rowwise(b[g], b_scales[g]).t()
@@ -96,7 +96,7 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
     a_deq = F.dequantize_mxfp8_grouped_k(a.t(), F.from_blocked_scales(a_scales, n, cols).t(), offs)
     b_deq = F.dequantize_mxfp8_grouped_k(b.t(), F.from_blocked_scales(b_scales, k, cols).t(), offs)
     out = torch.zeros(offs.numel(), n, k, dtype=torch.float32, device=a.device)
-    for g, (s, e) in enumerate(F._group_bounds(offs)):
+    for g, (s, e) in enumerate(F.group_bounds(offs)):
         if e > s:
             out[g] = a_deq[s:e].t() @ b_deq[s:e]
     return out.to(out_dtype)
