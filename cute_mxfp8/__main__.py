@@ -1,0 +1,1 @@
+from cute_mxfp8.cli.main import main; main()

@@ -1,0 +1,1 @@
+"""Command-line interface: ``python -m cute_mxfp8 {train,bench}``."""
