@@ -10,7 +10,7 @@ import pytest
 from cute_mxfp8.cli.main import main
 
 TINY = ["--steps", "4", "--batch-size", "4", "--seq-len", "32", "--dim", "64", "--hidden", "128", "--layers", "1",
-        "--heads", "2", "--eval-batches", "1", "--no-progress"]
+        "--heads", "2", "--eval-batches", "1", "--no-progress", "--device", "cpu"]
 
 
 @pytest.mark.parametrize("moe", [False, True])

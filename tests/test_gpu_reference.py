@@ -52,7 +52,7 @@ def test_autograd_mlp_on_cuda_matches_cpu(rng):
           torch.randn(512, 256, generator=rng) / 16]
     outs = {}
     for dev in ("cpu", "cuda"):
-        leaves = [t.to(dev).requires_grad_() for t in (x, *ws)]
+        leaves = [t.detach().to(dev).requires_grad_() for t in (x, *ws)]
         y = mxfp8_swiglu_mlp(*leaves)
         y.backward(torch.ones_like(y))
         outs[dev] = [y.detach().cpu()] + [t.grad.cpu() for t in leaves]
