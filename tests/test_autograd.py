@@ -137,3 +137,14 @@ def test_no_grad_inputs_skip_work(rng):
     w = torch.randn(64, 64, generator=rng)  # frozen weight
     mxfp8_linear(x, w).sum().backward()
     assert x.grad is not None and w.grad is None
+
+
+def test_autocast_output_dtype(rng):
+    x = torch.randn(8, 64, generator=rng, requires_grad=True)
+    w = torch.randn(96, 64, generator=rng, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = mxfp8_linear(x, w)
+        ref = F.linear(x, w)
+    assert y.dtype == ref.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and w.grad.dtype == torch.float32

@@ -11,7 +11,8 @@ Every GEMM operand is quantized along that GEMM's contraction dim (``design.md``
 * ``wgrad_with_hp``: the weight gradients use the saved high-precision tensors instead (x, h, dy, dh13).
 
 Non-tensor arguments are passed as plain values (str / dtype / bool) so that torch.compile treats them as
-constants.  Gradients are returned in each input's dtype.
+constants.  Gradients are returned in each input's dtype.  Under ``torch.autocast`` the activation is cast to the
+autocast dtype first, so outputs have the dtype ``F.linear`` would give (MXFP8 ops take bf16 or fp32 only).
 """
 
 from __future__ import annotations
@@ -169,6 +170,15 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         return dx, dw1, dw2, dw3, None, None, None, None, None, None
 
 
+def _autocast(x: Tensor) -> Tensor:
+    """Under autocast, run in the autocast dtype like ``F.linear`` would (the weights are quantized from their
+    own dtype either way)."""
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        return x.to(torch.get_autocast_dtype(dev))
+    return x
+
+
 def _cfg_args(config):
     from ..config import MXFP8Config
 
@@ -184,7 +194,7 @@ def mxfp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, config=N
         config: :class:`cute_mxfp8.config.MXFP8Config` (default one if None).
     Returns: (..., N) in ``x.dtype``.
     """
-    return _LinearFn.apply(x, weight, bias, *_cfg_args(config))
+    return _LinearFn.apply(_autocast(x), weight, bias, *_cfg_args(config))
 
 
 def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None) -> Tensor:
@@ -194,7 +204,7 @@ def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None) -> Te
         x: (M, K) tokens sorted by group; weight: (E, N, K); offs: (E,) int32 cumulative end offsets.
     Returns: (M, N) in ``x.dtype``; rows at or past ``offs[-1]`` are zero.
     """
-    return _GroupedMMFn.apply(x, weight, offs, *_cfg_args(config))
+    return _GroupedMMFn.apply(_autocast(x), weight, offs, *_cfg_args(config))
 
 
 def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor | None = None,
@@ -207,4 +217,4 @@ def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor
         offs: None (dense) or (E,) int32 cumulative end offsets of the token groups (grouped experts).
     Returns: x's shape and dtype.
     """
-    return _SwiGLUMLPFn.apply(x, w1, w2, w3, offs, *_cfg_args(config))
+    return _SwiGLUMLPFn.apply(_autocast(x), w1, w2, w3, offs, *_cfg_args(config))
