@@ -171,3 +171,76 @@ def test_torch_compile_fullgraph_matches_eager(rng):
     torch.testing.assert_close(comp_x.grad, eager_x.grad, rtol=1e-5, atol=1e-5)
     for p, g in zip(model.parameters(), g_eager):
         torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-5)
+
+
+class GeluSum(FeedForward):
+    def forward(self, x):
+        return 0.5 * self.w2(F.gelu(self.w1(x)) + self.w3(x))
+
+
+class Scaled(FeedForward):
+    def forward(self, x):
+        return 1.01 * super().forward(x)
+
+
+class Clamped(FeedForward):
+    def forward(self, x):
+        return self.w2((F.silu(self.w1(x)) * self.w3(x)).clamp(-10, 10))
+
+
+class Dropout(FeedForward):
+    def forward(self, x):
+        return self.w2(F.dropout(F.silu(self.w1(x)) * self.w3(x), 0.1, self.training))
+
+
+class ExpertsScaled(GroupedExperts):
+    def forward(self, x, num_tokens_per_expert):
+        return 2 * super().forward(x, num_tokens_per_expert)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("cls", [GeluSum, Scaled, Clamped, Dropout])
+def test_lookalike_ffns_are_not_swapped(cls, device):
+    with torch.device(device):
+        model = nn.Sequential(cls(64, 128), ExpertsScaled(64, 128, 3), GroupedExperts(64, 128, 3))
+    model.eval()  # dropout is inactive in eval mode; the probe still sees it
+    report = convert_to_mxfp8(model)
+    assert type(model[0]) is cls and type(model[1]) is ExpertsScaled
+    assert isinstance(model[2], MXFP8GroupedExperts)
+    assert dict(report.converted) == {"0.w1": "MXFP8Linear", "0.w2": "MXFP8Linear", "0.w3": "MXFP8Linear",
+                                      "2": "MXFP8GroupedExperts"}
+    assert not model[0].training  # training flags restored after the probe
+
+
+def test_convert_leaves_global_rng_alone():
+    model = nn.Sequential(FeedForward(64, 128), GroupedExperts(64, 64, 2), Dropout(64, 64))
+    torch.manual_seed(123)
+    expected = torch.rand(4)
+    torch.manual_seed(123)
+    convert_to_mxfp8(model)
+    assert torch.equal(torch.rand(4), expected)
+
+
+def test_unsupported_weight_dtype_is_skipped_with_reason():
+    model = nn.Sequential(FeedForward(64, 128), nn.Linear(64, 64)).half()
+    report = convert_to_mxfp8(model)
+    assert report.converted == []
+    assert dict(report.skipped) == {"0": "parameters in torch.float16: MXFP8 layers take bfloat16 or float32 weights",
+                                    "1": "parameters in torch.float16: MXFP8 layers take bfloat16 or float32 weights"}
+
+
+def test_filter_fn_keeps_a_whole_ffn_in_high_precision():
+    model = nn.Sequential(FeedForward(64, 128), nn.Linear(64, 64))
+    report = convert_to_mxfp8(model, filter_fn=lambda mod, fqn: not isinstance(mod, FeedForward))
+    assert type(model[0]) is FeedForward and type(model[0].w1) is nn.Linear
+    assert report.converted == [("1", "MXFP8Linear")] and report.skipped == [("0", "excluded by filter_fn")]
+
+
+def test_already_converted_root_and_linear_subclasses():
+    assert convert_to_mxfp8(MXFP8SwiGLUMLP(64, 128)).converted == []
+    model = nn.Sequential(nn.MultiheadAttention(64, 2))
+    report = convert_to_mxfp8(model)
+    assert report.converted == [] and report.skipped[0][0] == "0.out_proj"
+    assert "subclasses nn.Linear" in report.skipped[0][1]
+    with pytest.raises(TypeError, match="MXFP8Config"):
+        convert_to_mxfp8(model, config={"scale_mode": "floor"})
