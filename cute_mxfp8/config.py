@@ -32,7 +32,18 @@ class MXFP8Config:
     def __post_init__(self):
         if self.scale_mode not in SCALE_MODES:
             raise ValueError(f"scale_mode must be one of {SCALE_MODES}, got {self.scale_mode!r}")
+        if not isinstance(self.wgrad_with_hp, bool):
+            raise ValueError(f"wgrad_with_hp must be a bool, got {self.wgrad_with_hp!r}")
+        if self.backend is not None and not isinstance(self.backend, str):
+            raise ValueError(f"backend must be a backend name (str) or None, got {self.backend!r}")
         for name in ("elem_dtype", "grad_elem_dtype"):
             if getattr(self, name) not in ELEM_DTYPES:
                 raise ValueError(f"{name} must be torch.float8_e4m3fn or torch.float8_e5m2, "
                                  f"got {getattr(self, name)}")
+
+
+def resolve_config(config) -> MXFP8Config:
+    """``config``, or the default :class:`MXFP8Config` for None; TypeError for anything else."""
+    if config is not None and not isinstance(config, MXFP8Config):
+        raise TypeError(f"config must be a cute_mxfp8.MXFP8Config, got {type(config).__name__}")
+    return config or MXFP8Config()

@@ -81,6 +81,17 @@ def _check_elem_dtype(elem_dtype: torch.dtype) -> None:
         )
 
 
+def _normalize_dim(dim: int, rank: int) -> int:
+    if not -rank <= dim < rank:
+        raise IndexError(f"dim {dim} is out of range for a tensor of rank {rank}")
+    return dim % rank
+
+
+def _check_scales_dtype(scales: torch.Tensor) -> None:
+    if scales.dtype not in (torch.float8_e8m0fnu, torch.uint8):
+        raise ValueError(f"scales must be torch.float8_e8m0fnu (or their uint8 bytes), got {scales.dtype}")
+
+
 def _check_scale_mode(scale_mode: str) -> None:
     if scale_mode not in SCALE_MODES:
         raise ValueError(f"scale_mode must be one of {SCALE_MODES}, got {scale_mode!r}")
@@ -174,7 +185,7 @@ def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
         raise ValueError(f"quantize_mxfp8 takes bfloat16 or float32 input, got {x.dtype}; cast it first")
     if x.dim() == 0:
         raise ValueError("quantize_mxfp8 needs a tensor of rank >= 1")
-    dim = dim % x.dim()
+    dim = _normalize_dim(dim, x.dim())
     n = x.shape[dim]
     if n % BLOCK_SIZE != 0:
         raise ValueError(
@@ -198,7 +209,12 @@ def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, *, dim: int = -1,
     """
     if data.dtype not in ELEM_DTYPES:
         raise ValueError(f"data must be float8_e4m3fn or float8_e5m2, got {data.dtype}")
-    dim = dim % data.dim()
+    if data.dim() == 0:
+        raise ValueError("dequantize_mxfp8 needs data of rank >= 1")
+    _check_scales_dtype(scales)
+    if not out_dtype.is_floating_point:
+        raise ValueError(f"out_dtype must be a floating-point dtype, got {out_dtype}")
+    dim = _normalize_dim(dim, data.dim())
     n = data.shape[dim]
     expect = list(data.shape)
     expect[dim] = n // BLOCK_SIZE
@@ -228,6 +244,7 @@ def to_blocked_scales(scales: torch.Tensor) -> torch.Tensor:
         return torch.stack([to_blocked_scales(s) for s in scales])
     if scales.dim() != 2:
         raise ValueError(f"to_blocked_scales takes (R, C) or (E, R, C) scales, got shape {tuple(scales.shape)}")
+    _check_scales_dtype(scales)
     r, c = scales.shape
     rt, ct = _ceil_div(r, _TILE_ROWS), _ceil_div(c, _TILE_COLS)
     padded = scales.view(torch.uint8).new_zeros(rt * _TILE_ROWS, ct * _TILE_COLS)
@@ -244,6 +261,7 @@ def from_blocked_scales(blocked: torch.Tensor, rows: int, cols: int) -> torch.Te
         if blocked.shape[0] == 0:
             return blocked.new_zeros(0, rows, cols)
         return torch.stack([from_blocked_scales(b, rows, cols) for b in blocked])
+    _check_scales_dtype(blocked)
     need = blocked_scales_numel(rows, cols)
     if blocked.dim() != 1 or blocked.numel() != need:
         raise ValueError(f"blocked scales for ({rows}, {cols}) need a 1-D buffer of {need} bytes, "

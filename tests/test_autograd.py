@@ -148,3 +148,24 @@ def test_autocast_output_dtype(rng):
     assert y.dtype == ref.dtype == torch.bfloat16
     y.float().sum().backward()
     assert x.grad.dtype == torch.float32 and w.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda: mxfp8_linear(torch.randn(8, 32), torch.randn(96, 64)), ValueError, r"x has shape \(8, 32\)"),
+    (lambda: mxfp8_linear(torch.randn(8, 64), torch.randn(64)), ValueError, "weight must be"),
+    (lambda: mxfp8_linear(torch.randn(8, 64), torch.randn(96, 64).half()), ValueError, "weight must be a bfloat16"),
+    (lambda: mxfp8_linear(torch.randn(8, 64), torch.randn(96, 64), torch.randn(32)), ValueError, "bias has shape"),
+    (lambda: mxfp8_linear(torch.randn(8, 64), torch.randn(96, 64), torch.randn(1)), ValueError, "bias has shape"),
+    (lambda: mxfp8_linear(torch.randn(8, 64), torch.randn(96, 64), config={"scale_mode": "floor"}), TypeError,
+     "MXFP8Config"),
+    (lambda: mxfp8_swiglu_mlp(torch.randn(8, 64), torch.randn(2, 96, 64), torch.randn(2, 64, 96),
+                              torch.randn(2, 96, 64)), ValueError, "pass offs"),
+    (lambda: mxfp8_swiglu_mlp(torch.randn(8, 64), torch.randn(96, 64), torch.randn(96, 64), torch.randn(96, 64)),
+     ValueError, r"w2 has shape \(96, 64\), expected \(64, 96\)"),
+    (lambda: mxfp8_grouped_mm(torch.randn(2, 8, 64), torch.randn(2, 96, 64), torch.tensor([4, 8], dtype=torch.int32)),
+     ValueError, r"expected \(tokens, 64\)"),
+    (lambda: MXFP8Config(wgrad_with_hp="no"), ValueError, "wgrad_with_hp"),
+])
+def test_bad_arguments_name_the_argument(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()

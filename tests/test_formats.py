@@ -1073,3 +1073,22 @@ def test_torchao_parity(dtype, mode, elem_dtype, rng):
         data, scales = quantize_mxfp8(x, scale_mode=mode, elem_dtype=elem_dtype)
         assert_bytes_equal(scales, ao_scale, f"torchao scales {shape}")
         assert_bytes_equal(data, ao_data, f"torchao data {shape}")
+
+
+def test_bad_dim_and_scale_inputs_raise():
+    x = torch.randn(64, 64)
+    with pytest.raises(IndexError, match="out of range"):
+        quantize_mxfp8(x, dim=2)
+    with pytest.raises(IndexError, match="out of range"):
+        quantize_mxfp8(x, dim=-3)
+    d, s = quantize_mxfp8(x)
+    with pytest.raises(IndexError, match="out of range"):
+        dequantize_mxfp8(d, s, dim=3)
+    with pytest.raises(ValueError, match="float8_e8m0fnu"):
+        dequantize_mxfp8(d, s.float())
+    with pytest.raises(ValueError, match="out_dtype"):
+        dequantize_mxfp8(d, s, out_dtype=torch.int32)
+    with pytest.raises(ValueError, match="rank >= 1"):
+        dequantize_mxfp8(d[0, 0], s[0, 0])
+    with pytest.raises(ValueError, match="float8_e8m0fnu"):
+        to_blocked_scales(torch.ones(4, 4))

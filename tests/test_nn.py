@@ -244,3 +244,17 @@ def test_already_converted_root_and_linear_subclasses():
     assert "subclasses nn.Linear" in report.skipped[0][1]
     with pytest.raises(TypeError, match="MXFP8Config"):
         convert_to_mxfp8(model, config={"scale_mode": "floor"})
+
+
+def test_grouped_experts_counts_validation():
+    ex = MXFP8GroupedExperts(64, 64, 2)
+    x = torch.randn(6, 64)
+    assert torch.equal(ex(x, [2, 3]), ex(x, torch.tensor([2, 3])))  # a list of ints is accepted
+    with pytest.raises(ValueError, match="integer tensor"):
+        ex(x, torch.tensor([2.5, 3.5]))
+    with pytest.raises(ValueError, match=r"\(tokens, dim\)"):
+        ex(x.view(2, 3, 64), torch.tensor([2, 3]))
+    with pytest.raises(ValueError, match="exceeds"):
+        ex(x, torch.tensor([4, 3]))
+    with pytest.raises(TypeError, match="MXFP8Config"):
+        MXFP8Linear(64, 64, config={"scale_mode": "floor"})

@@ -305,3 +305,9 @@ def test_explicit_backend_without_the_op_raises(monkeypatch, scratch_registry):
     # automatic choice per op: test_partial has no quantize, so the reference runs quantize
     assert resolve_backend("cpu", op="quantize_rowwise") == "reference"
     assert resolve_backend("cpu", op="mm") == "test_partial"
+
+
+def test_known_backend_without_kernels_says_so(monkeypatch):
+    monkeypatch.setenv("CUTE_MXFP8_BACKEND", "sm100")
+    with pytest.raises(BackendUnavailableError, match="has no kernels in this version yet"):
+        ops.quantize_rowwise(torch.randn(32, 64))

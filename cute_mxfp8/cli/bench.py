@@ -133,7 +133,7 @@ def main(args) -> int:
     from tabulate import tabulate
 
     from cute_mxfp8 import ops
-    from cute_mxfp8.ops.backends import _BACKENDS
+    from cute_mxfp8.ops.backends import _BACKENDS, KNOWN_BACKENDS
 
     _q = ops
     device = torch.device(getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -147,12 +147,11 @@ def main(args) -> int:
         cases += {"quantize": _quantize_cases, "swiglu": _swiglu_cases, "gemm": _gemm_cases}[g](large)
     print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
           f"backends registered: {ops.registered_backends()}")
-    for name in ("sm90", "sm100"):
+    for name, hardware in KNOWN_BACKENDS.items():
         b = _BACKENDS.get(name)
-        why = "its kernels are not registered in this build" if b is None else b.unavailable_reason(device)
+        why = "no kernels in this version yet" if b is None else b.unavailable_reason(device)
         if why:
-            print(f"  {name}: not run ({why}); the {name} kernels need an "
-                  f"{'SM90 (H100/H200)' if name == 'sm90' else 'SM100 (B200/GB200)'} GPU")
+            print(f"  {name}: not run ({why}); the {name} kernels need {hardware}")
     rows: list[Row] = []
     for case in cases:
         fn, nbytes, flops = case.make(device)

@@ -34,6 +34,8 @@ class BatchSampler:
     """
 
     def __init__(self, tokens: torch.Tensor, batch_size: int, seq_len: int, seed: int, device="cpu") -> None:
+        if batch_size < 1 or seq_len < 1:
+            raise ValueError(f"batch_size={batch_size} and seq_len={seq_len} must be >= 1")
         if len(tokens) < seq_len + 1:
             raise ValueError(f"{len(tokens)} tokens are too few for windows of {seq_len + 1}")
         self.tokens = tokens

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 __all__ = ["build_parser", "main"]
 
@@ -19,12 +21,46 @@ def _run_bench(args: argparse.Namespace) -> int:
     return bench.main(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser; each subcommand sets ``args.func``."""
+MODULE_PROG = "python -m cute_mxfp8"
+
+
+def default_prog(argv0: str | None = None) -> str:
+    """The program name for usage lines: the basename of ``argv0`` (default ``sys.argv[0]``), e.g. ``cute-mxfp8``
+    for the console script, or ``python -m cute_mxfp8`` when run as a module (``__main__.py``) or unknown."""
+    if argv0 is None:
+        argv0 = sys.argv[0] if sys.argv else ""
+    name = os.path.basename(argv0)
+    if not name or name in ("__main__.py", "-c", "-m"):
+        return MODULE_PROG
+    return name
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose ``parse_args`` also runs each subcommand's cross-argument checks, reporting a
+    problem through that subcommand's ``parser.error`` (usage line, exit status 2)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.validators: dict[str, tuple[argparse.ArgumentParser, object]] = {}
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        ns = super().parse_args(args, namespace)
+        entry = self.validators.get(getattr(ns, "command", None))
+        if entry is not None:
+            subparser, validate = entry
+            problem = validate(ns)
+            if problem:
+                subparser.error(problem)
+        return ns
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser; each subcommand sets ``args.func``.  ``prog`` defaults to :func:`default_prog`."""
     from cute_mxfp8.cli import train
 
-    parser = argparse.ArgumentParser(prog="python -m cute_mxfp8", description="MXFP8 training with CuTe kernels.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser = _Parser(prog=prog or default_prog(), description="MXFP8 training with CuTe kernels.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                parser_class=argparse.ArgumentParser)  # fmt: skip
 
     p_train = sub.add_parser(
         "train",
@@ -33,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_args(p_train)
     p_train.set_defaults(func=_run_train)
+    parser.validators["train"] = (p_train, train.validate_args)
 
     p_bench = sub.add_parser("bench", help="benchmark the MXFP8 ops", description="Benchmark the MXFP8 ops.")
     p_bench.add_argument("groups", nargs="*", metavar="GROUP",

@@ -24,11 +24,12 @@ import torch
 from cute_mxfp8.cli.data import BatchSampler, fixed_batches, load_tokens, split_tokens
 from cute_mxfp8.cli.model import ModelConfig, Transformer
 
-__all__ = ["add_args", "run"]
+__all__ = ["add_args", "validate_args", "run"]
 
 GAP_TOLERANCE_PCT = 2.0  # warn when |eval gap| exceeds this
 EVAL_SEED = 1234  # the eval set does not depend on --seed
 FINAL_TRAIN_WINDOW = 10  # "final train loss" = mean of the last this-many step losses
+MX_BLOCK = 32  # --dim and --hidden must be multiples of the MX scaling block so the layers convert to MXFP8
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +39,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=int, default=32, help="sequences per batch (default: %(default)s)")
     g.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default: %(default)s)")
     g.add_argument("--lr", type=float, default=2e-3, help="peak AdamW learning rate (default: %(default)s)")
-    g.add_argument("--warmup", type=int, default=None, help="linear warmup steps (default: 5%% of --steps)")
+    g.add_argument("--warmup", type=int, default=None, help="linear warmup steps, >= 0 (default: 5%% of --steps)")
     g.add_argument("--seed", type=int, default=0, help="seed for init and batch order (default: %(default)s)")
     g.add_argument("--device", default="auto", help="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1'")
     m = parser.add_argument_group("model")
@@ -52,9 +53,102 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     o = parser.add_argument_group("eval and output")
     o.add_argument("--eval-batches", type=int, default=8, help="fixed held-out batches per eval (default: %(default)s)")
     o.add_argument("--eval-every", type=int, default=None, help="steps between evals, plus one at the end (default: 4 evenly spaced evals)")
-    o.add_argument("--log-every", type=int, default=25, help="print a loss line every N steps (default: %(default)s)")
+    o.add_argument("--log-every", type=int, default=25,
+                   help="print a loss line every N steps and at the first and last step; 0: none (default: %(default)s)")
     o.add_argument("--out", default=os.path.join("runs", "train"), help="output directory (default: %(default)s)")
     o.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+
+
+def _check_device(name: str) -> str | None:
+    """None if ``--device name`` is usable here, else the error message."""
+    if name == "auto":
+        return None
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        return f"argument --device: invalid device {name!r} (expected 'auto', 'cpu', 'cuda' or 'cuda:N')"
+    if dev.type == "cpu":
+        return None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            return f"argument --device: {name!r} requested but CUDA is not available (use --device cpu or auto)"
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            return f"argument --device: {name!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist"
+        return None
+    return f"argument --device: unsupported device type {dev.type!r} (expected 'auto', 'cpu', 'cuda' or 'cuda:N')"
+
+
+def _check_out(path: str) -> str | None:
+    """None if ``--out path`` is (or can be created as) a writable directory, else the error message."""
+    if not path:
+        return "argument --out: must not be empty"
+    full = os.path.abspath(path)
+    if os.path.lexists(full):
+        if not os.path.isdir(full):
+            return f"argument --out: {path!r} exists and is not a directory"
+        if not os.access(full, os.W_OK | os.X_OK):
+            return f"argument --out: directory {path!r} is not writable"
+        return None
+    parent = os.path.dirname(full)
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"argument --out: cannot create directory {path!r}: {parent!r} exists and is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"argument --out: cannot create directory {path!r}: {parent!r} is not writable"
+    return None
+
+
+def validate_args(args: argparse.Namespace) -> str | None:
+    """Check the ``train`` arguments before anything runs; None if fine, else one message listing every problem.
+
+    The parser reports it with ``parser.error``; :func:`run` raises ``SystemExit`` with it.
+    """
+    errors: list[str] = []
+
+    def positive(flag: str, value) -> bool:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            errors.append(f"argument {flag}: must be a positive integer, got {value!r}")
+            return False
+        return True
+
+    def non_negative(flag: str, value) -> None:
+        if value is not None and (not isinstance(value, int) or value < 0):
+            errors.append(f"argument {flag}: must be an integer >= 0, got {value!r}")
+
+    for flag, attr in [("--steps", "steps"), ("--batch-size", "batch_size"), ("--seq-len", "seq_len"),
+                       ("--layers", "layers"), ("--eval-batches", "eval_batches")]:  # fmt: skip
+        positive(flag, getattr(args, attr))
+    dims_ok = True
+    for flag, attr in [("--dim", "dim"), ("--hidden", "hidden")]:
+        value = getattr(args, attr)
+        if not isinstance(value, int) or value < 1 or value % MX_BLOCK:
+            errors.append(f"argument {flag}: must be a positive multiple of {MX_BLOCK} (the MX block size, so the "
+                          f"layers can run in MXFP8), got {value!r}")  # fmt: skip
+            dims_ok = False
+    if positive("--heads", args.heads) and dims_ok:
+        if args.dim % args.heads:
+            errors.append(f"argument --heads: --dim {args.dim} is not divisible by --heads {args.heads}")
+        elif (args.dim // args.heads) % 2:
+            errors.append(f"argument --heads: head dim --dim/--heads = {args.dim // args.heads} must be even for RoPE")
+    experts_ok = positive("--experts", args.experts)
+    if positive("--top-k", args.top_k) and experts_ok and args.moe and args.top_k > args.experts:
+        errors.append(f"argument --top-k: must be in [1, --experts {args.experts}], got {args.top_k}")
+    if not isinstance(args.lr, (int, float)) or not math.isfinite(args.lr) or args.lr <= 0:
+        errors.append(f"argument --lr: must be a finite number > 0, got {args.lr!r}")
+    non_negative("--warmup", args.warmup)
+    non_negative("--log-every", args.log_every)
+    if args.eval_every is not None:
+        positive("--eval-every", args.eval_every)
+    if isinstance(args.seq_len, int) and args.seq_len >= 1:
+        _, eval_tokens = split_tokens(load_tokens(), 0.1)
+        if args.seq_len >= len(eval_tokens):
+            errors.append(f"argument --seq-len: must be < {len(eval_tokens)} (the held-out eval bytes), "
+                          f"got {args.seq_len}")  # fmt: skip
+    for msg in (_check_device(args.device), _check_out(args.out)):
+        if msg:
+            errors.append(msg)
+    return "; ".join(errors) or None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -140,6 +234,17 @@ def _report_lists(report) -> tuple[list, list]:
     return converted, skipped
 
 
+def _json_safe(obj):
+    """``obj`` with every non-finite float replaced by None, so it dumps as strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
 def _fmt(x: float) -> str:
     return f"{x:.4f}" if math.isfinite(x) else str(x)
 
@@ -177,9 +282,15 @@ def run(args: argparse.Namespace) -> int:
     from cute_mxfp8.nn import MXFP8Config, convert_to_mxfp8
     from cute_mxfp8.ops import resolve_backend
 
+    problem = validate_args(args)
+    if problem:
+        raise SystemExit(f"error: {problem}")
+    # The output directory exists before training, so a bad --out fails now rather than after the runs.
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"error: cannot create output directory {args.out!r}: {e}") from None
     device = resolve_device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"error: --device {args.device} requested but CUDA is not available")
     precision = "bf16 autocast, fp32 params" if device.type == "cuda" else "fp32"
 
     def amp():
@@ -188,8 +299,6 @@ def run(args: argparse.Namespace) -> int:
         return contextlib.nullcontext()
 
     steps = args.steps
-    if steps < 1 or args.eval_batches < 1:
-        raise SystemExit("error: --steps and --eval-batches must be >= 1")
     warmup = args.warmup if args.warmup is not None else max(1, steps // 20)
     if args.eval_every:
         eval_steps = set(range(args.eval_every, steps + 1, args.eval_every)) | {steps}
@@ -216,6 +325,11 @@ def run(args: argparse.Namespace) -> int:
     report = convert_to_mxfp8(mx.model, config=MXFP8Config())
     backend = str(resolve_backend(device))
     converted, skipped = _report_lists(report)
+    nothing_converted = not converted
+    no_mx_warning = (
+        "WARNING: the converter replaced no module with an MXFP8 one, so the 'mxfp8' run is identical to the "
+        "high-precision run and the comparison means nothing (are --dim and --hidden multiples of 32?)"
+    )
     for r in (hp, mx):
         r.optimizer = _adamw(r.model, args.lr)
 
@@ -233,6 +347,8 @@ def run(args: argparse.Namespace) -> int:
     )
     print("conversion report:")
     print(str(report))
+    if nothing_converted:
+        print(no_mx_warning)
     sys.stdout.flush()
 
     # Throughput excludes the first steps (allocator warm-up, kernel JIT/autotune) when there are enough steps.
@@ -250,7 +366,7 @@ def run(args: argparse.Namespace) -> int:
                 r.timed_tokens += tokens_per_step
         bar.set_postfix(hp=f"{hp.losses[-1]:.4f}", mxfp8=f"{mx.losses[-1]:.4f}", refresh=False)
         done = step + 1
-        if args.log_every > 0 and (done % args.log_every == 0 or done == 1):
+        if args.log_every > 0 and (done % args.log_every == 0 or done == 1 or done == steps):
             tqdm.write(
                 f"step {done:>{len(str(steps))}}/{steps} | lr {lr:.2e} | "
                 f"hp loss {_fmt(hp.losses[-1])} | mxfp8 loss {_fmt(mx.losses[-1])}",
@@ -276,7 +392,8 @@ def run(args: argparse.Namespace) -> int:
         }
     e_hp, e_mx = results["high_precision"]["final_eval_loss"], results["mxfp8"]["final_eval_loss"]
     gap_pct = (e_mx - e_hp) / e_hp * 100.0
-    ok = math.isfinite(gap_pct) and abs(gap_pct) <= GAP_TOLERANCE_PCT
+    # None (null in summary.json) when nothing ran in MXFP8: there is no comparison to judge.
+    ok = None if nothing_converted else math.isfinite(gap_pct) and abs(gap_pct) <= GAP_TOLERANCE_PCT
 
     print()
     print(f"{'run':<16}{'train loss':>12}{'eval loss':>12}{'tokens/s':>12}{'time (s)':>10}")
@@ -290,13 +407,14 @@ def run(args: argparse.Namespace) -> int:
           f"eval loss = mean over {args.eval_batches} fixed held-out batches")  # fmt: skip
     print(f"eval loss gap (mxfp8 vs high precision): {gap_pct:+.2f}%")
     print(f"device: {device} | high precision: {precision} | mxfp8 backend: {backend}")
-    if not ok:
+    if nothing_converted:
+        print(no_mx_warning)
+    elif not ok:
         print(
             f"WARNING: MXFP8 eval loss {_fmt(e_mx)} is not within {GAP_TOLERANCE_PCT:g}% of the "
             f"high-precision eval loss {_fmt(e_hp)} (gap {gap_pct:+.2f}%)"
         )
 
-    os.makedirs(args.out, exist_ok=True)
     summary = {
         "device": str(device),
         "backend": backend,
@@ -314,12 +432,13 @@ def run(args: argparse.Namespace) -> int:
         "eval_gap_pct": gap_pct,
         "gap_tolerance_pct": GAP_TOLERANCE_PCT,
         "within_tolerance": ok,
+        "mxfp8_layers": len(converted),
         "runs": results,
         "conversion": {"converted": converted, "skipped": skipped, "summary": str(report)},
     }
     summary_path = os.path.join(args.out, "summary.json")
     with open(summary_path, "w") as f:
-        json.dump(summary, f, indent=2)
+        json.dump(_json_safe(summary), f, indent=2, allow_nan=False)
     plot_path = os.path.join(args.out, "loss.png")
     _plot(plot_path, [hp, mx], gap_pct, f"{device}, backend {backend}, {steps} steps, {n_params / 1e6:.2f}M params")
     print(f"wrote {summary_path} and {plot_path}")

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import MXFP8Config
+from ..config import MXFP8Config, resolve_config
 from .modules import MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, mxfp8_dims_reason
 
 __all__ = ["ConversionReport", "convert_to_mxfp8"]
@@ -191,9 +191,7 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
     Raises:
         TypeError: ``config`` is not an :class:`MXFP8Config`.
     """
-    if config is not None and not isinstance(config, MXFP8Config):
-        raise TypeError(f"config must be a cute_mxfp8.MXFP8Config, got {type(config).__name__}")
-    cfg = config or MXFP8Config()
+    cfg = resolve_config(config)
     report = ConversionReport()
     if isinstance(model, _MXFP8_TYPES):
         return report

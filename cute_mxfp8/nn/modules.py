@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..config import MXFP8Config
+from ..config import MXFP8Config, resolve_config
 from ..formats import BLOCK_SIZE
 from ..ops.autograd import mxfp8_linear, mxfp8_swiglu_mlp
 
@@ -50,7 +50,7 @@ class MXFP8Linear(nn.Linear):
                  config: MXFP8Config | None = None):
         _require_dims(type(self).__name__, in_features=in_features, out_features=out_features)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.config = config or MXFP8Config()
+        self.config = resolve_config(config)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, config: MXFP8Config | None = None) -> "MXFP8Linear":
@@ -86,7 +86,7 @@ class MXFP8SwiGLUMLP(nn.Module):
         self.w1 = nn.Linear(dim, hidden_dim, **kw)
         self.w2 = nn.Linear(hidden_dim, dim, **kw)
         self.w3 = nn.Linear(dim, hidden_dim, **kw)
-        self.config = config or MXFP8Config()
+        self.config = resolve_config(config)
 
     @classmethod
     def from_module(cls, ffn: nn.Module, config: MXFP8Config | None = None) -> "MXFP8SwiGLUMLP":
@@ -119,7 +119,7 @@ class MXFP8GroupedExperts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim, **kw))
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim, **kw))
         self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim, **kw))
-        self.config = config or MXFP8Config()
+        self.config = resolve_config(config)
         if self.w1.device.type != "meta":
             self.reset_parameters()
 
@@ -137,8 +137,11 @@ class MXFP8GroupedExperts(nn.Module):
         return new
 
     def forward(self, x: Tensor, num_tokens_per_expert: Tensor) -> Tensor:
-        if num_tokens_per_expert.shape != (self.num_experts,):
-            raise ValueError(f"num_tokens_per_expert must have shape ({self.num_experts},), "
-                             f"got {tuple(num_tokens_per_expert.shape)}")
-        offs = torch.cumsum(num_tokens_per_expert.to(device=x.device), 0).to(torch.int32)
+        counts = torch.as_tensor(num_tokens_per_expert, device=x.device)
+        if counts.shape != (self.num_experts,) or counts.is_floating_point() or counts.is_complex():
+            raise ValueError(f"num_tokens_per_expert must be an integer tensor of shape ({self.num_experts},), "
+                             f"got {counts.dtype} of shape {tuple(counts.shape)}")
+        if x.dim() != 2:
+            raise ValueError(f"x must be (tokens, dim) with tokens sorted by expert, got shape {tuple(x.shape)}")
+        offs = torch.cumsum(counts, 0).to(torch.int32)
         return mxfp8_swiglu_mlp(x, self.w1, self.w2, self.w3, offs, self.config)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..config import resolve_config
 from ..formats import group_bounds
 from ..swiglu import split_gate_up
 from . import api
@@ -180,10 +181,22 @@ def _autocast(x: Tensor) -> Tensor:
 
 
 def _cfg_args(config):
-    from ..config import MXFP8Config
-
-    c = config or MXFP8Config()
+    c = resolve_config(config)
     return c.scale_mode, c.elem_dtype, c.grad_elem_dtype, c.wgrad_with_hp, c.backend
+
+
+def _check_weight(name: str, w: Tensor, shape: tuple) -> None:
+    if not isinstance(w, Tensor) or w.dtype not in (torch.bfloat16, torch.float32):
+        got = w.dtype if isinstance(w, Tensor) else type(w).__name__
+        raise ValueError(f"{name} must be a bfloat16 or float32 tensor, got {got}")
+    if tuple(w.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(w.shape)}, expected {tuple(shape)}")
+
+
+def _check_input(x: Tensor, d: int, rank2: bool) -> None:
+    if x.dim() < 1 or x.shape[-1] != d or (rank2 and x.dim() != 2):
+        want = f"(tokens, {d})" if rank2 else f"(..., {d})"
+        raise ValueError(f"x has shape {tuple(x.shape)}, expected {want} to match the weights")
 
 
 def mxfp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, config=None) -> Tensor:
@@ -194,6 +207,13 @@ def mxfp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, config=N
         config: :class:`cute_mxfp8.config.MXFP8Config` (default one if None).
     Returns: (..., N) in ``x.dtype``.
     """
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be (out_features, in_features), got shape {tuple(weight.shape)}")
+    n, k = weight.shape
+    _check_weight("weight", weight, (n, k))
+    _check_input(x, k, rank2=False)
+    if bias is not None:
+        _check_weight("bias", bias, (n,))
     return _LinearFn.apply(_autocast(x), weight, bias, *_cfg_args(config))
 
 
@@ -204,6 +224,10 @@ def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None) -> Te
         x: (M, K) tokens sorted by group; weight: (E, N, K); offs: (E,) int32 cumulative end offsets.
     Returns: (M, N) in ``x.dtype``; rows at or past ``offs[-1]`` are zero.
     """
+    if weight.dim() != 3:
+        raise ValueError(f"weight must be (E, N, K) expert weights, got shape {tuple(weight.shape)}")
+    _check_weight("weight", weight, tuple(weight.shape))
+    _check_input(x, weight.shape[2], rank2=True)
     return _GroupedMMFn.apply(_autocast(x), weight, offs, *_cfg_args(config))
 
 
@@ -217,4 +241,13 @@ def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor
         offs: None (dense) or (E,) int32 cumulative end offsets of the token groups (grouped experts).
     Returns: x's shape and dtype.
     """
+    grouped = offs is not None
+    if w1.dim() != (3 if grouped else 2):
+        raise ValueError(f"w1 must be {'(E, I, D) with offs' if grouped else '(I, D) without offs'}, got shape "
+                         f"{tuple(w1.shape)}" + ("" if grouped else "; pass offs for (E, I, D) expert weights"))
+    *e, i, d = w1.shape
+    _check_weight("w1", w1, (*e, i, d))
+    _check_weight("w3", w3, (*e, i, d))
+    _check_weight("w2", w2, (*e, d, i))
+    _check_input(x, d, rank2=grouped)
     return _SwiGLUMLPFn.apply(_autocast(x), w1, w2, w3, offs, *_cfg_args(config))
