@@ -149,14 +149,13 @@ def _byte_to_scale(byte: torch.Tensor) -> torch.Tensor:
 def _quantize_blocks(xb: torch.Tensor, scale_mode: str, elem_dtype: torch.dtype):
     """Quantize ``xb`` of shape (..., 32) in fp32 along its last dim; returns (elements, scale bytes (...))."""
     fmax = ELEM_DTYPES[elem_dtype][0]
-    nonfinite = ~torch.isfinite(xb).all(dim=-1)
-    amax = xb.abs().amax(dim=-1)
-    amax = torch.where(nonfinite, torch.full_like(amax, float("inf")), amax)
-    byte = amax_to_e8m0(amax, scale_mode, elem_dtype)
+    amax = xb.abs().amax(dim=-1)  # NaN if the block holds a NaN (amax propagates it), Inf if it holds an Inf
+    byte = amax_to_e8m0(amax, scale_mode, elem_dtype)  # 255 for a non-finite amax
     scale = _byte_to_scale(byte)
-    # Division by a power of two is exact; a NaN scale (poisoned block) makes every element NaN.
+    # Division by a power of two is exact.  Every element of a poisoned block becomes the positive NaN (0x7F):
+    # the NaN scale alone would keep the sign of a negative NaN input.
     q = (xb / scale.unsqueeze(-1)).clamp(-fmax, fmax)
-    q = torch.where(nonfinite.unsqueeze(-1), torch.full_like(q, float("nan")), q)
+    q = torch.where((byte == _E8M0_NAN).unsqueeze(-1), torch.full_like(q, float("nan")), q)
     return q.to(elem_dtype), byte
 
 
@@ -221,8 +220,10 @@ def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, *, dim: int = -1,
     if n % BLOCK_SIZE != 0 or list(scales.shape) != expect:
         raise ValueError(f"scales of shape {tuple(scales.shape)} do not match data {tuple(data.shape)} "
                          f"blocked by 32 along dim {dim} (expected {tuple(expect)})")
-    s = e8m0_to_float(scales).repeat_interleave(BLOCK_SIZE, dim=dim)
-    return (data.float() * s).to(out_dtype)
+    d = data.float().movedim(dim, -1)
+    s = e8m0_to_float(scales).movedim(dim, -1).unsqueeze(-1)
+    out = (d.reshape(*d.shape[:-1], n // BLOCK_SIZE, BLOCK_SIZE) * s).reshape(d.shape)
+    return out.movedim(-1, dim).to(out_dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------
