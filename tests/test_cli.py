@@ -47,3 +47,186 @@ def test_bench_cpu(tmp_path, capsys):
     assert "need an SM100" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["bench", "nope"])
+
+
+def _train_args(tmp_path, *extra):
+    return ["train", *TINY, "--out", str(tmp_path / "run"), *extra]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--dim", "80"], "argument --dim: must be a positive multiple of 32"),
+    (["--hidden", "100"], "argument --hidden: must be a positive multiple of 32"),
+    (["--dim", "0"], "argument --dim: must be a positive multiple of 32"),
+    (["--seq-len", "0"], "argument --seq-len: must be a positive integer"),
+    (["--seq-len", "1000000"], "argument --seq-len: must be <"),
+    (["--batch-size", "0"], "argument --batch-size: must be a positive integer"),
+    (["--steps", "0"], "argument --steps: must be a positive integer"),
+    (["--steps", "-3"], "argument --steps: must be a positive integer"),
+    (["--heads", "0"], "argument --heads: must be a positive integer"),
+    (["--heads", "3", "--dim", "128"], "--dim 128 is not divisible by --heads 3"),
+    (["--heads", "64", "--dim", "64"], "must be even for RoPE"),
+    (["--layers", "0"], "argument --layers: must be a positive integer"),
+    (["--device", "bogus"], "argument --device: invalid device 'bogus'"),
+    (["--device", "meta"], "argument --device: unsupported device type 'meta'"),
+    (["--experts", "0"], "argument --experts: must be a positive integer"),
+    (["--moe", "--top-k", "5"], "argument --top-k: must be in [1, --experts 4]"),
+    (["--top-k", "0"], "argument --top-k: must be a positive integer"),
+    (["--lr", "0"], "argument --lr: must be a finite number > 0"),
+    (["--lr", "nan"], "argument --lr: must be a finite number > 0"),
+    (["--eval-batches", "0"], "argument --eval-batches: must be a positive integer"),
+    (["--eval-every", "0"], "argument --eval-every: must be a positive integer"),
+    (["--warmup", "-1"], "argument --warmup: must be an integer >= 0"),
+])  # fmt: skip
+def test_train_rejects_bad_args(tmp_path, capsys, extra, message):
+    """Bad values are argparse errors (usage line, exit status 2) before anything runs, not tracebacks or NaNs."""
+    with pytest.raises(SystemExit) as exc:
+        main(_train_args(tmp_path, *extra))
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and "usage:" in captured.err and "train: error:" in captured.err
+    assert captured.out == "" and not (tmp_path / "run").exists()
+
+
+def test_train_rejects_cuda_without_cuda(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(SystemExit) as exc:
+        main(_train_args(tmp_path, "--device", "cuda:1"))
+    assert exc.value.code == 2 and "'cuda:1' requested but CUDA is not available" in capsys.readouterr().err
+
+
+def test_train_reports_every_bad_arg(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(_train_args(tmp_path, "--seq-len", "0", "--batch-size", "0", "--steps", "0"))
+    err = capsys.readouterr().err
+    assert all(f"argument {flag}: must be a positive integer, got 0" in err
+               for flag in ("--seq-len", "--batch-size", "--steps"))  # fmt: skip
+
+
+def test_run_validates_namespace(tmp_path):
+    """train.run called without the parser (programmatic use) checks the same rules and exits with the message."""
+    from cute_mxfp8.cli import train
+    from cute_mxfp8.cli.main import build_parser
+
+    args = build_parser().parse_args(_train_args(tmp_path))
+    args.heads = 0
+    with pytest.raises(SystemExit, match="argument --heads: must be a positive integer"):
+        train.run(args)
+    assert train.validate_args(build_parser().parse_args(_train_args(tmp_path))) is None
+
+
+@pytest.mark.parametrize("where", ["file", "under_file"])
+def test_train_out_not_a_directory(tmp_path, capsys, where):
+    """--out naming an existing file (or a path below one) fails at once, naming the path, before training."""
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    out = afile if where == "file" else afile / "sub"
+    with pytest.raises(SystemExit) as exc:
+        main(["train", *TINY, "--out", str(out)])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert str(afile) in captured.err and "is not a directory" in captured.err and "step" not in captured.out
+    assert afile.read_text() == "keep me"
+
+
+def test_train_creates_out_before_training(tmp_path, monkeypatch):
+    from cute_mxfp8.cli import train
+
+    out = tmp_path / "a" / "b"
+    seen = []
+    real_step = train._train_step
+
+    def step(*a, **k):
+        seen.append(out.is_dir())
+        return real_step(*a, **k)
+
+    monkeypatch.setattr(train, "_train_step", step)
+    assert main(["train", *TINY, "--steps", "1", "--out", str(out)]) == 0
+    assert seen and all(seen) and (out / "summary.json").exists()
+
+
+def test_train_warns_when_nothing_converted(tmp_path, capsys, monkeypatch):
+    """If the converter replaces nothing, the 'mxfp8' run is the high-precision one: say so, and do not judge."""
+    import functools
+
+    import cute_mxfp8.nn
+
+    convert_nothing = functools.partial(cute_mxfp8.nn.convert_to_mxfp8, filter_fn=lambda module, fqn: False)
+    monkeypatch.setattr(cute_mxfp8.nn, "convert_to_mxfp8", convert_nothing)
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "converted 0 module(s)" in text
+    # printed after the conversion report and again under the results
+    assert text.count("WARNING: the converter replaced no module with an MXFP8 one") == 2
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["mxfp8_layers"] == 0 and summary["within_tolerance"] is None
+    assert summary["conversion"]["converted"] == []
+
+
+def test_train_summary_counts_mxfp8_layers(tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "1", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["mxfp8_layers"] == len(summary["conversion"]["converted"]) > 0
+    assert summary["within_tolerance"] in (True, False)
+
+
+def _strict_json(text: str):
+    def reject(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    return json.loads(text, parse_constant=reject)
+
+
+def test_train_summary_is_strict_json(tmp_path, monkeypatch):
+    """Non-finite numbers (here a NaN eval loss) are written as null, never as bare NaN / Infinity."""
+    from cute_mxfp8.cli import train
+
+    monkeypatch.setattr(train, "_evaluate", lambda model, batches, amp: float("nan"))
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--steps", "2", "--out", str(out)]) == 0
+    summary = _strict_json((out / "summary.json").read_text())
+    assert summary["runs"]["mxfp8"]["final_eval_loss"] is None and summary["eval_gap_pct"] is None
+    assert summary["within_tolerance"] is False
+    assert all(math.isfinite(v) for v in summary["runs"]["high_precision"]["train_losses"])
+    nested = {"a": [1.0, float("inf"), (float("-inf"), 2)], "b": "x"}
+    assert train._json_safe(nested) == {"a": [1.0, None, [None, 2]], "b": "x"}
+
+
+def test_train_logs_final_step(tmp_path, capsys):
+    assert main(["train", *TINY, "--steps", "3", "--log-every", "2", "--out", str(tmp_path / "run")]) == 0
+    logged = [line.split("|")[0].strip() for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert logged == ["step 1/3", "step 2/3", "step 3/3"]
+
+
+def test_train_log_every_zero_logs_nothing(tmp_path, capsys):
+    assert main(["train", *TINY, "--steps", "2", "--log-every", "0", "--out", str(tmp_path / "run")]) == 0
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+
+
+@pytest.mark.parametrize("argv0, prog", [
+    ("/usr/local/bin/cute-mxfp8", "cute-mxfp8"),
+    ("/site-packages/cute_mxfp8/__main__.py", "python -m cute_mxfp8"),
+    ("", "python -m cute_mxfp8"),
+    ("-c", "python -m cute_mxfp8"),
+])  # fmt: skip
+def test_prog_name(monkeypatch, capsys, argv0, prog):
+    from cute_mxfp8.cli.main import build_parser, default_prog
+
+    assert default_prog(argv0) == prog
+    monkeypatch.setattr("sys.argv", [argv0])
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0 and capsys.readouterr().out.startswith(f"usage: {prog} ")
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert capsys.readouterr().out.startswith(f"usage: {prog} train ")
+    assert build_parser(prog="x").prog == "x"
+
+
+def test_module_help_prog():
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "cute_mxfp8", "--help"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.startswith("usage: python -m cute_mxfp8 ")

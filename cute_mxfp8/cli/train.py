@@ -54,7 +54,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--eval-batches", type=int, default=8, help="fixed held-out batches per eval (default: %(default)s)")
     o.add_argument("--eval-every", type=int, default=None, help="steps between evals, plus one at the end (default: 4 evenly spaced evals)")
     o.add_argument("--log-every", type=int, default=25,
-                   help="print a loss line every N steps and at the first and last step; 0: none (default: %(default)s)")
+                   help="print a loss line every N steps, the first and the last; 0: none (default: %(default)s)")
     o.add_argument("--out", default=os.path.join("runs", "train"), help="output directory (default: %(default)s)")
     o.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
 
