@@ -142,16 +142,12 @@ def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
     return torch.where(b == _E8M0_NAN, torch.full_like(out, float("nan")), out)
 
 
-def _byte_to_scale(byte: torch.Tensor) -> torch.Tensor:
-    return e8m0_to_float(byte)
-
-
 def _quantize_blocks(xb: torch.Tensor, scale_mode: str, elem_dtype: torch.dtype):
     """Quantize ``xb`` of shape (..., 32) in fp32 along its last dim; returns (elements, scale bytes (...))."""
     fmax = ELEM_DTYPES[elem_dtype][0]
     amax = xb.abs().amax(dim=-1)  # NaN if the block holds a NaN (amax propagates it), Inf if it holds an Inf
     byte = amax_to_e8m0(amax, scale_mode, elem_dtype)  # 255 for a non-finite amax
-    scale = _byte_to_scale(byte)
+    scale = e8m0_to_float(byte)
     # Division by a power of two is exact.  Every element of a poisoned block becomes the positive NaN (0x7F):
     # the NaN scale alone would keep the sign of a negative NaN input.
     q = (xb / scale.unsqueeze(-1)).clamp(-fmax, fmax)
