@@ -307,7 +307,13 @@ def test_explicit_backend_without_the_op_raises(monkeypatch, scratch_registry):
     assert resolve_backend("cpu", op="mm") == "test_partial"
 
 
-def test_known_backend_without_kernels_says_so(monkeypatch):
+def test_kernel_backends_refuse_cpu_and_unimplemented_ops(monkeypatch):
     monkeypatch.setenv("CUTE_MXFP8_BACKEND", "sm100")
-    with pytest.raises(BackendUnavailableError, match="has no kernels in this version yet"):
+    with pytest.raises(BackendUnavailableError, match="needs an SM100"):
         ops.quantize_rowwise(torch.randn(32, 64))
+    monkeypatch.setenv("CUTE_MXFP8_BACKEND", "sm90")
+    with pytest.raises(BackendUnavailableError, match="needs an SM90"):
+        ops.mm(*ops.quantize_rowwise(torch.randn(32, 64), backend="reference"),
+               *ops.quantize_rowwise(torch.randn(32, 64), backend="reference"))
+    monkeypatch.delenv("CUTE_MXFP8_BACKEND")
+    assert resolve_backend("cpu", op="quantize_rowwise") == "reference"

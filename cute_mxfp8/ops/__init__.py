@@ -1,8 +1,10 @@
 """Custom ops, backends and autograd functions (the only layer that knows about backends).
 
-Importing this package registers the ``cute_mxfp8`` torch.library ops and the ``reference`` backend.
+Importing this package registers the ``cute_mxfp8`` torch.library ops and the ``reference``, ``sm90`` and ``sm100``
+backends (the CuTe DSL itself is imported only when a kernel is first compiled).
 """
 
+from . import cute_kernels as _cute_kernels  # noqa: F401  (registers the sm90 / sm100 backends)
 from . import reference as _reference  # noqa: F401  (registers the reference backend)
 from .api import (  # noqa: F401
     dswiglu_quant,

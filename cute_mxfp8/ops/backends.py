@@ -51,6 +51,22 @@ class Backend:
     priority: int
     unavailable_reason: Callable[[torch.device], str | None]
     ops: dict[str, Callable] = field(default_factory=dict)
+    # op name -> ``limits(*op_args) -> None or the reason this backend cannot take these arguments``; ops without
+    # an entry take every valid input.  Automatic selection passes over a backend whose limits refuse the call.
+    limits: dict[str, Callable[..., str | None]] = field(default_factory=dict)
+
+    def refusal(self, op: str, device: torch.device, args: tuple | None) -> str | None:
+        """Why this backend cannot run ``op`` on ``device`` with ``args`` (None: it can)."""
+        reason = self.unavailable_reason(device)
+        if reason is not None:
+            return f"cannot run on {device}: {reason}"
+        if op not in self.ops:
+            return f"does not implement op {op!r}"
+        if args is not None and op in self.limits:
+            why = self.limits[op](*args)
+            if why is not None:
+                return f"cannot run {op} on these inputs: {why}"
+        return None
 
 
 _BACKENDS: dict[str, Backend] = {}
@@ -85,33 +101,28 @@ def _device(device) -> torch.device:
     return device if isinstance(device, torch.device) else torch.device(device)
 
 
-def resolve_backend(device, requested: str | None = None, op: str | None = None) -> str:
-    """Name of the backend that runs ``op`` (or, with ``op=None``, the GEMM ops) on ``device``.
+def resolve_backend(device, requested: str | None = None, op: str | None = None, args: tuple | None = None) -> str:
+    """Name of the backend that runs ``op`` (or, with ``op=None``, the GEMM ops) on ``device`` with ``args``.
 
     Raises:
-        BackendUnavailableError: the requested backend is unknown, cannot run on ``device``, or lacks ``op``.
+        BackendUnavailableError: the requested backend is unknown, cannot run on ``device``, lacks ``op``, or
+            refuses these inputs (the message says which).
     """
     device = _device(device)
     name = _requested(requested)
-    if name is not None:
-        b = _BACKENDS[name]
-        reason = b.unavailable_reason(device)
-        if reason is not None:
-            raise BackendUnavailableError(f"cute_mxfp8 backend {name!r} cannot run on {device}: {reason}")
-        if op is not None and op not in b.ops:
-            raise BackendUnavailableError(
-                f"cute_mxfp8 backend {name!r} does not implement op {op!r}; backends that do: "
-                f"{[n for n in registered_backends() if op in _BACKENDS[n].ops]}"
-            )
-        return name
     probe = op or "mm"
+    if name is not None:
+        reason = _BACKENDS[name].refusal(probe, device, args if op is not None else None)
+        if reason is not None:
+            others = [n for n in registered_backends() if _BACKENDS[n].refusal(probe, device, args) is None]
+            raise BackendUnavailableError(f"cute_mxfp8 backend {name!r} {reason}; backends that can: {others}")
+        return name
     for n in registered_backends():
-        b = _BACKENDS[n]
-        if probe in b.ops and b.unavailable_reason(device) is None:
+        if _BACKENDS[n].refusal(probe, device, args) is None:
             return n
     raise BackendUnavailableError(f"no cute_mxfp8 backend implements {probe!r} on {device}")
 
 
-def get_impl(op: str, device, requested: str | None = None) -> Callable:
-    """The callable that implements ``op`` on ``device`` under the selection rules above."""
-    return _BACKENDS[resolve_backend(device, requested, op)].ops[op]
+def get_impl(op: str, device, requested: str | None = None, args: tuple | None = None) -> Callable:
+    """The callable that implements ``op`` on ``device`` for ``args`` under the selection rules above."""
+    return _BACKENDS[resolve_backend(device, requested, op, args)].ops[op]

@@ -22,8 +22,8 @@ _E8M0 = torch.float8_e8m0fnu
 _NS = "cute_mxfp8"
 
 
-def _impl(op: str, device: torch.device, backend: str):
-    return get_impl(op, device, backend or None)
+def _call(op: str, device: torch.device, backend: str, *args):
+    return get_impl(op, device, backend or None, args)(*args)
 
 
 def _empty(like: Tensor, shape, dtype) -> Tensor:
@@ -45,7 +45,7 @@ def _quantize_rowwise(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, block
                       offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype)
     S.check_quantize_input(x, offs, colwise=False, rowwise=True)
-    return _impl("quantize_rowwise", x.device, backend)(x, scale_mode, elem_dtype, blocked, offs)
+    return _call("quantize_rowwise", x.device, backend, x, scale_mode, elem_dtype, blocked, offs)
 
 
 @_quantize_rowwise.register_fake
@@ -61,7 +61,7 @@ def _quantize_colwise(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, block
                       offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype)
     S.check_quantize_input(x, offs, colwise=True, rowwise=False)
-    return _impl("quantize_colwise", x.device, backend)(x, scale_mode, elem_dtype, blocked, offs)
+    return _call("quantize_colwise", x.device, backend, x, scale_mode, elem_dtype, blocked, offs)
 
 
 @_quantize_colwise.register_fake
@@ -77,7 +77,7 @@ def _quantize_dual(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked:
                    offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype)
     S.check_quantize_input(x, offs, colwise=True, rowwise=True)
-    return _impl("quantize_dual", x.device, backend)(x, scale_mode, elem_dtype, blocked, offs)
+    return _call("quantize_dual", x.device, backend, x, scale_mode, elem_dtype, blocked, offs)
 
 
 def _dual_fake(x_shape, like, elem_dtype, blocked, g):
@@ -113,7 +113,7 @@ def _quantize_gate_up(w1: Tensor, w3: Tensor, scale_mode: str, elem_dtype: torch
                       backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype)
     _check_gate_up(w1, w3)
-    return _impl("quantize_gate_up", w1.device, backend)(w1, w3, scale_mode, elem_dtype, blocked)
+    return _call("quantize_gate_up", w1.device, backend, w1, w3, scale_mode, elem_dtype, blocked)
 
 
 @_quantize_gate_up.register_fake
@@ -127,7 +127,7 @@ def _(w1, w3, scale_mode, elem_dtype, blocked, backend):
 @torch.library.custom_op(f"{_NS}::mm", mutates_args=())
 def _mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, out_dtype: torch.dtype, backend: str) -> Tensor:
     S.check_mm(a, a_scales, b, b_scales, out_dtype)
-    return _impl("mm", a.device, backend)(a, a_scales, b, b_scales, out_dtype)
+    return _call("mm", a.device, backend, a, a_scales, b, b_scales, out_dtype)
 
 
 @_mm.register_fake
@@ -139,7 +139,7 @@ def _(a, a_scales, b, b_scales, out_dtype, backend):
 def _grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, out_dtype: torch.dtype,
                 backend: str) -> Tensor:
     S.check_grouped_mm(a, a_scales, b, b_scales, offs, out_dtype)
-    return _impl("grouped_mm", a.device, backend)(a, a_scales, b, b_scales, offs, out_dtype)
+    return _call("grouped_mm", a.device, backend, a, a_scales, b, b_scales, offs, out_dtype)
 
 
 @_grouped_mm.register_fake
@@ -151,7 +151,7 @@ def _(a, a_scales, b, b_scales, offs, out_dtype, backend):
 def _grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor,
                       out_dtype: torch.dtype, backend: str) -> Tensor:
     S.check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype)
-    return _impl("grouped_mm_wgrad", a.device, backend)(a, a_scales, b, b_scales, offs, out_dtype)
+    return _call("grouped_mm_wgrad", a.device, backend, a, a_scales, b, b_scales, offs, out_dtype)
 
 
 @_grouped_mm_wgrad.register_fake
@@ -166,7 +166,7 @@ def _swiglu_quant(h13: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked
                   offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype)
     S.check_swiglu(h13, offs)
-    return _impl("swiglu_quant", h13.device, backend)(h13, scale_mode, elem_dtype, blocked, emit_hp, offs)
+    return _call("swiglu_quant", h13.device, backend, h13, scale_mode, elem_dtype, blocked, emit_hp, offs)
 
 
 @_swiglu_quant.register_fake
@@ -184,7 +184,7 @@ def _dswiglu_quant(dh: Tensor, h13: Tensor, scale_mode: str, elem_dtype: torch.d
                    backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype)
     S.check_swiglu(h13, offs, dh)
-    return _impl("dswiglu_quant", dh.device, backend)(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs)
+    return _call("dswiglu_quant", dh.device, backend, dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs)
 
 
 @_dswiglu_quant.register_fake

@@ -1,0 +1,53 @@
+"""Compile cache for the CuTe DSL kernels: one compiled function per compile key, built on first use.
+
+The key of each ``compile_*`` function is exactly its arguments (``functools.lru_cache``), which are exactly what
+changes code generation: element and input dtypes, scale mode, layout flags and the target arch.  Shapes are
+symbolic (``cute.sym_int``), so no shape ever recompiles.  Compiling needs no GPU: pass ``arch="sm_100a"`` to
+build for Blackwell on any machine (the CI does this for every variant).  The DSL is imported here lazily, so
+importing ``cute_mxfp8`` never needs it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+_IN_DTYPES = ("bfloat16", "float32")
+
+
+def _cutlass():
+    import cutlass
+    import cutlass.cute as cute
+
+    return cutlass, cute
+
+
+@functools.lru_cache(maxsize=None)
+def compile_rowwise_quant(in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str, keep_ptx: bool = False):
+    """Compiled :class:`cute_mxfp8.kernels.quantize.RowwiseQuantKernel` for ``arch`` (e.g. ``"sm_90a"``).
+
+    Call it as ``fn(x, q, s)`` with DSL tensors (see :func:`as_dsl_tensor`): x (M, K) ``in_dtype``, q (M, K)
+    fp8, s (M, K/32) uint8 or a 1-D uint8 blocked buffer.
+    """
+    if in_dtype not in _IN_DTYPES:
+        raise ValueError(f"in_dtype must be one of {_IN_DTYPES}, got {in_dtype!r}")
+    cutlass, cute = _cutlass()
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    from .kernels.quantize import RowwiseQuantKernel
+
+    kernel = RowwiseQuantKernel(elem, scale_mode, blocked)
+    m, k = cute.sym_int(), cute.sym_int(divisibility=32)
+    x_dtype = cutlass.BFloat16 if in_dtype == "bfloat16" else cutlass.Float32
+    x = make_fake_compact_tensor(x_dtype, (m, k), stride_order=(1, 0), assumed_align=16)
+    q = make_fake_compact_tensor(kernel.elem_dtype, (m, k), stride_order=(1, 0), assumed_align=16)
+    s_shape = (cute.sym_int(),) if blocked else (m, cute.sym_int())
+    s = make_fake_compact_tensor(cutlass.Uint8, s_shape, stride_order=tuple(range(len(s_shape) - 1, -1, -1)))
+    opts = (cute.GPUArch(arch), cute.KeepPTX) if keep_ptx else (cute.GPUArch(arch),)
+    return cute.compile[opts](kernel, x, q, s)
+
+
+def as_dsl_tensor(t, align: int):
+    """A torch tensor as a CuTe DSL tensor (dlpack, no copy) with the given assumed byte alignment."""
+    from cutlass.cute.runtime import from_dlpack
+
+    return from_dlpack(t, assumed_align=align)

@@ -1,0 +1,95 @@
+"""CuTe DSL kernel: rowwise (1x32) MXFP8 quantization of a 2-D bf16/fp32 tensor, plain or blocked scales.
+
+Arch-generic (SM90 and SM100): plain vectorized global loads and stores, no TMA, no tensor cores.  The numerics
+are those of ``cute_mxfp8.formats`` (``design.md`` section 1), computed with integer operations on fp32 bits so
+they are exact and NaN-safe:
+
+* ``amax_bits = max(bits(x) & 0x7FFFFFFF)`` over the block: for non-negative floats the integer order is the float
+  order, and any NaN payload compares above +Inf, so a block with a NaN or an Inf has exponent field 255.
+* With ``E`` the exponent field and ``Mt`` the mantissa field of ``amax_bits`` and ``emax`` = 8 (e4m3) / 15
+  (e5m2), both element maxima being ``1.75 * 2**emax``:
+  ``floor``: ``byte = E - emax``;  ``rceil``: ``byte = E - emax + (Mt > 0x600000)`` (the smallest power of two
+  >= amax / max); both clamped to [0, 254], 0 when ``E == 0`` (zero or subnormal amax), 255 when ``E == 255``.
+* Elements ``x * 2**(127 - byte)`` (applied as two normal power-of-two factors, so no subnormal scale is ever
+  formed), clamped to +-max, converted with round-to-nearest-even; every element of a 255 block is NaN (0x7F).
+
+Work split: one thread per 32-element block, consecutive threads on consecutive blocks of a row, so a warp reads
+2 KiB (bf16) contiguous bytes.  This module imports the DSL at module scope; the ops layer imports it lazily.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+
+BLOCK = 32
+THREADS = 256
+_ELEM_DTYPES = {"e4m3": (cutlass.Float8E4M3FN, 8, 448.0), "e5m2": (cutlass.Float8E5M2, 15, 57344.0)}
+
+
+class RowwiseQuantKernel:
+    """Rowwise MXFP8 cast ``x (M, K) -> data (M, K), scales``.
+
+    Compile-time parameters (the compile key): element dtype (``"e4m3"``/``"e5m2"``), ``scale_mode``
+    (``"floor"``/``"rceil"``), ``blocked`` (scales in the tcgen05/cuBLAS blocked layout, 1-D buffer, which the caller
+    zero-fills so that padding reads as 0; else plain (M, K/32) uint8).  The input dtype and the shapes are taken
+    from the tensors; M and K are symbolic (no recompile per shape).
+
+    Constraints (checked by the ops layer before launch): K % 32 == 0; x row-major with 16-byte aligned rows;
+    outputs contiguous.
+    """
+
+    def __init__(self, elem: str, scale_mode: str, blocked: bool):
+        if elem not in _ELEM_DTYPES or scale_mode not in ("floor", "rceil"):
+            raise ValueError(f"unsupported elem {elem!r} / scale_mode {scale_mode!r}")
+        self.elem_dtype, self.emax, self.fmax = _ELEM_DTYPES[elem]
+        self.rceil = scale_mode == "rceil"
+        self.blocked = blocked
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor):
+        m, k = x.shape
+        nblocks = m * (k // BLOCK)
+        self.kernel(cute.zipped_divide(x, (1, BLOCK)), cute.zipped_divide(q, (1, BLOCK)), s, k // BLOCK).launch(
+            grid=(cute.ceil_div(nblocks, THREADS), 1, 1), block=(THREADS, 1, 1))
+
+    @cute.kernel
+    def kernel(self, gx: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, cols: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        t = bidx * THREADS + tidx
+        m = cute.size(gx, mode=[1, 0])
+        if t < m * cols:
+            r = t // cols
+            c = t - r * cols
+            xv = gx[(None, (r, c))].load().to(cutlass.Float32)
+            mag = xv.bitcast(cutlass.Int32) & 0x7FFFFFFF
+            amax_bits = cutlass.Int32(0)
+            for i in cutlass.range_constexpr(BLOCK):
+                amax_bits = cutlass.max(amax_bits, cutlass.Int32(mag[i]))
+            e = amax_bits >> 23
+            byte = e - self.emax
+            if cutlass.const_expr(self.rceil):
+                byte = byte + cutlass.Int32((amax_bits & 0x7FFFFF) > 0x600000)
+            byte = cutlass.min(cutlass.max(byte, cutlass.Int32(0)), cutlass.Int32(254))
+            if e == 0:
+                byte = cutlass.Int32(0)
+            if e == 255:
+                byte = cutlass.Int32(255)
+            # 2**(127 - byte) as two normal factors 2**a * 2**b, a = (127 - byte) >> 1, b = 127 - byte - a
+            ex = 127 - byte
+            a = ex >> 1
+            f1 = cutlass.Int32((a + 127) << 23).bitcast(cutlass.Float32)
+            f2 = cutlass.Int32((ex - a + 127) << 23).bitcast(cutlass.Float32)
+            qv = (xv * f1) * f2
+            qv = cute.where(qv > self.fmax, cute.full_like(qv, self.fmax), qv)
+            qv = cute.where(qv < -self.fmax, cute.full_like(qv, -self.fmax), qv)
+            if byte == 255:
+                qv = cute.full_like(qv, float("nan"))
+            gq[(None, (r, c))].store(qv.to(self.elem_dtype))
+            if cutlass.const_expr(self.blocked):
+                ct = (cols + 3) // 4
+                off = ((r // 128) * ct + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+                s[off] = cutlass.Uint8(byte)
+            else:
+                s[r, c] = cutlass.Uint8(byte)
