@@ -25,8 +25,9 @@ def _cutlass():
 def compile_rowwise_quant(in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str, keep_ptx: bool = False):
     """Compiled :class:`cute_mxfp8.kernels.quantize.RowwiseQuantKernel` for ``arch`` (e.g. ``"sm_90a"``).
 
-    Call it as ``fn(x, q, s)`` with DSL tensors (see :func:`as_dsl_tensor`): x (M, K) ``in_dtype``, q (M, K)
-    fp8, s (M, K/32) uint8 or a 1-D uint8 blocked buffer.
+    With ``keep_ptx`` the function is built for inspection only (its ``__ptx__`` holds the PTX).  Otherwise it is
+    compiled with TVM-FFI: call it as ``fn(x, q, s)`` with torch tensors: x (M, K) ``in_dtype``, q (M, K) fp8,
+    s (M, K/32) uint8 or a 1-D uint8 blocked buffer.
     """
     if in_dtype not in _IN_DTYPES:
         raise ValueError(f"in_dtype must be one of {_IN_DTYPES}, got {in_dtype!r}")
@@ -42,12 +43,6 @@ def compile_rowwise_quant(in_dtype: str, elem: str, scale_mode: str, blocked: bo
     q = make_fake_compact_tensor(kernel.elem_dtype, (m, k), stride_order=(1, 0), assumed_align=16)
     s_shape = (cute.sym_int(),) if blocked else (m, cute.sym_int())
     s = make_fake_compact_tensor(cutlass.Uint8, s_shape, stride_order=tuple(range(len(s_shape) - 1, -1, -1)))
-    opts = (cute.GPUArch(arch), cute.KeepPTX) if keep_ptx else (cute.GPUArch(arch),)
-    return cute.compile[opts](kernel, x, q, s)
-
-
-def as_dsl_tensor(t, align: int):
-    """A torch tensor as a CuTe DSL tensor (dlpack, no copy) with the given assumed byte alignment."""
-    from cutlass.cute.runtime import from_dlpack
-
-    return from_dlpack(t, assumed_align=align)
+    if keep_ptx:  # for inspection (``.__ptx__``); not launchable from torch
+        return cute.compile[cute.GPUArch(arch), cute.KeepPTX](kernel, x, q, s)
+    return cute.compile[cute.GPUArch(arch)](kernel, x, q, s, options="--enable-tvm-ffi")

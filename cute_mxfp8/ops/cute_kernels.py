@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..jit import as_dsl_tensor, compile_rowwise_quant
+from ..jit import compile_rowwise_quant
 from .backends import Backend, register_backend
 from .shapes import rowwise_shapes
 
@@ -56,7 +56,7 @@ def _quantize_rowwise(arch: str):
         s = (torch.zeros if blocked else torch.empty)(sshape, dtype=torch.uint8, device=x.device)
         if m > 0:
             fn = compile_rowwise_quant(_IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch)
-            fn(as_dsl_tensor(x, 16), as_dsl_tensor(q, 16), as_dsl_tensor(s, 1))
+            fn(x, q, s)
         return q, s.view(torch.float8_e8m0fnu)
 
     return impl
