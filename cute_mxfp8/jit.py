@@ -43,6 +43,12 @@ def compile_rowwise_quant(in_dtype: str, elem: str, scale_mode: str, blocked: bo
     q = make_fake_compact_tensor(kernel.elem_dtype, (m, k), stride_order=(1, 0), assumed_align=16)
     s_shape = (cute.sym_int(),) if blocked else (m, cute.sym_int())
     s = make_fake_compact_tensor(cutlass.Uint8, s_shape, stride_order=tuple(range(len(s_shape) - 1, -1, -1)))
-    if keep_ptx:  # for inspection (``.__ptx__``); not launchable from torch
-        return cute.compile[cute.GPUArch(arch), cute.KeepPTX](kernel, x, q, s)
+    if keep_ptx:  # for inspection (``.__ptx__``); not launchable from torch.  The DSL also writes the PTX to a
+        # file: keep that out of the caller's working directory.
+        import tempfile
+
+        from cutlass.base_dsl.compiler import DumpDir
+
+        with tempfile.TemporaryDirectory(prefix="cute_mxfp8_ptx_") as tmp:
+            return cute.compile[cute.GPUArch(arch), cute.KeepPTX, DumpDir(tmp)](kernel, x, q, s)
     return cute.compile[cute.GPUArch(arch)](kernel, x, q, s, options="--enable-tvm-ffi")

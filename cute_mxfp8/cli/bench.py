@@ -152,6 +152,13 @@ def main(args) -> int:
         why = "no kernels in this version yet" if b is None else b.unavailable_reason(device)
         if why:
             print(f"  {name}: not run ({why}); the {name} kernels need {hardware}")
+    copy_gbps = None
+    if device.type == "cuda":  # the ceiling memory-bound ops are judged against, measured in this run
+        src = torch.empty(1 << 29, dtype=torch.bfloat16, device=device).normal_()
+        dst = torch.empty_like(src)
+        copy_gbps = 2 * src.numel() * 2 / _time_ms(lambda: dst.copy_(src), device, 1.0) / 1e6
+        del src, dst
+        print(f"device copy bandwidth (1 GiB bf16 copy): {copy_gbps:.0f} GB/s")
     rows: list[Row] = []
     for case in cases:
         fn, nbytes, flops = case.make(device)
@@ -162,12 +169,13 @@ def main(args) -> int:
             ms = _time_ms(lambda: fn(backend), device, budget_s=1.0)
             rows.append(Row(case.group, case.op, backend, case.shape, ms, nbytes / ms / 1e6,
                             None if flops is None else flops / ms / 1e9))
-    print(tabulate([[r.op, r.backend, r.shape, f"{r.ms:.3f}", f"{r.gbps:.3g}",
+    pct = (lambda r: "" if copy_gbps is None else f"{100 * r.gbps / copy_gbps:.0f}")
+    print(tabulate([[r.op, r.backend, r.shape, f"{r.ms:.3f}", f"{r.gbps:.3g}", pct(r),
                      "" if r.tflops is None else f"{r.tflops:.3g}"] for r in rows],
-                   headers=["op", "backend", "shape", "ms", "GB/s", "TFLOP/s"]))
+                   headers=["op", "backend", "shape", "ms", "GB/s", "% copy", "TFLOP/s"]))
     if device.type == "cpu":
         print("note: on CPU these time the torch reference (emulation), not kernels.")
     if getattr(args, "json", None):
         with open(args.json, "w") as f:
-            json.dump({"device": str(device), "rows": [asdict(r) for r in rows]}, f, indent=2)
+            json.dump({"device": str(device), "copy_gbps": copy_gbps, "rows": [asdict(r) for r in rows]}, f, indent=2)
     return 0
