@@ -21,28 +21,8 @@ def _cutlass():
     return cutlass, cute
 
 
-@functools.lru_cache(maxsize=None)
-def compile_rowwise_quant(in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str, keep_ptx: bool = False):
-    """Compiled :class:`cute_mxfp8.kernels.quantize.RowwiseQuantKernel` for ``arch`` (e.g. ``"sm_90a"``).
-
-    With ``keep_ptx`` the function is built for inspection only (its ``__ptx__`` holds the PTX).  Otherwise it is
-    compiled with TVM-FFI: call it as ``fn(x, q, s)`` with torch tensors: x (M, K) ``in_dtype``, q (M, K) fp8,
-    s (M, K/32) uint8 or a 1-D uint8 blocked buffer.
-    """
-    if in_dtype not in _IN_DTYPES:
-        raise ValueError(f"in_dtype must be one of {_IN_DTYPES}, got {in_dtype!r}")
-    cutlass, cute = _cutlass()
-    from cutlass.cute.runtime import make_fake_compact_tensor
-
-    from .kernels.quantize import RowwiseQuantKernel
-
-    kernel = RowwiseQuantKernel(elem, scale_mode, blocked)
-    m, k = cute.sym_int(), cute.sym_int(divisibility=32)
-    x_dtype = cutlass.BFloat16 if in_dtype == "bfloat16" else cutlass.Float32
-    x = make_fake_compact_tensor(x_dtype, (m, k), stride_order=(1, 0), assumed_align=16)
-    q = make_fake_compact_tensor(kernel.elem_dtype, (m, k), stride_order=(1, 0), assumed_align=16)
-    s_shape = (cute.sym_int(),) if blocked else (m, cute.sym_int())
-    s = make_fake_compact_tensor(cutlass.Uint8, s_shape, stride_order=tuple(range(len(s_shape) - 1, -1, -1)))
+def _compile(kernel, args, arch: str, keep_ptx: bool):
+    _, cute = _cutlass()
     if keep_ptx:  # for inspection (``.__ptx__``); not launchable from torch.  The DSL also writes the PTX to a
         # file: keep that out of the caller's working directory.
         import tempfile
@@ -50,5 +30,44 @@ def compile_rowwise_quant(in_dtype: str, elem: str, scale_mode: str, blocked: bo
         from cutlass.base_dsl.compiler import DumpDir
 
         with tempfile.TemporaryDirectory(prefix="cute_mxfp8_ptx_") as tmp:
-            return cute.compile[cute.GPUArch(arch), cute.KeepPTX, DumpDir(tmp)](kernel, x, q, s)
-    return cute.compile[cute.GPUArch(arch)](kernel, x, q, s, options="--enable-tvm-ffi")
+            return cute.compile[cute.GPUArch(arch), cute.KeepPTX, DumpDir(tmp)](kernel, *args)
+    return cute.compile[cute.GPUArch(arch)](kernel, *args, options="--enable-tvm-ffi")
+
+
+@functools.lru_cache(maxsize=None)
+def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
+                  keep_ptx: bool = False):
+    """Compiled MXFP8 cast for ``arch`` (e.g. ``"sm_90a"``): ``direction`` ``"rowwise"``
+    (:class:`~cute_mxfp8.kernels.quantize.RowwiseQuantKernel`) or ``"colwise"``
+    (:class:`~cute_mxfp8.kernels.quantize.ColwiseQuantKernel`).
+
+    With ``keep_ptx`` the function is built for inspection only (its ``__ptx__`` holds the PTX).  Otherwise it is
+    compiled with TVM-FFI: call it as ``fn(x, out, scales)`` with torch tensors: x (M, K) ``in_dtype``; rowwise:
+    out (M, K) fp8, scales (M, K/32) uint8 or a 1-D blocked buffer; colwise: out (K, Mp) fp8, scales (K, Mp/32)
+    uint8 or a 1-D blocked buffer.
+    """
+    if in_dtype not in _IN_DTYPES:
+        raise ValueError(f"in_dtype must be one of {_IN_DTYPES}, got {in_dtype!r}")
+    cutlass, cute = _cutlass()
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    from .kernels.quantize import ColwiseQuantKernel, RowwiseQuantKernel
+
+    if direction not in ("rowwise", "colwise"):
+        raise ValueError(f"direction must be 'rowwise' or 'colwise', got {direction!r}")
+    kernel = (RowwiseQuantKernel if direction == "rowwise" else ColwiseQuantKernel)(elem, scale_mode, blocked)
+    x_dtype = cutlass.BFloat16 if in_dtype == "bfloat16" else cutlass.Float32
+    row_major = (1, 0)
+    if direction == "rowwise":
+        m, k = cute.sym_int(), cute.sym_int(divisibility=32)
+        x = make_fake_compact_tensor(x_dtype, (m, k), stride_order=row_major, assumed_align=16)
+        out = make_fake_compact_tensor(kernel.elem_dtype, (m, k), stride_order=row_major, assumed_align=16)
+        s_rows = m
+    else:
+        m, k, mp = cute.sym_int(), cute.sym_int(), cute.sym_int(divisibility=32)
+        x = make_fake_compact_tensor(x_dtype, (m, k), stride_order=row_major)
+        out = make_fake_compact_tensor(kernel.elem_dtype, (k, mp), stride_order=row_major, assumed_align=16)
+        s_rows = k
+    s_shape = (cute.sym_int(),) if blocked else (s_rows, cute.sym_int())
+    s = make_fake_compact_tensor(cutlass.Uint8, s_shape, stride_order=tuple(range(len(s_shape) - 1, -1, -1)))
+    return _compile(kernel, (x, out, s), arch, keep_ptx)

@@ -1,4 +1,4 @@
-"""CuTe DSL rowwise quantization kernel: compiled for sm_90a and sm_100a on the CPU (every variant, PTX checked),
+"""CuTe DSL rowwise / colwise quantization kernels: compiled for sm_90a and sm_100a on the CPU (every variant, PTX checked),
 and bit-exact against the reference on a GPU (``-m gpu``, SM90)."""
 
 from __future__ import annotations
@@ -20,14 +20,17 @@ VARIANTS = list(itertools.product(["bfloat16", "float32"], ["e4m3", "e5m2"], ["f
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("direction", ["rowwise", "colwise"])
 @pytest.mark.parametrize("in_dtype,elem,mode,blocked", VARIANTS)
-def test_rowwise_kernel_compiles_for_arch(arch, in_dtype, elem, mode, blocked):
-    from cute_mxfp8.jit import compile_rowwise_quant
+def test_quant_kernels_compile_for_arch(arch, direction, in_dtype, elem, mode, blocked):
+    from cute_mxfp8.jit import compile_quant
 
-    ptx = compile_rowwise_quant(in_dtype, elem, mode, blocked, arch, keep_ptx=True).__ptx__
+    ptx = compile_quant(direction, in_dtype, elem, mode, blocked, arch, keep_ptx=True).__ptx__
     assert re.search(rf"\.target\s+{arch}\b", ptx)
     assert f"cvt.rn.satfinite.{elem}x2.f32" in ptx  # hardware RNE + saturating fp8 conversion
-    assert re.search(r"ld\.global(\.nc)?\.(v4\.[bfu]32|v2\.[bfu]64)", ptx)  # 16-byte vector loads
+    if direction == "rowwise":
+        assert re.search(r"ld\.global(\.nc)?\.(v4\.[bfu]32|v2\.[bfu]64)", ptx)  # 16-byte vector loads
+    assert re.search(r"st\.global\.v[24]\.[bu](32|64)", ptx)  # vector stores of the fp8 data
     assert ".local" not in ptx  # no local-memory arrays
 
 
@@ -54,18 +57,19 @@ def _special_rows(k: int) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("mode", ["floor", "rceil"])
 @pytest.mark.parametrize("elem", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_rowwise_kernel_bit_exact(shape, dtype, mode, elem, rng):
+def test_quant_kernels_bit_exact(shape, dtype, mode, elem, rng):
     x = torch.randn(*shape, generator=rng) * torch.logspace(-20, 20, shape[1])
     if shape[0] >= 20:
         x[:15] = _special_rows(shape[1])
     x = x.to(dtype).cuda()
     assert resolve_backend(x.device, op="quantize_rowwise", args=(x, mode, elem, True, None)) == "sm90"
-    for blocked in (False, True):
-        got = ops.quantize_rowwise(x, scale_mode=mode, elem_dtype=elem, blocked=blocked, backend="sm90")
-        ref = ops.quantize_rowwise(x.cpu(), scale_mode=mode, elem_dtype=elem, blocked=blocked, backend="reference")
-        for g, r in zip(got, ref):
-            assert g.shape == r.shape and g.dtype == r.dtype
-            assert torch.equal(g.view(torch.uint8).cpu(), r.view(torch.uint8))
+    for op in (ops.quantize_rowwise, ops.quantize_colwise, ops.quantize_dual):
+        for blocked in (False, True):
+            got = op(x, scale_mode=mode, elem_dtype=elem, blocked=blocked, backend="sm90")
+            ref = op(x.cpu(), scale_mode=mode, elem_dtype=elem, blocked=blocked, backend="reference")
+            for g, r in zip(got, ref):
+                assert g.shape == r.shape and g.dtype == r.dtype
+                assert torch.equal(g.view(torch.uint8).cpu(), r.view(torch.uint8))
 
 
 @pytest.mark.gpu

@@ -1,4 +1,5 @@
-"""CuTe DSL kernel: rowwise (1x32) MXFP8 quantization of a 2-D bf16/fp32 tensor, plain or blocked scales.
+"""CuTe DSL kernels: rowwise (1x32) and colwise (32x1) MXFP8 quantization of a 2-D bf16/fp32 tensor, plain or
+blocked scales.
 
 Arch-generic (SM90 and SM100): plain vectorized global loads and stores, no TMA, no tensor cores.  The numerics
 are those of ``cute_mxfp8.formats`` (``design.md`` section 1), computed with integer operations on fp32 bits so
@@ -13,8 +14,8 @@ they are exact and NaN-safe:
 * Elements ``x * 2**(127 - byte)`` (applied as two normal power-of-two factors, so no subnormal scale is ever
   formed), clamped to +-max, converted with round-to-nearest-even; every element of a 255 block is NaN (0x7F).
 
-Work split: one thread per 32-element block, consecutive threads on consecutive blocks of a row, so a warp reads
-2 KiB (bf16) contiguous bytes.  This module imports the DSL at module scope; the ops layer imports it lazily.
+:func:`quantize_block` is the per-block math as a device function, shared by every kernel that quantizes.
+This module imports the DSL at module scope; the ops layer imports it lazily (through :mod:`cute_mxfp8.jit`).
 """
 
 from __future__ import annotations
@@ -27,24 +28,65 @@ THREADS = 256
 _ELEM_DTYPES = {"e4m3": (cutlass.Float8E4M3FN, 8, 448.0), "e5m2": (cutlass.Float8E5M2, 15, 57344.0)}
 
 
-class RowwiseQuantKernel:
-    """Rowwise MXFP8 cast ``x (M, K) -> data (M, K), scales``.
+def blocked_scale_offset(r, c, cols):
+    """Byte offset of scale (r, c) of an (R, cols) scale matrix in the blocked tcgen05/cuBLAS layout."""
+    return ((r // 128) * ((cols + 3) // 4) + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
 
-    Compile-time parameters (the compile key): element dtype (``"e4m3"``/``"e5m2"``), ``scale_mode``
-    (``"floor"``/``"rceil"``), ``blocked`` (scales in the tcgen05/cuBLAS blocked layout, 1-D buffer, which the caller
-    zero-fills so that padding reads as 0; else plain (M, K/32) uint8).  The input dtype and the shapes are taken
-    from the tensors; M and K are symbolic (no recompile per shape).
 
-    Constraints (checked by the ops layer before launch): K % 32 == 0; x row-major with 16-byte aligned rows;
-    outputs contiguous.
-    """
+@cute.jit
+def quantize_block(xv: cute.TensorSSA, emax: cutlass.Constexpr[int], fmax: cutlass.Constexpr[float],
+                   rceil: cutlass.Constexpr[bool]):
+    """MXFP8-quantize one block: ``xv`` a 32-element fp32 TensorSSA -> (fp32 TensorSSA of the scaled, clamped
+    elements (NaN for a poisoned block), E8M0 scale byte as Int32).  Device code, inlined where it is called; the
+    rules are in this module's docstring."""
+    mag = xv.bitcast(cutlass.Int32) & 0x7FFFFFFF
+    amax_bits = cutlass.Int32(0)
+    for i in cutlass.range_constexpr(BLOCK):
+        amax_bits = cutlass.max(amax_bits, cutlass.Int32(mag[i]))
+    e = amax_bits >> 23
+    byte = e - emax
+    if cutlass.const_expr(rceil):
+        byte = byte + cutlass.Int32((amax_bits & 0x7FFFFF) > 0x600000)
+    byte = cutlass.min(cutlass.max(byte, cutlass.Int32(0)), cutlass.Int32(254))
+    if e == 0:
+        byte = cutlass.Int32(0)
+    if e == 255:
+        byte = cutlass.Int32(255)
+    # 2**(127 - byte) as two normal factors 2**a * 2**b, a = (127 - byte) >> 1, b = 127 - byte - a
+    ex = 127 - byte
+    a = ex >> 1
+    f1 = cutlass.Int32((a + 127) << 23).bitcast(cutlass.Float32)
+    f2 = cutlass.Int32((ex - a + 127) << 23).bitcast(cutlass.Float32)
+    qv = (xv * f1) * f2
+    qv = cute.where(qv > fmax, cute.full_like(qv, fmax), qv)
+    qv = cute.where(qv < -fmax, cute.full_like(qv, -fmax), qv)
+    if byte == 255:
+        qv = cute.full_like(qv, float("nan"))
+    return qv, byte
 
+
+class _QuantKernelBase:
     def __init__(self, elem: str, scale_mode: str, blocked: bool):
         if elem not in _ELEM_DTYPES or scale_mode not in ("floor", "rceil"):
             raise ValueError(f"unsupported elem {elem!r} / scale_mode {scale_mode!r}")
         self.elem_dtype, self.emax, self.fmax = _ELEM_DTYPES[elem]
         self.rceil = scale_mode == "rceil"
         self.blocked = blocked
+
+
+class RowwiseQuantKernel(_QuantKernelBase):
+    """Rowwise MXFP8 cast ``x (M, K) -> data (M, K), scales`` (blocks of 32 along K).
+
+    Compile-time parameters (the compile key): element dtype (``"e4m3"``/``"e5m2"``), ``scale_mode``
+    (``"floor"``/``"rceil"``), ``blocked`` (scales in the tcgen05/cuBLAS blocked layout, 1-D buffer, which the caller
+    zero-fills so that padding reads as 0; else plain (M, K/32) uint8).  The input dtype and the shapes are taken
+    from the tensors; M and K are symbolic (no recompile per shape).
+
+    Work split: one thread per 32-element block, consecutive threads on consecutive blocks of a row (a warp reads
+    2 KiB of bf16 contiguously, with 16-byte vector loads).
+    Constraints (checked by the ops layer before launch): K % 32 == 0; x row-major with 16-byte aligned rows;
+    outputs contiguous.
+    """
 
     @cute.jit
     def __call__(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor):
@@ -62,34 +104,51 @@ class RowwiseQuantKernel:
         if t < m * cols:
             r = t // cols
             c = t - r * cols
-            xv = gx[(None, (r, c))].load().to(cutlass.Float32)
-            mag = xv.bitcast(cutlass.Int32) & 0x7FFFFFFF
-            amax_bits = cutlass.Int32(0)
-            for i in cutlass.range_constexpr(BLOCK):
-                amax_bits = cutlass.max(amax_bits, cutlass.Int32(mag[i]))
-            e = amax_bits >> 23
-            byte = e - self.emax
-            if cutlass.const_expr(self.rceil):
-                byte = byte + cutlass.Int32((amax_bits & 0x7FFFFF) > 0x600000)
-            byte = cutlass.min(cutlass.max(byte, cutlass.Int32(0)), cutlass.Int32(254))
-            if e == 0:
-                byte = cutlass.Int32(0)
-            if e == 255:
-                byte = cutlass.Int32(255)
-            # 2**(127 - byte) as two normal factors 2**a * 2**b, a = (127 - byte) >> 1, b = 127 - byte - a
-            ex = 127 - byte
-            a = ex >> 1
-            f1 = cutlass.Int32((a + 127) << 23).bitcast(cutlass.Float32)
-            f2 = cutlass.Int32((ex - a + 127) << 23).bitcast(cutlass.Float32)
-            qv = (xv * f1) * f2
-            qv = cute.where(qv > self.fmax, cute.full_like(qv, self.fmax), qv)
-            qv = cute.where(qv < -self.fmax, cute.full_like(qv, -self.fmax), qv)
-            if byte == 255:
-                qv = cute.full_like(qv, float("nan"))
+            qv, byte = quantize_block(gx[(None, (r, c))].load().to(cutlass.Float32), self.emax, self.fmax,
+                                      self.rceil)
             gq[(None, (r, c))].store(qv.to(self.elem_dtype))
             if cutlass.const_expr(self.blocked):
-                ct = (cols + 3) // 4
-                off = ((r // 128) * ct + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
-                s[off] = cutlass.Uint8(byte)
+                s[blocked_scale_offset(r, c, cols)] = cutlass.Uint8(byte)
             else:
                 s[r, c] = cutlass.Uint8(byte)
+
+
+class ColwiseQuantKernel(_QuantKernelBase):
+    """Colwise MXFP8 cast ``x (M, K) -> data_t (K, Mp), scales (K, Mp/32)`` (blocks of 32 along M, data stored
+    transposed so it is the K-major operand of the transposed product), Mp = ceil(M/32)*32; rows >= M read as zero,
+    so the padding columns of data_t are written as zeros.
+
+    Compile-time parameters: as :class:`RowwiseQuantKernel` (blocked scales: the (K, Mp/32) matrix blocked).
+    Work split: one thread per (32-row block, column); consecutive threads take consecutive columns, so each of
+    the 32 loads of a warp reads one contiguous row segment, and each thread stores its 32 fp8 bytes as vectors.
+    Constraints: x row-major; data_t contiguous (K, Mp).
+    """
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, qt: cute.Tensor, s: cute.Tensor):
+        m, k = x.shape
+        mb = qt.shape[1] // BLOCK
+        self.kernel(x, cute.zipped_divide(qt, (1, BLOCK)), s, mb).launch(
+            grid=(cute.ceil_div(k * mb, THREADS), 1, 1), block=(THREADS, 1, 1))
+
+    @cute.kernel
+    def kernel(self, x: cute.Tensor, gqt: cute.Tensor, s: cute.Tensor, mb: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        t = bidx * THREADS + tidx
+        m, k = x.shape
+        if t < k * mb:
+            blk = t // k
+            c = t - blk * k
+            frag = cute.make_rmem_tensor((BLOCK,), cutlass.Float32)
+            for i in cutlass.range_constexpr(BLOCK):
+                r = blk * BLOCK + i
+                frag[i] = cutlass.Float32(0.0)
+                if r < m:
+                    frag[i] = cutlass.Float32(x[r, c])
+            qv, byte = quantize_block(frag.load(), self.emax, self.fmax, self.rceil)
+            gqt[(None, (c, blk))].store(qv.to(self.elem_dtype))
+            if cutlass.const_expr(self.blocked):
+                s[blocked_scale_offset(c, blk, mb)] = cutlass.Uint8(byte)
+            else:
+                s[c, blk] = cutlass.Uint8(byte)

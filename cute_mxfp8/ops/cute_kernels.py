@@ -1,7 +1,8 @@
 """The ``sm90`` and ``sm100`` backends: ops implemented by CuTe DSL kernels (compiled through :mod:`cute_mxfp8.jit`).
 
 Both backends run the same arch-generic kernels, compiled for ``sm_90a`` or ``sm_100a``.  Implemented so far:
-``quantize_rowwise`` for 2-D inputs (plain or blocked scales, no group offsets).  Other ops and variants are
+``quantize_rowwise``, ``quantize_colwise`` and ``quantize_dual`` (two kernels; not yet a single read) for
+contiguous 2-D inputs, plain or blocked scales, without token groups.  Other ops and variants are
 not implemented by these backends yet: automatic selection passes over them (the reference runs), and an
 explicit ``backend="sm90"`` for them raises with the reason (:class:`BackendUnavailableError`).
 """
@@ -10,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ..jit import compile_rowwise_quant
+from ..jit import compile_quant
 from .backends import Backend, register_backend
-from .shapes import rowwise_shapes
+from .shapes import colwise_shapes, rowwise_shapes
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _IN = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -37,29 +38,47 @@ def _unavailable(name: str):
     return reason
 
 
-def _rowwise_limits(x, scale_mode, elem_dtype, blocked, offs):
+def _limits(x, scale_mode, elem_dtype, blocked, offs=None):
     if x.dim() != 2:
         return "only 2-D (M, K) inputs (3-D expert weights use the reference for now)"
-    if offs is not None and blocked:
-        return "grouped (offs) blocked scales are not implemented in the kernel yet"
+    if offs is not None:
+        return "token groups (offs) are not implemented in the kernels yet"
     if x.stride(1) != 1 or x.stride(0) != x.shape[1] or x.data_ptr() % 16:
         return "x must be contiguous with a 16-byte aligned data pointer (call .contiguous())"
     return None
 
 
-def _quantize_rowwise(arch: str):
-    def impl(x, scale_mode, elem_dtype, blocked, offs=None):
-        m, k = x.shape
-        (dshape, sshape) = rowwise_shapes((m, k), blocked, None)
-        q = torch.empty(dshape, dtype=elem_dtype, device=x.device)
-        # blocked: the kernel writes only real scales; the padding of the last tiles must read as zero
-        s = (torch.zeros if blocked else torch.empty)(sshape, dtype=torch.uint8, device=x.device)
-        if m > 0:
-            fn = compile_rowwise_quant(_IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch)
-            fn(x, q, s)
-        return q, s.view(torch.float8_e8m0fnu)
+def _rowwise_limits(x, scale_mode, elem_dtype, blocked, offs=None):
+    # plain rowwise scales do not depend on the groups, so offs only matters for blocked scales
+    return _limits(x, scale_mode, elem_dtype, blocked, offs if blocked else None)
 
-    return impl
+
+def _cast(direction: str, arch: str, x, scale_mode, elem_dtype, blocked):
+    m, k = x.shape
+    shapes = rowwise_shapes if direction == "rowwise" else colwise_shapes
+    dshape, sshape = shapes((m, k), blocked, None)
+    q = torch.empty(dshape, dtype=elem_dtype, device=x.device)
+    # blocked: the kernel writes only real scales; the padding of the last tiles must read as zero
+    s = (torch.zeros if blocked else torch.empty)(sshape, dtype=torch.uint8, device=x.device)
+    if q.numel() > 0:
+        compile_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch)(x, q, s)
+    return q, s.view(torch.float8_e8m0fnu)
+
+
+def _ops(arch: str) -> dict:
+    def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None):
+        return _cast("rowwise", arch, x, scale_mode, elem_dtype, blocked)
+
+    def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None):
+        return _cast("colwise", arch, x, scale_mode, elem_dtype, blocked)
+
+    def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None):
+        # Two kernels for now (the input is read twice); a fused single-read dual cast is still to come.
+        return (*quantize_rowwise(x, scale_mode, elem_dtype, blocked),
+                *quantize_colwise(x, scale_mode, elem_dtype, blocked))
+
+    return {"quantize_rowwise": quantize_rowwise, "quantize_colwise": quantize_colwise,
+            "quantize_dual": quantize_dual}
 
 
 for _name, (_cap, _arch) in _ARCHS.items():
@@ -67,6 +86,6 @@ for _name, (_cap, _arch) in _ARCHS.items():
         name=_name,
         priority=10,
         unavailable_reason=_unavailable(_name),
-        ops={"quantize_rowwise": _quantize_rowwise(_arch)},
-        limits={"quantize_rowwise": _rowwise_limits},
+        ops=_ops(_arch),
+        limits={"quantize_rowwise": _rowwise_limits, "quantize_colwise": _limits, "quantize_dual": _limits},
     ))
