@@ -323,7 +323,12 @@ def run(args: argparse.Namespace) -> int:
     mx = _Run("mxfp8", "mxfp8", copy.deepcopy(hp.model))
     n_params = sum(p.numel() for p in hp.model.parameters())
     report = convert_to_mxfp8(mx.model, config=MXFP8Config())
-    backend = str(resolve_backend(device))
+    # which backend runs each kind of op (kernels may cover some ops before others)
+    op_backends = {kind: str(resolve_backend(device, op=op))
+                   for kind, op in (("quantize", "quantize_dual"), ("swiglu", "swiglu_quant"), ("gemm", "mm"))}
+    backend = ", ".join(f"{kind}={name}" for kind, name in op_backends.items())
+    if len(set(op_backends.values())) == 1:
+        backend = op_backends["gemm"]
     converted, skipped = _report_lists(report)
     nothing_converted = not converted
     no_mx_warning = (
@@ -418,6 +423,7 @@ def run(args: argparse.Namespace) -> int:
     summary = {
         "device": str(device),
         "backend": backend,
+        "op_backends": op_backends,
         "high_precision_dtype": precision,
         "torch_version": torch.__version__,
         "args": {k: v for k, v in vars(args).items() if not callable(v)},
