@@ -38,8 +38,9 @@ def _compile(kernel, args, arch: str, keep_ptx: bool):
 def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
                   keep_ptx: bool = False):
     """Compiled MXFP8 cast for ``arch`` (e.g. ``"sm_90a"``): ``direction`` ``"rowwise"``
-    (:class:`~cute_mxfp8.kernels.quantize.RowwiseQuantKernel`) or ``"colwise"``
-    (:class:`~cute_mxfp8.kernels.quantize.ColwiseQuantKernel`).
+    (:class:`~cute_mxfp8.kernels.quantize.RowwiseQuantKernel`), ``"colwise"``
+    (:class:`~cute_mxfp8.kernels.quantize.ColwiseQuantKernel`) or ``"dual"``
+    (:class:`~cute_mxfp8.kernels.quantize.DualQuantKernel`, called as ``fn(x, row, row_scales, col, col_scales)``).
 
     With ``keep_ptx`` the function is built for inspection only (its ``__ptx__`` holds the PTX).  Otherwise it is
     compiled with TVM-FFI: call it as ``fn(x, out, scales)`` with torch tensors: x (M, K) ``in_dtype``; rowwise:
@@ -51,23 +52,23 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
     cutlass, cute = _cutlass()
     from cutlass.cute.runtime import make_fake_compact_tensor
 
-    from .kernels.quantize import ColwiseQuantKernel, RowwiseQuantKernel
+    from .kernels.quantize import ColwiseQuantKernel, DualQuantKernel, RowwiseQuantKernel
 
-    if direction not in ("rowwise", "colwise"):
-        raise ValueError(f"direction must be 'rowwise' or 'colwise', got {direction!r}")
-    kernel = (RowwiseQuantKernel if direction == "rowwise" else ColwiseQuantKernel)(elem, scale_mode, blocked)
+    kernels = {"rowwise": RowwiseQuantKernel, "colwise": ColwiseQuantKernel, "dual": DualQuantKernel}
+    if direction not in kernels:
+        raise ValueError(f"direction must be one of {tuple(kernels)}, got {direction!r}")
+    kernel = kernels[direction](elem, scale_mode, blocked)
     x_dtype = cutlass.BFloat16 if in_dtype == "bfloat16" else cutlass.Float32
     row_major = (1, 0)
-    if direction == "rowwise":
-        m, k = cute.sym_int(), cute.sym_int(divisibility=32)
-        x = make_fake_compact_tensor(x_dtype, (m, k), stride_order=row_major, assumed_align=16)
-        out = make_fake_compact_tensor(kernel.elem_dtype, (m, k), stride_order=row_major, assumed_align=16)
-        s_rows = m
-    else:
-        m, k, mp = cute.sym_int(), cute.sym_int(), cute.sym_int(divisibility=32)
-        x = make_fake_compact_tensor(x_dtype, (m, k), stride_order=row_major)
-        out = make_fake_compact_tensor(kernel.elem_dtype, (k, mp), stride_order=row_major, assumed_align=16)
-        s_rows = k
-    s_shape = (cute.sym_int(),) if blocked else (s_rows, cute.sym_int())
-    s = make_fake_compact_tensor(cutlass.Uint8, s_shape, stride_order=tuple(range(len(s_shape) - 1, -1, -1)))
-    return _compile(kernel, (x, out, s), arch, keep_ptx)
+
+    def scales(rows):
+        shape = (cute.sym_int(),) if blocked else (rows, cute.sym_int())
+        return make_fake_compact_tensor(cutlass.Uint8, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)))
+
+    m, k, mp = cute.sym_int(), cute.sym_int(divisibility=32), cute.sym_int(divisibility=32)
+    x = make_fake_compact_tensor(x_dtype, (m, k), stride_order=row_major, assumed_align=16)
+    row = make_fake_compact_tensor(kernel.elem_dtype, (m, k), stride_order=row_major, assumed_align=16)
+    col = make_fake_compact_tensor(kernel.elem_dtype, (k, mp), stride_order=row_major, assumed_align=16)
+    args = {"rowwise": (x, row, scales(m)), "colwise": (x, col, scales(k)),
+            "dual": (x, row, scales(m), col, scales(k))}[direction]
+    return _compile(kernel, args, arch, keep_ptx)

@@ -20,7 +20,7 @@ VARIANTS = list(itertools.product(["bfloat16", "float32"], ["e4m3", "e5m2"], ["f
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("direction", ["rowwise", "colwise"])
+@pytest.mark.parametrize("direction", ["rowwise", "colwise", "dual"])
 @pytest.mark.parametrize("in_dtype,elem,mode,blocked", VARIANTS)
 def test_quant_kernels_compile_for_arch(arch, direction, in_dtype, elem, mode, blocked):
     from cute_mxfp8.jit import compile_quant
@@ -28,10 +28,12 @@ def test_quant_kernels_compile_for_arch(arch, direction, in_dtype, elem, mode, b
     ptx = compile_quant(direction, in_dtype, elem, mode, blocked, arch, keep_ptx=True).__ptx__
     assert re.search(rf"\.target\s+{arch}\b", ptx)
     assert f"cvt.rn.satfinite.{elem}x2.f32" in ptx  # hardware RNE + saturating fp8 conversion
-    if direction == "rowwise":
+    if direction != "colwise":
         assert re.search(r"ld\.global(\.nc)?\.(v4\.[bfu]32|v2\.[bfu]64)", ptx)  # 16-byte vector loads
     assert re.search(r"st\.global\.v[24]\.[bu](32|64)", ptx)  # vector stores of the fp8 data
     assert ".local" not in ptx  # no local-memory arrays
+    if direction == "dual":  # one read: the colwise half comes from the shared-memory tile
+        assert "bar.sync" in ptx and "ld.shared" in ptx
 
 
 gpu = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+import cutlass.memory
 
 BLOCK = 32
 THREADS = 256
@@ -152,3 +153,69 @@ class ColwiseQuantKernel(_QuantKernelBase):
                 s[blocked_scale_offset(c, blk, mb)] = cutlass.Uint8(byte)
             else:
                 s[c, blk] = cutlass.Uint8(byte)
+
+
+DUAL_TILE_M = 32  # rows of a dual-cast tile: one colwise block
+DUAL_TILE_K = 128  # columns of a dual-cast tile: four rowwise blocks
+DUAL_THREADS = 128
+
+
+class DualQuantKernel(_QuantKernelBase):
+    """Rowwise and colwise MXFP8 casts from ONE read of ``x (M, K)``: outputs as :class:`RowwiseQuantKernel`
+    (data (M, K), scales) and :class:`ColwiseQuantKernel` (data_t (K, Mp), scales).
+
+    Work split: a CTA of 128 threads owns a 32 x 128 tile.  Phase 1: thread t quantizes rowwise block
+    (row t // 4, block t % 4) straight from 16-byte vector loads and parks the fp32 values in shared memory
+    (row pitch 129 words).  Phase 2, after a barrier: thread t quantizes column t of the tile (one colwise block),
+    reading shared memory without bank conflicts, and stores its 32 fp8 bytes as vectors into data_t.
+    Constraints: as the two single casts (K % 32 == 0, x row-major with 16-byte aligned rows).
+    """
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor):
+        m, k = x.shape
+        mb = qt.shape[1] // BLOCK
+        smem_bytes = DUAL_TILE_M * (DUAL_TILE_K + 1) * 4 + 64
+        self.kernel(cute.zipped_divide(x, (1, BLOCK)), cute.zipped_divide(q, (1, BLOCK)), s,
+                    cute.zipped_divide(qt, (1, BLOCK)), st, k // BLOCK, mb).launch(
+            grid=(cute.ceil_div(k, DUAL_TILE_K), mb, 1), block=(DUAL_THREADS, 1, 1), smem=smem_bytes)
+
+    @cute.kernel
+    def kernel(self, gx: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor, st: cute.Tensor,
+               cols: cutlass.Int32, mb: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        kt, mt, _ = cute.arch.block_idx()
+        smem = cutlass.memory.SmemAllocator()
+        tile = smem.allocate_tensor(
+            cutlass.Float32, cute.make_layout((DUAL_TILE_M, DUAL_TILE_K), stride=(DUAL_TILE_K + 1, 1)), 16)
+        m = cute.size(gx, mode=[1, 0])
+        blocks_per_row = DUAL_TILE_K // BLOCK
+        tr = tidx // blocks_per_row
+        tb = tidx - tr * blocks_per_row
+        r = mt * DUAL_TILE_M + tr
+        c = kt * blocks_per_row + tb
+        if r < m and c < cols:
+            xv = gx[(None, (r, c))].load().to(cutlass.Float32)
+            qv, byte = quantize_block(xv, self.emax, self.fmax, self.rceil)
+            gq[(None, (r, c))].store(qv.to(self.elem_dtype))
+            if cutlass.const_expr(self.blocked):
+                s[blocked_scale_offset(r, c, cols)] = cutlass.Uint8(byte)
+            else:
+                s[r, c] = cutlass.Uint8(byte)
+            for i in cutlass.range_constexpr(BLOCK):
+                tile[tr, tb * BLOCK + i] = xv[i]
+        else:
+            for i in cutlass.range_constexpr(BLOCK):
+                tile[tr, tb * BLOCK + i] = cutlass.Float32(0.0)
+        cute.arch.barrier()
+        col = kt * DUAL_TILE_K + tidx
+        if col < cols * BLOCK:
+            frag = cute.make_rmem_tensor((BLOCK,), cutlass.Float32)
+            for i in cutlass.range_constexpr(BLOCK):
+                frag[i] = tile[i, tidx]
+            qv, byte = quantize_block(frag.load(), self.emax, self.fmax, self.rceil)
+            gqt[(None, (col, mt))].store(qv.to(self.elem_dtype))
+            if cutlass.const_expr(self.blocked):
+                st[blocked_scale_offset(col, mt, mb)] = cutlass.Uint8(byte)
+            else:
+                st[col, mt] = cutlass.Uint8(byte)

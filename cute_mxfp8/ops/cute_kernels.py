@@ -1,8 +1,8 @@
 """The ``sm90`` and ``sm100`` backends: ops implemented by CuTe DSL kernels (compiled through :mod:`cute_mxfp8.jit`).
 
 Both backends run the same arch-generic kernels, compiled for ``sm_90a`` or ``sm_100a``.  Implemented so far:
-``quantize_rowwise``, ``quantize_colwise`` and ``quantize_dual`` (two kernels; not yet a single read) for
-contiguous 2-D inputs, plain or blocked scales, without token groups.  Other ops and variants are
+``quantize_rowwise``, ``quantize_colwise`` and ``quantize_dual`` (one read of the input) for contiguous 2-D
+inputs with K % 32 == 0, plain or blocked scales, without token groups.  Other ops and variants are
 not implemented by these backends yet: automatic selection passes over them (the reference runs), and an
 explicit ``backend="sm90"`` for them raises with the reason (:class:`BackendUnavailableError`).
 """
@@ -45,6 +45,8 @@ def _limits(x, scale_mode, elem_dtype, blocked, offs=None):
         return "token groups (offs) are not implemented in the kernels yet"
     if x.stride(1) != 1 or x.stride(0) != x.shape[1] or x.data_ptr() % 16:
         return "x must be contiguous with a 16-byte aligned data pointer (call .contiguous())"
+    if x.shape[1] % 32:
+        return "the kernels need K % 32 == 0"
     return None
 
 
@@ -53,29 +55,29 @@ def _rowwise_limits(x, scale_mode, elem_dtype, blocked, offs=None):
     return _limits(x, scale_mode, elem_dtype, blocked, offs if blocked else None)
 
 
-def _cast(direction: str, arch: str, x, scale_mode, elem_dtype, blocked):
-    m, k = x.shape
-    shapes = rowwise_shapes if direction == "rowwise" else colwise_shapes
-    dshape, sshape = shapes((m, k), blocked, None)
+def _outputs(shapes, x, elem_dtype, blocked):
+    dshape, sshape = shapes(tuple(x.shape), blocked, None)
     q = torch.empty(dshape, dtype=elem_dtype, device=x.device)
     # blocked: the kernel writes only real scales; the padding of the last tiles must read as zero
     s = (torch.zeros if blocked else torch.empty)(sshape, dtype=torch.uint8, device=x.device)
-    if q.numel() > 0:
-        compile_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch)(x, q, s)
-    return q, s.view(torch.float8_e8m0fnu)
+    return q, s
 
 
 def _ops(arch: str) -> dict:
+    def launch(direction, x, scale_mode, elem_dtype, blocked, *outs):
+        if x.numel() > 0:
+            compile_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch)(x, *outs)
+        return tuple(t.view(torch.float8_e8m0fnu) if t.dtype == torch.uint8 else t for t in outs)
+
     def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None):
-        return _cast("rowwise", arch, x, scale_mode, elem_dtype, blocked)
+        return launch("rowwise", x, scale_mode, elem_dtype, blocked, *_outputs(rowwise_shapes, x, elem_dtype, blocked))
 
     def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None):
-        return _cast("colwise", arch, x, scale_mode, elem_dtype, blocked)
+        return launch("colwise", x, scale_mode, elem_dtype, blocked, *_outputs(colwise_shapes, x, elem_dtype, blocked))
 
     def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None):
-        # Two kernels for now (the input is read twice); a fused single-read dual cast is still to come.
-        return (*quantize_rowwise(x, scale_mode, elem_dtype, blocked),
-                *quantize_colwise(x, scale_mode, elem_dtype, blocked))
+        outs = (*_outputs(rowwise_shapes, x, elem_dtype, blocked), *_outputs(colwise_shapes, x, elem_dtype, blocked))
+        return launch("dual", x, scale_mode, elem_dtype, blocked, *outs)
 
     return {"quantize_rowwise": quantize_rowwise, "quantize_colwise": quantize_colwise,
             "quantize_dual": quantize_dual}
