@@ -114,65 +114,27 @@ class RowwiseQuantKernel(_QuantKernelBase):
                 s[r, c] = cutlass.Uint8(byte)
 
 
-class ColwiseQuantKernel(_QuantKernelBase):
-    """Colwise MXFP8 cast ``x (M, K) -> data_t (K, Mp), scales (K, Mp/32)`` (blocks of 32 along M, data stored
-    transposed so it is the K-major operand of the transposed product), Mp = ceil(M/32)*32; rows >= M read as zero,
-    so the padding columns of data_t are written as zeros.
-
-    Compile-time parameters: as :class:`RowwiseQuantKernel` (blocked scales: the (K, Mp/32) matrix blocked).
-    Work split: one thread per (32-row block, column); consecutive threads take consecutive columns, so each of
-    the 32 loads of a warp reads one contiguous row segment, and each thread stores its 32 fp8 bytes as vectors.
-    Constraints: x row-major; data_t contiguous (K, Mp).
-    """
-
-    @cute.jit
-    def __call__(self, x: cute.Tensor, qt: cute.Tensor, s: cute.Tensor):
-        m, k = x.shape
-        mb = qt.shape[1] // BLOCK
-        self.kernel(x, cute.zipped_divide(qt, (1, BLOCK)), s, mb).launch(
-            grid=(cute.ceil_div(k * mb, THREADS), 1, 1), block=(THREADS, 1, 1))
-
-    @cute.kernel
-    def kernel(self, x: cute.Tensor, gqt: cute.Tensor, s: cute.Tensor, mb: cutlass.Int32):
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        t = bidx * THREADS + tidx
-        m, k = x.shape
-        if t < k * mb:
-            blk = t // k
-            c = t - blk * k
-            frag = cute.make_rmem_tensor((BLOCK,), cutlass.Float32)
-            for i in cutlass.range_constexpr(BLOCK):
-                r = blk * BLOCK + i
-                frag[i] = cutlass.Float32(0.0)
-                if r < m:
-                    frag[i] = cutlass.Float32(x[r, c])
-            qv, byte = quantize_block(frag.load(), self.emax, self.fmax, self.rceil)
-            gqt[(None, (c, blk))].store(qv.to(self.elem_dtype))
-            if cutlass.const_expr(self.blocked):
-                s[blocked_scale_offset(c, blk, mb)] = cutlass.Uint8(byte)
-            else:
-                s[c, blk] = cutlass.Uint8(byte)
-
-
 DUAL_TILE_M = 32  # rows of a dual-cast tile: one colwise block
 DUAL_TILE_K = 128  # columns of a dual-cast tile: four rowwise blocks
 DUAL_THREADS = 128
 
 
-class DualQuantKernel(_QuantKernelBase):
-    """Rowwise and colwise MXFP8 casts from ONE read of ``x (M, K)``: outputs as :class:`RowwiseQuantKernel`
-    (data (M, K), scales) and :class:`ColwiseQuantKernel` (data_t (K, Mp), scales).
+class _TileQuantKernel(_QuantKernelBase):
+    """32 x 128 tiles of ``x (M, K)`` through shared memory: the colwise cast (data_t (K, Mp), scales) and, when
+    ``emit_rowwise``, the rowwise cast from the same read.
 
     Work split: a CTA of 128 threads owns a 32 x 128 tile.  Phase 1: thread t quantizes rowwise block
     (row t // 4, block t % 4) straight from 16-byte vector loads and parks the fp32 values in shared memory
     (row pitch 129 words).  Phase 2, after a barrier: thread t quantizes column t of the tile (one colwise block),
     reading shared memory without bank conflicts, and stores its 32 fp8 bytes as vectors into data_t.
-    Constraints: as the two single casts (K % 32 == 0, x row-major with 16-byte aligned rows).
+    Rows >= M read as zero, so data_t's padding columns (Mp = ceil(M/32)*32) are written as zeros.
+    Constraints: K % 32 == 0, x row-major with 16-byte aligned rows.
     """
 
+    emit_rowwise = True
+
     @cute.jit
-    def __call__(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor):
+    def _launch(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor):
         m, k = x.shape
         mb = qt.shape[1] // BLOCK
         smem_bytes = DUAL_TILE_M * (DUAL_TILE_K + 1) * 4 + 64
@@ -196,12 +158,13 @@ class DualQuantKernel(_QuantKernelBase):
         c = kt * blocks_per_row + tb
         if r < m and c < cols:
             xv = gx[(None, (r, c))].load().to(cutlass.Float32)
-            qv, byte = quantize_block(xv, self.emax, self.fmax, self.rceil)
-            gq[(None, (r, c))].store(qv.to(self.elem_dtype))
-            if cutlass.const_expr(self.blocked):
-                s[blocked_scale_offset(r, c, cols)] = cutlass.Uint8(byte)
-            else:
-                s[r, c] = cutlass.Uint8(byte)
+            if cutlass.const_expr(self.emit_rowwise):
+                qv, byte = quantize_block(xv, self.emax, self.fmax, self.rceil)
+                gq[(None, (r, c))].store(qv.to(self.elem_dtype))
+                if cutlass.const_expr(self.blocked):
+                    s[blocked_scale_offset(r, c, cols)] = cutlass.Uint8(byte)
+                else:
+                    s[r, c] = cutlass.Uint8(byte)
             for i in cutlass.range_constexpr(BLOCK):
                 tile[tr, tb * BLOCK + i] = xv[i]
         else:
@@ -219,3 +182,25 @@ class DualQuantKernel(_QuantKernelBase):
                 st[blocked_scale_offset(col, mt, mb)] = cutlass.Uint8(byte)
             else:
                 st[col, mt] = cutlass.Uint8(byte)
+
+
+class DualQuantKernel(_TileQuantKernel):
+    """Rowwise and colwise MXFP8 casts from ONE read of ``x (M, K)``: data (M, K) + scales as
+    :class:`RowwiseQuantKernel`, data_t (K, Mp) + scales as :class:`ColwiseQuantKernel`.  See
+    :class:`_TileQuantKernel` for the work split."""
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor):
+        self._launch(x, q, s, qt, st)
+
+
+class ColwiseQuantKernel(_TileQuantKernel):
+    """Colwise MXFP8 cast ``x (M, K) -> data_t (K, Mp), scales (K, Mp/32)``: blocks of 32 along M, data stored
+    transposed (the K-major operand of the transposed product), Mp = ceil(M/32)*32 with zero padding.  The
+    shared-memory tile of :class:`_TileQuantKernel` without the rowwise outputs."""
+
+    emit_rowwise = False
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, qt: cute.Tensor, st: cute.Tensor):
+        self._launch(x, qt, st, qt, st)  # the rowwise slots are unused (emit_rowwise is False)
