@@ -22,7 +22,12 @@ def _cutlass():
 
 
 def _compile(kernel, args, arch: str, keep_ptx: bool):
+    """Compile ``kernel(*args, stream)`` for ``arch``.  The launchable build takes its stream from the caller's
+    context through TVM-FFI (``torch.cuda.current_stream()``), so the call is ``fn(*tensors)`` and kernels are
+    ordered with the surrounding torch work on any stream."""
     _, cute = _cutlass()
+    from cutlass.cute.runtime import make_fake_stream
+
     if keep_ptx:  # for inspection (``.__ptx__``); not launchable from torch.  The DSL also writes the PTX to a
         # file: keep that out of the caller's working directory.
         import tempfile
@@ -30,8 +35,9 @@ def _compile(kernel, args, arch: str, keep_ptx: bool):
         from cutlass.base_dsl.compiler import DumpDir
 
         with tempfile.TemporaryDirectory(prefix="cute_mxfp8_ptx_") as tmp:
-            return cute.compile[cute.GPUArch(arch), cute.KeepPTX, DumpDir(tmp)](kernel, *args)
-    return cute.compile[cute.GPUArch(arch)](kernel, *args, options="--enable-tvm-ffi")
+            return cute.compile[cute.GPUArch(arch), cute.KeepPTX, DumpDir(tmp)](kernel, *args, make_fake_stream())
+    return cute.compile[cute.GPUArch(arch)](kernel, *args, make_fake_stream(use_tvm_ffi_env_stream=True),
+                                            options="--enable-tvm-ffi")
 
 
 @functools.lru_cache(maxsize=None)

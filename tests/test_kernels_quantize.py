@@ -85,3 +85,20 @@ def test_rowwise_kernel_limits_route_to_reference():
     ref = ops.quantize_rowwise(x.cpu())
     got = ops.quantize_rowwise(x)
     assert all(torch.equal(g.view(torch.uint8).cpu(), r.view(torch.uint8)) for g, r in zip(got, ref))
+
+
+@pytest.mark.gpu
+@gpu
+def test_kernels_run_on_the_current_torch_stream():
+    """The input is produced on a side stream behind a long sleep; a kernel launched on any other stream would
+    read it before it is written."""
+    src = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    ref = [t.view(torch.uint8).cpu() for t in ops.quantize_dual(src.cpu())]
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        x = torch.zeros_like(src)
+        torch.cuda._sleep(200_000_000)
+        x.copy_(src)
+        got = ops.quantize_dual(x)
+    side.synchronize()
+    assert all(torch.equal(g.view(torch.uint8).cpu(), r) for g, r in zip(got, ref))

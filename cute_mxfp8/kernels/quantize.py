@@ -20,6 +20,7 @@ This module imports the DSL at module scope; the ops layer imports it lazily (th
 
 from __future__ import annotations
 
+import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.memory
@@ -90,11 +91,11 @@ class RowwiseQuantKernel(_QuantKernelBase):
     """
 
     @cute.jit
-    def __call__(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor):
+    def __call__(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor, stream: cuda.CUstream):
         m, k = x.shape
         nblocks = m * (k // BLOCK)
         self.kernel(cute.zipped_divide(x, (1, BLOCK)), cute.zipped_divide(q, (1, BLOCK)), s, k // BLOCK).launch(
-            grid=(cute.ceil_div(nblocks, THREADS), 1, 1), block=(THREADS, 1, 1))
+            grid=(cute.ceil_div(nblocks, THREADS), 1, 1), block=(THREADS, 1, 1), stream=stream)
 
     @cute.kernel
     def kernel(self, gx: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, cols: cutlass.Int32):
@@ -134,13 +135,15 @@ class _TileQuantKernel(_QuantKernelBase):
     emit_rowwise = True
 
     @cute.jit
-    def _launch(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor):
+    def _launch(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
+                stream: cuda.CUstream):
         m, k = x.shape
         mb = qt.shape[1] // BLOCK
         smem_bytes = DUAL_TILE_M * (DUAL_TILE_K + 1) * 4 + 64
         self.kernel(cute.zipped_divide(x, (1, BLOCK)), cute.zipped_divide(q, (1, BLOCK)), s,
                     cute.zipped_divide(qt, (1, BLOCK)), st, k // BLOCK, mb).launch(
-            grid=(cute.ceil_div(k, DUAL_TILE_K), mb, 1), block=(DUAL_THREADS, 1, 1), smem=smem_bytes)
+            grid=(cute.ceil_div(k, DUAL_TILE_K), mb, 1), block=(DUAL_THREADS, 1, 1), smem=smem_bytes,
+            stream=stream)
 
     @cute.kernel
     def kernel(self, gx: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor, st: cute.Tensor,
@@ -190,8 +193,9 @@ class DualQuantKernel(_TileQuantKernel):
     :class:`_TileQuantKernel` for the work split."""
 
     @cute.jit
-    def __call__(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor):
-        self._launch(x, q, s, qt, st)
+    def __call__(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
+                 stream: cuda.CUstream):
+        self._launch(x, q, s, qt, st, stream)
 
 
 class ColwiseQuantKernel(_TileQuantKernel):
@@ -202,5 +206,5 @@ class ColwiseQuantKernel(_TileQuantKernel):
     emit_rowwise = False
 
     @cute.jit
-    def __call__(self, x: cute.Tensor, qt: cute.Tensor, st: cute.Tensor):
-        self._launch(x, qt, st, qt, st)  # the rowwise slots are unused (emit_rowwise is False)
+    def __call__(self, x: cute.Tensor, qt: cute.Tensor, st: cute.Tensor, stream: cuda.CUstream):
+        self._launch(x, qt, st, qt, st, stream)  # the rowwise slots are unused (emit_rowwise is False)
