@@ -230,3 +230,14 @@ def test_module_help_prog():
 
     res = subprocess.run([sys.executable, "-m", "cute_mxfp8", "--help"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and res.stdout.startswith("usage: python -m cute_mxfp8 ")
+
+
+def test_inspect_compiles_every_variant_without_gpu(tmp_path, capsys):
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is a dependency; install the package")
+    path = tmp_path / "inspect.json"
+    assert main(["inspect", "--arch", "sm_90a", "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert len(rows) == 48 and all(r["status"] == "ok" for r in rows)
+    assert all(r["cvt.satfinite"] > 0 and r["local"] == 0 for r in rows)
+    assert all(r["bar.sync"] > 0 for r in rows if r["kernel"] != "quantize_rowwise")
+    assert "48/48 variants compiled" in capsys.readouterr().out

@@ -15,6 +15,12 @@ def _run_train(args: argparse.Namespace) -> int:
     return train.run(args)
 
 
+def _run_inspect(args: argparse.Namespace) -> int:
+    from cute_mxfp8.cli import inspect_kernels
+
+    return inspect_kernels.main(args)
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     from cute_mxfp8.cli import bench
 
@@ -77,6 +83,14 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p_bench.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON to PATH")
     p_bench.add_argument("--device", default=None, help="device to bench on (default: cuda if available, else cpu)")
     p_bench.set_defaults(func=_run_bench)
+
+    p_inspect = sub.add_parser("inspect", help="compile every kernel variant for an arch (no GPU) and report",
+                               description="Compile every kernel variant for an arch, without a GPU, and print a "
+                                           "row per variant with the PTX instruction counts that prove the design.")
+    p_inspect.add_argument("--arch", default="sm_100a", choices=["sm_100a", "sm_90a"],
+                           help="target architecture (default: %(default)s)")
+    p_inspect.add_argument("--json", metavar="PATH", default=None, help="also write the rows as JSON to PATH")
+    p_inspect.set_defaults(func=_run_inspect)
     return parser
 
 
