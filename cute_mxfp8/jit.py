@@ -78,3 +78,26 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
     args = {"rowwise": (x, row, scales(m)), "colwise": (x, col, scales(k)),
             "dual": (x, row, scales(m), col, scales(k))}[direction]
     return _compile(kernel, args, arch, keep_ptx)
+
+
+@functools.lru_cache(maxsize=None)
+def compile_grouped_rowwise_quant(in_dtype: str, elem: str, scale_mode: str, arch: str, keep_ptx: bool = False):
+    """Compiled :class:`~cute_mxfp8.kernels.quantize.GroupedRowwiseQuantKernel` (grouped-M blocked scales):
+    ``fn(x, q, scales, offs, tile_starts)`` with x (M, K), q (M, K) fp8, scales a zero-filled 1-D uint8 buffer,
+    offs and tile_starts (G,) int32."""
+    if in_dtype not in _IN_DTYPES:
+        raise ValueError(f"in_dtype must be one of {_IN_DTYPES}, got {in_dtype!r}")
+    cutlass, cute = _cutlass()
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    from .kernels.quantize import GroupedRowwiseQuantKernel
+
+    kernel = GroupedRowwiseQuantKernel(elem, scale_mode)
+    x_dtype = cutlass.BFloat16 if in_dtype == "bfloat16" else cutlass.Float32
+    m, k, g = cute.sym_int(), cute.sym_int(divisibility=32), cute.sym_int()
+    x = make_fake_compact_tensor(x_dtype, (m, k), stride_order=(1, 0), assumed_align=16)
+    q = make_fake_compact_tensor(kernel.elem_dtype, (m, k), stride_order=(1, 0), assumed_align=16)
+    s = make_fake_compact_tensor(cutlass.Uint8, (cute.sym_int(),))
+    offs = make_fake_compact_tensor(cutlass.Int32, (g,))
+    tiles = make_fake_compact_tensor(cutlass.Int32, (g,))
+    return _compile(kernel, (x, q, s, offs, tiles), arch, keep_ptx)

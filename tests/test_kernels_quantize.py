@@ -102,3 +102,30 @@ def test_kernels_run_on_the_current_torch_stream():
         got = ops.quantize_dual(x)
     side.synchronize()
     assert all(torch.equal(g.view(torch.uint8).cpu(), r) for g, r in zip(got, ref))
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("in_dtype,elem,mode", list(itertools.product(["bfloat16", "float32"], ["e4m3", "e5m2"],
+                                                                         ["floor", "rceil"])))
+def test_grouped_rowwise_kernel_compiles_for_arch(arch, in_dtype, elem, mode):
+    from cute_mxfp8.jit import compile_grouped_rowwise_quant
+
+    ptx = compile_grouped_rowwise_quant(in_dtype, elem, mode, arch, keep_ptx=True).__ptx__
+    assert re.search(rf"\.target\s+{arch}\b", ptx) and f"cvt.rn.satfinite.{elem}x2.f32" in ptx
+    assert ".local" not in ptx
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("sizes", [[5, 0, 37, 128], [0, 0], [300], [129, 1, 0, 255, 64] * 3])
+@pytest.mark.parametrize("mode", ["floor", "rceil"])
+def test_grouped_rowwise_kernel_bit_exact(sizes, mode, rng):
+    m = sum(sizes) + 30  # rows past offs[-1] exist and get no scales
+    x = (torch.randn(m, 160, generator=rng) * 100).to(torch.bfloat16).cuda()
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32)
+    got = ops.quantize_rowwise(x, scale_mode=mode, offs=offs.cuda(), backend="sm90")
+    ref = ops.quantize_rowwise(x.cpu(), scale_mode=mode, offs=offs, backend="reference")
+    for g, r in zip(got, ref):
+        assert g.shape == r.shape and torch.equal(g.view(torch.uint8).cpu(), r.view(torch.uint8))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        ops.quantize_rowwise(x, offs=torch.tensor([5, 2], dtype=torch.int32, device="cuda"), backend="sm90")

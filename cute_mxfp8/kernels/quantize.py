@@ -208,3 +208,63 @@ class ColwiseQuantKernel(_TileQuantKernel):
     @cute.jit
     def __call__(self, x: cute.Tensor, qt: cute.Tensor, st: cute.Tensor, stream: cuda.CUstream):
         self._launch(x, qt, st, qt, st, stream)  # the rowwise slots are unused (emit_rowwise is False)
+
+
+@cute.jit
+def group_of_row(r: cutlass.Int32, offs: cute.Tensor, num_groups: cutlass.Int32):
+    """Index of the token group holding row ``r`` (``num_groups`` if ``r >= offs[-1]``): a binary search over the
+    cumulative end offsets, 16 fixed steps (up to 65536 groups)."""
+    lo = cutlass.Int32(0)
+    hi = num_groups
+    for _ in cutlass.range_constexpr(16):
+        if lo < hi:
+            mid = (lo + hi) // 2
+            if offs[mid] <= r:
+                lo = mid + 1
+            else:
+                hi = mid
+    return lo
+
+
+class GroupedRowwiseQuantKernel(RowwiseQuantKernel):
+    """Rowwise MXFP8 cast of a 2d-3d GEMM operand grouped along M: data as :class:`RowwiseQuantKernel`, scales in
+    the grouped-M blocked layout (``cute_mxfp8.formats.to_blocked_scales_grouped_m``): group g's scales start at
+    128-row tile ``tile_starts[g]``.  Rows at or past ``offs[-1]`` get no scales (the caller zero-fills the buffer).
+
+    Extra inputs: ``offs`` (G,) int32 cumulative end offsets and ``tile_starts`` (G,) int32
+    (``cute_mxfp8.formats.group_tile_starts``), both on the device.  Always blocked.
+    """
+
+    def __init__(self, elem: str, scale_mode: str):
+        super().__init__(elem, scale_mode, True)
+
+    @cute.jit
+    def __call__(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor,
+                 stream: cuda.CUstream):
+        m, k = x.shape
+        nblocks = m * (k // BLOCK)
+        self.grouped_kernel(cute.zipped_divide(x, (1, BLOCK)), cute.zipped_divide(q, (1, BLOCK)), s, k // BLOCK,
+                            offs, tile_starts, cute.size(offs)).launch(
+            grid=(cute.ceil_div(nblocks, THREADS), 1, 1), block=(THREADS, 1, 1), stream=stream)
+
+    @cute.kernel
+    def grouped_kernel(self, gx: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, cols: cutlass.Int32,
+                       offs: cute.Tensor, tile_starts: cute.Tensor, num_groups: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        t = bidx * THREADS + tidx
+        m = cute.size(gx, mode=[1, 0])
+        if t < m * cols:
+            r = t // cols
+            c = t - r * cols
+            qv, byte = quantize_block(gx[(None, (r, c))].load().to(cutlass.Float32), self.emax, self.fmax,
+                                      self.rceil)
+            gq[(None, (r, c))].store(qv.to(self.elem_dtype))
+            g = group_of_row(r, offs, num_groups)
+            if g < num_groups:
+                start = cutlass.Int32(0)
+                if g > 0:
+                    start = offs[g - 1]
+                local = r - start
+                # the group's own blocked matrix, placed at its first tile: tile rows advance by 128 local rows
+                s[blocked_scale_offset(tile_starts[g] * 128 + local, c, cols)] = cutlass.Uint8(byte)

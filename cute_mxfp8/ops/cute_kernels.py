@@ -2,7 +2,8 @@
 
 Both backends run the same arch-generic kernels, compiled for ``sm_90a`` or ``sm_100a``.  Implemented so far:
 ``quantize_rowwise``, ``quantize_colwise`` and ``quantize_dual`` (one read of the input) for contiguous 2-D
-inputs with K % 32 == 0, plain or blocked scales, without token groups.  Other ops and variants are
+inputs with K % 32 == 0, plain or blocked scales; token groups (``offs``) for ``quantize_rowwise`` (grouped-M
+blocked scales) only.  Other ops and variants are
 not implemented by these backends yet: automatic selection passes over them (the reference runs), and an
 explicit ``backend="sm90"`` for them raises with the reason (:class:`BackendUnavailableError`).
 """
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..jit import compile_quant
+from .. import formats as F
+from ..jit import compile_grouped_rowwise_quant, compile_quant
 from .backends import Backend, register_backend
 from .shapes import colwise_shapes, rowwise_shapes
 
@@ -51,8 +53,8 @@ def _limits(x, scale_mode, elem_dtype, blocked, offs=None):
 
 
 def _rowwise_limits(x, scale_mode, elem_dtype, blocked, offs=None):
-    # plain rowwise scales do not depend on the groups, so offs only matters for blocked scales
-    return _limits(x, scale_mode, elem_dtype, blocked, offs if blocked else None)
+    # rowwise blocks never cross rows, so groups only change where blocked scales go (grouped-M kernel)
+    return _limits(x, scale_mode, elem_dtype, blocked, None)
 
 
 def _outputs(shapes, x, elem_dtype, blocked):
@@ -70,7 +72,20 @@ def _ops(arch: str) -> dict:
         return tuple(t.view(torch.float8_e8m0fnu) if t.dtype == torch.uint8 else t for t in outs)
 
     def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None):
-        return launch("rowwise", x, scale_mode, elem_dtype, blocked, *_outputs(rowwise_shapes, x, elem_dtype, blocked))
+        if offs is None or not blocked:
+            return launch("rowwise", x, scale_mode, elem_dtype, blocked,
+                          *_outputs(rowwise_shapes, x, elem_dtype, blocked))
+        F.validate_offsets(offs, x.shape[0])  # a host sync, as in the reference; bad offsets raise ValueError
+        dshape, sshape = rowwise_shapes(tuple(x.shape), True, offs.shape[0])
+        q = torch.empty(dshape, dtype=elem_dtype, device=x.device)
+        s = torch.zeros(sshape, dtype=torch.uint8, device=x.device)
+        if x.numel() > 0 and offs.numel() > 0:
+            fn = compile_grouped_rowwise_quant(_IN[x.dtype], _ELEM[elem_dtype], scale_mode, arch)
+            fn(x, q, s, offs, F.group_tile_starts(offs))
+        elif x.numel() > 0:
+            launch("rowwise", x, scale_mode, elem_dtype, False, q, torch.empty(x.shape[0], x.shape[1] // 32,
+                                                                                dtype=torch.uint8, device=x.device))
+        return q, s.view(torch.float8_e8m0fnu)
 
     def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None):
         return launch("colwise", x, scale_mode, elem_dtype, blocked, *_outputs(colwise_shapes, x, elem_dtype, blocked))
