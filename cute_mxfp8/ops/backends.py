@@ -23,7 +23,6 @@ __all__ = [
     "Backend",
     "BackendUnavailableError",
     "ENV_VAR",
-    "KNOWN_BACKENDS",
     "register_backend",
     "registered_backends",
     "resolve_backend",
@@ -31,8 +30,6 @@ __all__ = [
 ]
 
 ENV_VAR = "CUTE_MXFP8_BACKEND"
-# Backends this package defines but whose kernels may not be in this build yet, with the hardware they need.
-KNOWN_BACKENDS = {"sm90": "an SM90 (H100/H200) GPU", "sm100": "an SM100 (B200/GB200) GPU"}
 
 
 class BackendUnavailableError(RuntimeError):
@@ -84,11 +81,6 @@ def registered_backends() -> list[str]:
 
 def _requested(requested: str | None) -> str | None:
     name = requested or os.environ.get(ENV_VAR) or None
-    if name in KNOWN_BACKENDS and name not in _BACKENDS:
-        raise BackendUnavailableError(
-            f"cute_mxfp8 backend {name!r} (from {'the backend argument' if requested else ENV_VAR}) has no kernels "
-            f"in this version yet; registered backends: {registered_backends()}"
-        )
     if name is not None and name not in _BACKENDS:
         raise BackendUnavailableError(
             f"unknown cute_mxfp8 backend {name!r} (from {'the backend argument' if requested else ENV_VAR}); "

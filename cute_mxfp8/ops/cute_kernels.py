@@ -10,6 +10,8 @@ explicit ``backend="sm90"`` for them raises with the reason (:class:`BackendUnav
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .. import formats as F
@@ -19,23 +21,31 @@ from .shapes import colwise_shapes, rowwise_shapes
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _IN = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
-_ARCHS = {"sm90": ((9, 0), "sm_90a"), "sm100": ((10, 0), "sm_100a")}
+# backend name -> (compute capability major, compile target, the hardware it needs)
+_ARCHS = {"sm90": (9, "sm_90a", "an SM90 (H100/H200)"), "sm100": (10, "sm_100a", "an SM100 (B200/GB200)")}
 
 
 def _unavailable(name: str):
-    (cap, _), hardware = _ARCHS[name], {"sm90": "an SM90 (H100/H200)", "sm100": "an SM100 (B200/GB200)"}[name]
+    major, _, hardware = _ARCHS[name]
 
-    def reason(device: torch.device) -> str | None:
-        if device.type != "cuda":
-            return f"needs {hardware} CUDA device, got a {device.type} tensor"
+    @functools.lru_cache(maxsize=None)
+    def cached(device: torch.device) -> str | None:
         got = torch.cuda.get_device_capability(device)
-        if got[0] != cap[0]:
-            return f"needs {hardware} GPU (compute capability {cap[0]}.{cap[1]}), found {got[0]}.{got[1]}"
+        if got[0] != major:
+            return f"needs {hardware} GPU (compute capability {major}.x), found {got[0]}.{got[1]}"
         try:
             import cutlass  # noqa: F401
         except ImportError as e:  # the DSL is a dependency; say so if it is missing
             return f"nvidia-cutlass-dsl is not importable ({e}); pip install nvidia-cutlass-dsl"
         return None
+
+    def reason(device: torch.device) -> str | None:
+        """Checked on every op call, so the per-GPU answer is cached (capability and DSL do not change)."""
+        if device.type != "cuda":
+            return f"needs {hardware} CUDA device, got a {device.type} tensor"
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return cached(device)
 
     return reason
 
@@ -98,7 +108,7 @@ def _ops(arch: str) -> dict:
             "quantize_dual": quantize_dual}
 
 
-for _name, (_cap, _arch) in _ARCHS.items():
+for _name, (_, _arch, _) in _ARCHS.items():
     register_backend(Backend(
         name=_name,
         priority=10,
