@@ -10,7 +10,6 @@ import struct
 import pytest
 import torch
 
-from cute_mxfp8 import formats as F
 from cute_mxfp8 import ops
 from cute_mxfp8.ops.backends import BackendUnavailableError, resolve_backend
 
