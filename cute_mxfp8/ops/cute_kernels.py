@@ -67,8 +67,8 @@ def _rowwise_limits(x, scale_mode, elem_dtype, blocked, offs=None):
     return _limits(x, scale_mode, elem_dtype, blocked, None)
 
 
-def _outputs(shapes, x, elem_dtype, blocked):
-    dshape, sshape = shapes(tuple(x.shape), blocked, None)
+def _outputs(shapes, x, elem_dtype, blocked, groups=None):
+    dshape, sshape = shapes(tuple(x.shape), blocked, groups)
     q = torch.empty(dshape, dtype=elem_dtype, device=x.device)
     # blocked: the kernel writes only real scales; the padding of the last tiles must read as zero
     s = (torch.zeros if blocked else torch.empty)(sshape, dtype=torch.uint8, device=x.device)
@@ -86,9 +86,7 @@ def _ops(arch: str) -> dict:
             return launch("rowwise", x, scale_mode, elem_dtype, blocked,
                           *_outputs(rowwise_shapes, x, elem_dtype, blocked))
         F.validate_offsets(offs, x.shape[0])  # a host sync, as in the reference; bad offsets raise ValueError
-        dshape, sshape = rowwise_shapes(tuple(x.shape), True, offs.shape[0])
-        q = torch.empty(dshape, dtype=elem_dtype, device=x.device)
-        s = torch.zeros(sshape, dtype=torch.uint8, device=x.device)
+        q, s = _outputs(rowwise_shapes, x, elem_dtype, True, offs.shape[0])
         if x.numel() > 0 and offs.numel() > 0:
             fn = compile_grouped_rowwise_quant(_IN[x.dtype], _ELEM[elem_dtype], scale_mode, arch)
             fn(x, q, s, offs, F.group_tile_starts(offs))
