@@ -1,15 +1,27 @@
 """Compile cache for the CuTe DSL kernels: one compiled function per compile key, built on first use.
 
-The key of each ``compile_*`` function is exactly its arguments (``functools.lru_cache``), which are exactly what
-changes code generation: element and input dtypes, scale mode, layout flags and the target arch.  Shapes are
-symbolic (``cute.sym_int``), so no shape ever recompiles.  Compiling needs no GPU: pass ``arch="sm_100a"`` to
-build for Blackwell on any machine (the CI does this for every variant).  The DSL is imported here lazily, so
-importing ``cute_mxfp8`` never needs it.
+The key of each ``compile_*`` function is exactly its arguments, which are exactly what changes code generation:
+element and input dtypes, scale mode, layout flags and the target arch.  Shapes are symbolic (``cute.sym_int``),
+so no shape ever recompiles.  Compiling needs no GPU: pass ``arch="sm_100a"`` to build for Blackwell on any
+machine (the CI does this for every variant).  The DSL is imported here lazily, so importing ``cute_mxfp8`` never
+needs it.
+
+Two cache levels, stacked on every ``compile_*``: ``functools.lru_cache`` (in memory, per process) over
+:func:`cute_mxfp8.compile_cache.disk_cached` (on disk, shared by processes).  The disk key adds to the arguments
+the package and DSL versions and a hash of ``kernels/**/*.py`` and this file, so editing a kernel recompiles it.
+A compiled function is stored as a TVM-FFI object file and loaded back (no compiler run, no GPU needed) by the
+next process that asks for the same key; concurrent compilers of one key wait on a file lock and load what the
+first one wrote.  The directory is ``$CUTE_MXFP8_CACHE_DIR`` (default ``$XDG_CACHE_HOME/cute_mxfp8`` or
+``~/.cache/cute_mxfp8``); ``CUTE_MXFP8_DISK_CACHE=0`` turns the disk level off.  Inspection builds
+(``keep_ptx=True``) bypass the disk.  A function loaded from disk is positional-only: call ``fn(*tensors)``.
+New ``compile_*`` functions take the same two decorators (a test checks that every one does).
 """
 
 from __future__ import annotations
 
 import functools
+
+from .compile_cache import disk_cached
 
 _IN_DTYPES = ("bfloat16", "float32")
 
@@ -41,6 +53,7 @@ def _compile(kernel, args, arch: str, keep_ptx: bool):
 
 
 @functools.lru_cache(maxsize=None)
+@disk_cached(skip_if="keep_ptx")
 def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
                   keep_ptx: bool = False):
     """Compiled MXFP8 cast for ``arch`` (e.g. ``"sm_90a"``): ``direction`` ``"rowwise"``
@@ -81,6 +94,7 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
 
 
 @functools.lru_cache(maxsize=None)
+@disk_cached(skip_if="keep_ptx")
 def compile_grouped_rowwise_quant(in_dtype: str, elem: str, scale_mode: str, arch: str, keep_ptx: bool = False):
     """Compiled :class:`~cute_mxfp8.kernels.quantize.GroupedRowwiseQuantKernel` (grouped-M blocked scales):
     ``fn(x, q, scales, offs, tile_starts)`` with x (M, K), q (M, K) fp8, scales a zero-filled 1-D uint8 buffer,
