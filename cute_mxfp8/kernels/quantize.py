@@ -10,9 +10,10 @@ they are exact and NaN-safe:
 * With ``E`` the exponent field and ``Mt`` the mantissa field of ``amax_bits`` and ``emax`` = 8 (e4m3) / 15
   (e5m2), both element maxima being ``1.75 * 2**emax``:
   ``floor``: ``byte = E - emax``;  ``rceil``: ``byte = E - emax + (Mt > 0x600000)`` (the smallest power of two
-  >= amax / max); both clamped to [0, 254], 0 when ``E == 0`` (zero or subnormal amax), 255 when ``E == 255``.
-* Elements ``x * 2**(127 - byte)`` (applied as two normal power-of-two factors, so no subnormal scale is ever
-  formed), clamped to +-max, converted with round-to-nearest-even; every element of a 255 block is NaN (0x7F).
+  >= amax / max); both clamped below at 0 (so 0 when ``E == 0``: zero or subnormal amax), 255 when ``E == 255``.
+  A finite block's byte is at most 247, so ``2**(127 - byte)`` is a normal fp32 number.
+* Elements ``x * 2**(127 - byte)`` (one exact multiply), converted with ``cvt.rn.satfinite`` (round to nearest
+  even, saturating to +-max, which is the clamp); a 255 block multiplies by NaN, so every element is NaN (0x7F).
 
 :func:`quantize_block` is the per-block math as a device function, shared by every kernel that quantizes.
 This module imports the DSL at module scope; the ops layer imports it lazily (through :mod:`cute_mxfp8.jit`).
@@ -36,35 +37,50 @@ def blocked_scale_offset(r, c, cols):
 
 
 @cute.jit
+def block_scale(amax_bits: cutlass.Int32, emax: cutlass.Constexpr[int], rceil: cutlass.Constexpr[bool]):
+    """E8M0 scale of a block from ``amax_bits`` (the largest ``bits(x) & 0x7FFFFFFF`` of the block) ->
+    (scale byte as Int32, fp32 factor ``2**(127 - byte)``, or NaN for byte 255).
+
+    For a finite block the byte is at most 254 - emax + 1 (<= 247), so the factor is a normal fp32 number and one
+    multiply scales an element exactly (up to results below 2**-126, which round to zero in fp8 either way)."""
+    e = amax_bits >> 23
+    byte = e - emax
+    if cutlass.const_expr(rceil):
+        byte = byte + cutlass.Int32((amax_bits & 0x7FFFFF) > 0x600000)
+    byte = cutlass.max(byte, cutlass.Int32(0))  # zero / subnormal amax (e == 0) lands here too
+    factor_bits = (254 - byte) << 23
+    if e == 255:
+        byte = cutlass.Int32(255)
+        factor_bits = cutlass.Int32(0x7FC00000)  # NaN: every element of a poisoned block becomes NaN
+    return byte, factor_bits.bitcast(cutlass.Float32)
+
+
+@cute.jit
+def apply_scale(xv: cute.TensorSSA, factor: cutlass.Float32):
+    """Scaled fp32 elements of a block, ready for the fp8 conversion.  No clamp is needed: the conversion is
+    ``cvt.rn.satfinite`` (round to nearest even, finite overflow saturates to +-max, NaN stays NaN)."""
+    return xv * factor
+
+
+@cute.jit
+def abs_bits_max(xv: cute.TensorSSA, n: cutlass.Constexpr[int]):
+    """``max(bits(x) & 0x7FFFFFFF)`` over the ``n`` fp32 elements of ``xv`` (integer order == float order for
+    magnitudes; NaN payloads compare above +Inf)."""
+    mag = xv.bitcast(cutlass.Int32) & 0x7FFFFFFF
+    amax_bits = cutlass.Int32(0)
+    for i in cutlass.range_constexpr(n):
+        amax_bits = cutlass.max(amax_bits, cutlass.Int32(mag[i]))
+    return amax_bits
+
+
+@cute.jit
 def quantize_block(xv: cute.TensorSSA, emax: cutlass.Constexpr[int], fmax: cutlass.Constexpr[float],
                    rceil: cutlass.Constexpr[bool]):
     """MXFP8-quantize one block: ``xv`` a 32-element fp32 TensorSSA -> (fp32 TensorSSA of the scaled, clamped
     elements (NaN for a poisoned block), E8M0 scale byte as Int32).  Device code, inlined where it is called; the
     rules are in this module's docstring."""
-    mag = xv.bitcast(cutlass.Int32) & 0x7FFFFFFF
-    amax_bits = cutlass.Int32(0)
-    for i in cutlass.range_constexpr(BLOCK):
-        amax_bits = cutlass.max(amax_bits, cutlass.Int32(mag[i]))
-    e = amax_bits >> 23
-    byte = e - emax
-    if cutlass.const_expr(rceil):
-        byte = byte + cutlass.Int32((amax_bits & 0x7FFFFF) > 0x600000)
-    byte = cutlass.min(cutlass.max(byte, cutlass.Int32(0)), cutlass.Int32(254))
-    if e == 0:
-        byte = cutlass.Int32(0)
-    if e == 255:
-        byte = cutlass.Int32(255)
-    # 2**(127 - byte) as two normal factors 2**a * 2**b, a = (127 - byte) >> 1, b = 127 - byte - a
-    ex = 127 - byte
-    a = ex >> 1
-    f1 = cutlass.Int32((a + 127) << 23).bitcast(cutlass.Float32)
-    f2 = cutlass.Int32((ex - a + 127) << 23).bitcast(cutlass.Float32)
-    qv = (xv * f1) * f2
-    qv = cute.where(qv > fmax, cute.full_like(qv, fmax), qv)
-    qv = cute.where(qv < -fmax, cute.full_like(qv, -fmax), qv)
-    if byte == 255:
-        qv = cute.full_like(qv, float("nan"))
-    return qv, byte
+    byte, factor = block_scale(abs_bits_max(xv, BLOCK), emax, rceil)
+    return apply_scale(xv, factor), byte
 
 
 class _QuantKernelBase:
