@@ -19,6 +19,7 @@ New ``compile_*`` functions take the same two decorators (a test checks that eve
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 from .compile_cache import disk_cached
@@ -36,20 +37,50 @@ def _cutlass():
 def _compile(kernel, args, arch: str, keep_ptx: bool):
     """Compile ``kernel(*args, stream)`` for ``arch``.  The launchable build takes its stream from the caller's
     context through TVM-FFI (``torch.cuda.current_stream()``), so the call is ``fn(*tensors)`` and kernels are
-    ordered with the surrounding torch work on any stream."""
+    ordered with the surrounding torch work on any stream.
+
+    With ``keep_ptx`` the build is for inspection, not launchable from torch: ``.__ptx__`` (text), ``.__cubin__``
+    (ELF bytes) and ``.launch_smem`` (dynamic shared memory bytes per kernel launch, ``None`` where unknown)."""
     _, cute = _cutlass()
     from cutlass.cute.runtime import make_fake_stream
 
-    if keep_ptx:  # for inspection (``.__ptx__``); not launchable from torch.  The DSL also writes the PTX to a
-        # file: keep that out of the caller's working directory.
+    if keep_ptx:
         import tempfile
 
         from cutlass.base_dsl.compiler import DumpDir
 
-        with tempfile.TemporaryDirectory(prefix="cute_mxfp8_ptx_") as tmp:
-            return cute.compile[cute.GPUArch(arch), cute.KeepPTX, DumpDir(tmp)](kernel, *args, make_fake_stream())
+        # The DSL also writes the PTX and CUBIN to files: keep them out of the caller's working directory.
+        with tempfile.TemporaryDirectory(prefix="cute_mxfp8_ptx_") as tmp, _recording_launch_smem() as smem:
+            fn = cute.compile[cute.GPUArch(arch), cute.KeepPTX, cute.KeepCUBIN, DumpDir(tmp)](
+                kernel, *args, make_fake_stream())
+        fn.launch_smem = tuple(smem) if smem else (None,)
+        return fn
     return cute.compile[cute.GPUArch(arch)](kernel, *args, make_fake_stream(use_tvm_ffi_env_stream=True),
                                             options="--enable-tvm-ffi")
+
+
+@contextlib.contextmanager
+def _recording_launch_smem():
+    """Collects the ``smem=`` argument of every ``kernel(...).launch(...)`` traced inside (an int, ``None`` if not
+    a Python int).  Yields an empty list if the DSL's launcher class is not where this expects it."""
+    seen: list = []
+    try:
+        from cutlass.cutlass_dsl.cutlass import KernelLauncher
+    except ImportError:
+        yield seen
+        return
+    original = KernelLauncher.launch
+
+    def launch(self, *args, **kwargs):
+        smem = kwargs.get("smem", 0)
+        seen.append(smem if isinstance(smem, int) else None)
+        return original(self, *args, **kwargs)
+
+    KernelLauncher.launch = launch
+    try:
+        yield seen
+    finally:
+        KernelLauncher.launch = original
 
 
 @functools.lru_cache(maxsize=None)

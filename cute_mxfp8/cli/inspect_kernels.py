@@ -1,18 +1,65 @@
 """``python -m cute_mxfp8 inspect [--arch sm_100a|sm_90a]``: compile every kernel variant for an arch, no GPU needed.
 
-One row per variant: whether it compiled (or the error), and counts of the PTX instructions that prove the design:
-hardware fp8 conversion (``cvt.rn.satfinite``), 16-byte global loads / vector stores, shared memory and barriers
-(tile kernels), and local memory (must be zero).  PTX, not SASS: register counts and spills need the ``sass`` extra
-(nvdisasm) and are not reported yet.
+One row per variant of the registry :data:`FAMILIES`: whether it compiled (or the error); from the CUBIN, the
+registers per thread, shared memory (static from the CUBIN, dynamic from the launch) and the local-memory frame;
+from the SASS (needs ``nvdisasm``: ``pip install -e ".[sass]"``) the spill instructions ``LDL``/``STL`` (must be 0)
+and the counts of the instructions that prove the design (:data:`SASS_COLUMNS`; a column is printed when some row
+has one).  Without ``nvdisasm`` the PTX counts (:data:`PTX_COLUMNS`) stand in.  ``--json`` writes every number,
+including the full SASS opcode histogram.  Exit status 1 if any variant fails to compile or uses local memory.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import itertools
 import json
+import os
 import re
+from typing import Callable
 
-PATTERNS = {
+from cute_mxfp8 import jit
+from cute_mxfp8.cli import sass_facts
+
+IN_DTYPES, ELEMS, MODES = ["bfloat16", "float32"], ["e4m3", "e5m2"], ["floor", "rceil"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """Variants of one kernel: ``compile(*values, arch, keep_ptx=True)`` for every combination of ``axes``
+    (argument name -> values, in the compile function's positional order)."""
+
+    kernel: str
+    compile: Callable
+    axes: dict
+
+    def variants(self) -> list[dict]:
+        return [dict(zip(self.axes, values)) for values in itertools.product(*self.axes.values())]
+
+    def label(self, args: dict) -> str:
+        """The arguments that vary within the family: strings as they are, flags by name when set."""
+        parts = [(k if v else "") if isinstance(v, bool) else str(v) for k, v in args.items() if len(self.axes[k]) > 1]
+        return " ".join(p for p in parts if p)
+
+
+# Add a kernel here (one line) and ``inspect`` compiles and reports all its variants.
+FAMILIES = [
+    *(Family(f"quantize_{d}", jit.compile_quant, {"direction": [d], "in_dtype": IN_DTYPES, "elem": ELEMS,
+                                                   "scale_mode": MODES, "blocked": [False, True]})
+      for d in ("rowwise", "colwise", "dual")),
+]
+
+SPILLS = r"(?:LDL|STL)\b"
+# column -> regex matched at the start of each full SASS opcode
+SASS_COLUMNS = {
+    "F2FP.fp8": r"F2FP\.(?:\w+\.)*E[45]M[23]",  # hardware RNE + saturating fp8 conversion
+    "LDG.128": r"LDG\.E\.128\b", "LDG.64": r"LDG\.E\.64\b", "LDG.narrow": r"LDG\.E(?!\.(?:128|64)\b)",
+    "STG.128": r"STG\.E\.128\b", "STG.64": r"STG\.E\.64\b", "STG.narrow": r"STG\.E(?!\.(?:128|64)\b)",
+    "LDS": r"LDS\b", "STS": r"STS\b", "SHFL": r"SHFL\.", "BAR": r"BAR\.",
+    "UTMALDG": r"UTMALDG\b", "UTMASTG": r"UTMASTG\b", "UTCCP": r"UTCCP\b", "UTCQMMA": r"UTCQMMA\b",
+    "UTCHMMA": r"UTCHMMA\b", "QGMMA": r"QGMMA\b", "HGMMA": r"HGMMA\b",
+}
+PTX_COLUMNS = {
     "cvt.satfinite": r"cvt\.rn\.satfinite\.e[45]m[23]x2\.f32",
     "ld.global.128b": r"ld\.global(?:\.nc)?\.(?:v4\.[bfu]32|v2\.[bfu]64)",
     "st.global.vec": r"st\.global\.v[24]\.[bu](?:32|64)",
@@ -20,37 +67,93 @@ PATTERNS = {
     "bar.sync": r"bar\.sync",
     "local": r"\.local",
 }
+SASS_HINT = 'SASS columns (LDL/STL spills, instruction counts) need nvdisasm: pip install -e ".[sass]"'
 
 
-def variants():
-    """Every compile key of the quantization kernels: (direction, in_dtype, elem, scale_mode, blocked)."""
-    return list(itertools.product(["rowwise", "colwise", "dual"], ["bfloat16", "float32"], ["e4m3", "e5m2"],
-                                  ["floor", "rceil"], [False, True]))
+def variants() -> list[tuple[Family, dict]]:
+    return [(family, args) for family in FAMILIES for args in family.variants()]
 
 
-def inspect_variant(arch: str, key: tuple) -> dict:
-    from cute_mxfp8.jit import compile_quant
+def _error(e: Exception) -> str:
+    text = str(e).strip()
+    return f"error: {type(e).__name__}: {text.splitlines()[0][:120] if text else ''}"
 
-    row = {"kernel": "quantize_" + key[0], "in": key[1], "elem": key[2], "mode": key[3], "blocked": key[4]}
+
+def compile_variant(arch: str, family: Family, args: dict) -> tuple[dict, object]:
+    """The row's identity and CUBIN/PTX facts, and the compiled function (``None`` if it failed)."""
+    row = {"kernel": family.kernel, "variant": family.label(args), **args}
     try:
-        ptx = compile_quant(*key, arch, keep_ptx=True).__ptx__
+        fn = family.compile(*args.values(), arch, keep_ptx=True)
     except Exception as e:  # report, do not stop: one broken variant should not hide the others
-        row["status"] = f"error: {type(e).__name__}: {str(e).strip().splitlines()[0][:120] if str(e).strip() else ''}"
-        return row
+        row["status"] = _error(e)
+        return row, None
+    ptx = fn.__ptx__
     row["status"] = "ok" if re.search(rf"\.target\s+{arch}\b", ptx) else "wrong target"
-    row.update({name: len(re.findall(pat, ptx)) for name, pat in PATTERNS.items()})
+    resources = sass_facts.cubin_resources(fn.__cubin__).values()
+    smem = getattr(fn, "launch_smem", (None,))
+    row.update(kernels=len(resources), regs=max(r["regs"] for r in resources),
+               smem_static=max(r["smem_static"] for r in resources),
+               smem_dynamic=None if None in smem else max(smem), local_frame=max(r["local_frame"] for r in resources))
+    row.update({name: len(re.findall(pat, ptx)) for name, pat in PTX_COLUMNS.items()})
+    return row, fn
+
+
+def add_sass(row: dict, sass: str) -> None:
+    ops = sass_facts.opcode_counts(sass)
+    row["LDL/STL"] = sum(n for op, n in ops.items() if re.match(SPILLS, op))
+    row.update({name: sum(n for op, n in ops.items() if re.match(pat, op)) for name, pat in SASS_COLUMNS.items()})
+    row["sass_opcodes"] = dict(sorted(ops.items()))
+
+
+def finish(row: dict) -> dict:
+    if row["status"] == "ok" and (row.get("local_frame") or row.get("local") or row.get("LDL/STL")):
+        row["status"] = "local memory (spills)"
     return row
+
+
+def inspect(arch: str, with_sass: bool) -> list[dict]:
+    """Compile every variant in order; disassemble the CUBINs on worker threads while the next ones compile."""
+    rows = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        pending = []
+        for family, args in variants():
+            row, fn = compile_variant(arch, family, args)
+            rows.append(row)
+            if with_sass and fn is not None:
+                pending.append((row, pool.submit(sass_facts.disassemble, fn.__cubin__)))
+        for row, future in pending:
+            try:
+                add_sass(row, future.result())
+            except Exception as e:  # noqa: BLE001 -- a tool failure is reported like a compile failure
+                row["status"] = _error(e)
+    return [finish(row) for row in rows]
+
+
+def _smem(row: dict) -> str:
+    dynamic = "?" if row.get("smem_dynamic") is None else row["smem_dynamic"]
+    return f"{row['smem_static']}+{dynamic}" if "smem_static" in row else ""
+
+
+def table(rows: list[dict], with_sass: bool) -> tuple[list[str], list[list]]:
+    counts = [c for c in SASS_COLUMNS if any(r.get(c) for r in rows)] if with_sass else list(PTX_COLUMNS)
+    cols = ["kernel", "variant", "status", "regs", "smem", "local_frame", *(["LDL/STL"] if with_sass else []),
+            *counts]
+    body = [[_smem(r) if c == "smem" else r.get(c, "") for c in cols] for r in rows]
+    return cols, body
 
 
 def main(args) -> int:
     from tabulate import tabulate
 
-    rows = [inspect_variant(args.arch, key) for key in variants()]
-    cols = ["kernel", "in", "elem", "mode", "blocked", "status", *PATTERNS]
+    with_sass = sass_facts.find_nvdisasm() is not None
+    rows = inspect(args.arch, with_sass)
     print(f"arch {args.arch}: {sum(r['status'] == 'ok' for r in rows)}/{len(rows)} variants compiled")
-    print(tabulate([[r.get(c, "") for c in cols] for r in rows], headers=cols))
+    if not with_sass:
+        print(SASS_HINT)
+    cols, body = table(rows, with_sass)
+    print(tabulate(body, headers=cols))
+    print("smem = static (CUBIN) + dynamic (launch) bytes per CTA; local_frame = local memory bytes per thread")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"arch": args.arch, "rows": rows}, f, indent=2)
-    bad = [r for r in rows if r["status"] != "ok" or r.get("local", 0)]
-    return 1 if bad else 0
+            json.dump({"arch": args.arch, "sass": with_sass, "rows": rows}, f, indent=2)
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
