@@ -86,63 +86,61 @@ def _recording_launch_smem():
 @functools.lru_cache(maxsize=None)
 @disk_cached(skip_if="keep_ptx")
 def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
-                  keep_ptx: bool = False):
-    """Compiled MXFP8 cast for ``arch`` (e.g. ``"sm_90a"``): ``direction`` ``"rowwise"``
-    (:class:`~cute_mxfp8.kernels.quantize.RowwiseQuantKernel`), ``"colwise"``
-    (:class:`~cute_mxfp8.kernels.quantize.ColwiseQuantKernel`) or ``"dual"``
-    (:class:`~cute_mxfp8.kernels.quantize.DualQuantKernel`, called as ``fn(x, row, row_scales, col, col_scales)``).
+                  keep_ptx: bool = False, grouped: bool = False, batched: bool = False):
+    """Compiled MXFP8 cast for ``arch`` (e.g. ``"sm_90a"``).  ``direction``: ``"rowwise"``, ``"colwise"`` or
+    ``"dual"``; ``grouped``: token groups along M (``offs``); ``batched``: rowwise of 3-D (E, N, K) weights.
 
-    With ``keep_ptx`` the function is built for inspection only (its ``__ptx__`` holds the PTX).  Otherwise it is
-    compiled with TVM-FFI: call it as ``fn(x, out, scales)`` with torch tensors: x (M, K) ``in_dtype``; rowwise:
-    out (M, K) fp8, scales (M, K/32) uint8 or a 1-D blocked buffer; colwise: out (K, Mp) fp8, scales (K, Mp/32)
-    uint8 or a 1-D blocked buffer.
+    Kernels and call conventions (torch tensors, all contiguous; the stream is torch's current stream):
+
+    * rowwise: :class:`~cute_mxfp8.kernels.quantize.RowwiseQuantKernel`, ``fn(x, q, s)``: x (M, K), q (M, K) fp8,
+      s (M, K/32) uint8 or a 1-D blocked buffer.  Grouped (blocked only):
+      :class:`~cute_mxfp8.kernels.quantize.GroupedRowwiseQuantKernel`, ``fn(x, q, s, offs, tile_starts)``.
+    * colwise, dual, and batched rowwise: :class:`~cute_mxfp8.kernels.quantize_tile.TileQuantKernel`,
+      ``fn(x, q, s, qt, st, offs, tile_starts)`` with 3-D tensors (a 2-D input as E = 1): x (E, M, K); rowwise
+      q (E, M, K), s (E, M, K/32) or (E, blocked numel); colwise qt (E, K, Mp), st (E, K, Mp/32) or
+      (E, blocked numel); offs and tile_starts (G,) int32 (any int32 tensor when not grouped).  Unused outputs
+      take any tensor of the right rank and dtype (e.g. q for qt).
+
+    With ``keep_ptx`` the function is built for inspection only (its ``__ptx__`` holds the PTX).
     """
     if in_dtype not in _IN_DTYPES:
         raise ValueError(f"in_dtype must be one of {_IN_DTYPES}, got {in_dtype!r}")
+    if direction not in ("rowwise", "colwise", "dual"):
+        raise ValueError(f"direction must be rowwise, colwise or dual, got {direction!r}")
     cutlass, cute = _cutlass()
     from cutlass.cute.runtime import make_fake_compact_tensor
 
-    from .kernels.quantize import ColwiseQuantKernel, DualQuantKernel, RowwiseQuantKernel
-
-    kernels = {"rowwise": RowwiseQuantKernel, "colwise": ColwiseQuantKernel, "dual": DualQuantKernel}
-    if direction not in kernels:
-        raise ValueError(f"direction must be one of {tuple(kernels)}, got {direction!r}")
-    kernel = kernels[direction](elem, scale_mode, blocked)
     x_dtype = cutlass.BFloat16 if in_dtype == "bfloat16" else cutlass.Float32
-    row_major = (1, 0)
+    i32 = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),))
+
+    def fake(dtype, shape):
+        return make_fake_compact_tensor(dtype, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)),
+                                        assumed_align=16)
+
+    k = cute.sym_int(divisibility=32)
+    if direction == "rowwise" and not batched:
+        from .kernels.quantize import GroupedRowwiseQuantKernel, RowwiseQuantKernel
+
+        if grouped and not blocked:
+            raise ValueError("grouped rowwise scales are only defined blocked (plain scales ignore groups)")
+        kernel = GroupedRowwiseQuantKernel(elem, scale_mode) if grouped else RowwiseQuantKernel(elem, scale_mode,
+                                                                                             blocked)
+        m = cute.sym_int()
+        x, q = fake(x_dtype, (m, k)), fake(kernel.elem_dtype, (m, k))
+        s = fake(cutlass.Uint8, (cute.sym_int(),) if blocked else (m, cute.sym_int()))
+        return _compile(kernel, (x, q, s, i32, i32) if grouped else (x, q, s), arch, keep_ptx)
+
+    from .kernels.quantize_tile import TileQuantKernel
+
+    if batched and grouped:
+        raise ValueError("3-D (batched) inputs take no token groups")
+    kernel = TileQuantKernel(elem, scale_mode, blocked, rowwise=direction != "colwise",
+                             colwise=direction != "rowwise", grouped=grouped)
+    e, m = cute.sym_int(), cute.sym_int()
+    mp = cute.sym_int() if grouped else cute.sym_int(divisibility=32)
 
     def scales(rows):
-        shape = (cute.sym_int(),) if blocked else (rows, cute.sym_int())
-        return make_fake_compact_tensor(cutlass.Uint8, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)))
+        return fake(cutlass.Uint8, (e, cute.sym_int()) if blocked else (e, rows, cute.sym_int()))
 
-    m, k, mp = cute.sym_int(), cute.sym_int(divisibility=32), cute.sym_int(divisibility=32)
-    x = make_fake_compact_tensor(x_dtype, (m, k), stride_order=row_major, assumed_align=16)
-    row = make_fake_compact_tensor(kernel.elem_dtype, (m, k), stride_order=row_major, assumed_align=16)
-    col = make_fake_compact_tensor(kernel.elem_dtype, (k, mp), stride_order=row_major, assumed_align=16)
-    args = {"rowwise": (x, row, scales(m)), "colwise": (x, col, scales(k)),
-            "dual": (x, row, scales(m), col, scales(k))}[direction]
-    return _compile(kernel, args, arch, keep_ptx)
-
-
-@functools.lru_cache(maxsize=None)
-@disk_cached(skip_if="keep_ptx")
-def compile_grouped_rowwise_quant(in_dtype: str, elem: str, scale_mode: str, arch: str, keep_ptx: bool = False):
-    """Compiled :class:`~cute_mxfp8.kernels.quantize.GroupedRowwiseQuantKernel` (grouped-M blocked scales):
-    ``fn(x, q, scales, offs, tile_starts)`` with x (M, K), q (M, K) fp8, scales a zero-filled 1-D uint8 buffer,
-    offs and tile_starts (G,) int32."""
-    if in_dtype not in _IN_DTYPES:
-        raise ValueError(f"in_dtype must be one of {_IN_DTYPES}, got {in_dtype!r}")
-    cutlass, cute = _cutlass()
-    from cutlass.cute.runtime import make_fake_compact_tensor
-
-    from .kernels.quantize import GroupedRowwiseQuantKernel
-
-    kernel = GroupedRowwiseQuantKernel(elem, scale_mode)
-    x_dtype = cutlass.BFloat16 if in_dtype == "bfloat16" else cutlass.Float32
-    m, k, g = cute.sym_int(), cute.sym_int(divisibility=32), cute.sym_int()
-    x = make_fake_compact_tensor(x_dtype, (m, k), stride_order=(1, 0), assumed_align=16)
-    q = make_fake_compact_tensor(kernel.elem_dtype, (m, k), stride_order=(1, 0), assumed_align=16)
-    s = make_fake_compact_tensor(cutlass.Uint8, (cute.sym_int(),))
-    offs = make_fake_compact_tensor(cutlass.Int32, (g,))
-    tiles = make_fake_compact_tensor(cutlass.Int32, (g,))
-    return _compile(kernel, (x, q, s, offs, tiles), arch, keep_ptx)
+    x, q, qt = fake(x_dtype, (e, m, k)), fake(kernel.elem_dtype, (e, m, k)), fake(kernel.elem_dtype, (e, k, mp))
+    return _compile(kernel.launch, (x, q, scales(m), qt, scales(k), i32, i32), arch, keep_ptx)

@@ -237,7 +237,10 @@ def test_inspect_compiles_every_variant_without_gpu(tmp_path, capsys):
     path = tmp_path / "inspect.json"
     assert main(["inspect", "--arch", "sm_90a", "--json", str(path)]) == 0
     rows = json.loads(path.read_text())["rows"]
-    assert len(rows) == 48 and all(r["status"] == "ok" for r in rows)
+    from cute_mxfp8.cli import inspect_kernels
+
+    n = len(inspect_kernels.variants())
+    assert len(rows) == n >= 96 and all(r["status"] == "ok" for r in rows)
     assert all(r["cvt.satfinite"] > 0 and r["local"] == 0 for r in rows)
-    assert all(r["bar.sync"] > 0 for r in rows if r["kernel"] != "quantize_rowwise")
-    assert "48/48 variants compiled" in capsys.readouterr().out
+    assert all(r["bar.sync"] == 0 for r in rows)  # register tiles and shuffles, no shared-memory staging
+    assert f"{n}/{n} variants compiled" in capsys.readouterr().out

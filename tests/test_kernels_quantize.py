@@ -16,23 +16,37 @@ from cute_mxfp8.ops.backends import BackendUnavailableError, resolve_backend
 cutlass = pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is a dependency; install the package")
 
 VARIANTS = list(itertools.product(["bfloat16", "float32"], ["e4m3", "e5m2"], ["floor", "rceil"], [False, True]))
+# (direction, grouped, batched): every kernel build of compile_quant
+BUILDS = [("rowwise", False, False), ("rowwise", True, False), ("rowwise", False, True), ("colwise", False, False),
+          ("colwise", True, False), ("dual", False, False), ("dual", True, False)]
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("direction", ["rowwise", "colwise", "dual"])
+@pytest.mark.parametrize("direction,grouped,batched", BUILDS)
 @pytest.mark.parametrize("in_dtype,elem,mode,blocked", VARIANTS)
-def test_quant_kernels_compile_for_arch(arch, direction, in_dtype, elem, mode, blocked):
+def test_quant_kernels_compile_for_arch(arch, direction, grouped, batched, in_dtype, elem, mode, blocked):
     from cute_mxfp8.jit import compile_quant
 
-    ptx = compile_quant(direction, in_dtype, elem, mode, blocked, arch, keep_ptx=True).__ptx__
+    if direction == "rowwise" and grouped and not blocked:
+        with pytest.raises(ValueError, match="only defined blocked"):
+            compile_quant(direction, in_dtype, elem, mode, blocked, arch, True, grouped, batched)
+        return
+    ptx = compile_quant(direction, in_dtype, elem, mode, blocked, arch, True, grouped, batched).__ptx__
     assert re.search(rf"\.target\s+{arch}\b", ptx)
     assert f"cvt.rn.satfinite.{elem}x2.f32" in ptx  # hardware RNE + saturating fp8 conversion
-    if direction != "colwise":
-        assert re.search(r"ld\.global(\.nc)?\.(v4\.[bfu]32|v2\.[bfu]64)", ptx)  # 16-byte vector loads
-    assert re.search(r"st\.global\.v[24]\.[bu](32|64)", ptx)  # vector stores of the fp8 data
-    assert ".local" not in ptx  # no local-memory arrays
-    if direction == "dual":  # one read: the colwise half comes from the shared-memory tile
-        assert "bar.sync" in ptx and "ld.shared" in ptx
+    assert ".local" not in ptx and "bar.sync" not in ptx  # no local-memory arrays, no shared-memory staging
+    tile = direction != "rowwise" or batched
+    if not tile:  # one thread per block: 16-byte loads
+        assert re.search(r"ld\.global(\.nc)?\.(v4\.[bfu]32|v2\.[bfu]64)", ptx)
+        return
+    # tile kernel: 8 vector loads of 4 elements per lane (8 bytes of bf16, 16 of fp32)
+    vec = r"v4\.[bu]16|v2\.[bfu]32" if in_dtype == "bfloat16" else r"v4\.[bfu]32"
+    assert len(re.findall(rf"ld\.global(?:\.nc)?\.(?:{vec})", ptx)) >= 8
+    shuffles = len(re.findall(r"shfl\.sync", ptx))
+    # reduce-scatter + broadcast: rowwise 7 + 8 shuffles per lane, colwise 3 + 4
+    assert shuffles == {"rowwise": 15, "colwise": 7, "dual": 22}[direction]
+    if direction != "rowwise" and not grouped:  # 8-byte stores of the transposed colwise data
+        assert re.search(r"st\.global\.(v2\.[bu]32|[bu]64)", ptx)
 
 
 gpu = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
@@ -54,7 +68,7 @@ def _special_rows(k: int) -> torch.Tensor:
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("shape", [(1, 32), (127, 96), (129, 160), (0, 64), (4096, 7168)])
+@pytest.mark.parametrize("shape", [(1, 32), (127, 96), (129, 160), (0, 64), (33, 4096), (16384, 7168)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("mode", ["floor", "rceil"])
 @pytest.mark.parametrize("elem", [torch.float8_e4m3fn, torch.float8_e5m2])
@@ -103,17 +117,6 @@ def test_kernels_run_on_the_current_torch_stream():
     assert all(torch.equal(g.view(torch.uint8).cpu(), r) for g, r in zip(got, ref))
 
 
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("in_dtype,elem,mode", list(itertools.product(["bfloat16", "float32"], ["e4m3", "e5m2"],
-                                                                         ["floor", "rceil"])))
-def test_grouped_rowwise_kernel_compiles_for_arch(arch, in_dtype, elem, mode):
-    from cute_mxfp8.jit import compile_grouped_rowwise_quant
-
-    ptx = compile_grouped_rowwise_quant(in_dtype, elem, mode, arch, keep_ptx=True).__ptx__
-    assert re.search(rf"\.target\s+{arch}\b", ptx) and f"cvt.rn.satfinite.{elem}x2.f32" in ptx
-    assert ".local" not in ptx
-
-
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("sizes", [[5, 0, 37, 128], [0, 0], [300], [129, 1, 0, 255, 64] * 3])
@@ -128,3 +131,50 @@ def test_grouped_rowwise_kernel_bit_exact(sizes, mode, rng):
         assert g.shape == r.shape and torch.equal(g.view(torch.uint8).cpu(), r.view(torch.uint8))
     with pytest.raises(ValueError, match="non-decreasing"):
         ops.quantize_rowwise(x, offs=torch.tensor([5, 2], dtype=torch.int32, device="cuda"), backend="sm90")
+
+
+def _cols_special(x: torch.Tensor) -> torch.Tensor:
+    """Put the special rows of cases section A into columns too, so colwise blocks see every special value."""
+    n = min(x.shape[1], 15)
+    if x.shape[0] >= 32 and n:
+        x[:32, :n] = _special_rows(32)[:n].t()
+    return x
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("shape", [(2, 64, 96), (3, 160, 128), (8, 256, 2048), (1, 32, 32)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("mode", ["floor", "rceil"])
+def test_expert_weight_kernels_bit_exact(shape, dtype, mode, rng):
+    """3-D (E, N, K) weights: rowwise along K and colwise along N, blocked scales per expert."""
+    x = torch.randn(*shape, generator=rng) * torch.logspace(-10, 10, shape[2])
+    x[0] = _cols_special(x[0])
+    x = x.to(dtype).cuda()
+    for op in (ops.quantize_rowwise, ops.quantize_colwise, ops.quantize_dual):
+        for elem in (torch.float8_e4m3fn, torch.float8_e5m2):
+            for blocked in (False, True):
+                got = op(x, scale_mode=mode, elem_dtype=elem, blocked=blocked, backend="sm90")
+                ref = op(x.cpu(), scale_mode=mode, elem_dtype=elem, blocked=blocked, backend="reference")
+                for g, r in zip(got, ref):
+                    assert g.shape == r.shape and torch.equal(g.view(torch.uint8).cpu(), r.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("sizes", [[5, 0, 37, 128], [0, 0], [300], [129, 1, 0, 255, 64] * 3, [], [32, 64, 1]])
+@pytest.mark.parametrize("tail", [0, 30])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_grouped_k_kernels_bit_exact(sizes, tail, dtype, rng):
+    """2d-2d wgrad operands: colwise blocks restart at every group start and never cross a group end; rows past
+    offs[-1] belong to no group (zero colwise data, rowwise data as usual)."""
+    m = sum(sizes) + tail
+    x = _cols_special(torch.randn(m, 160, generator=rng) * 100).to(dtype).cuda()
+    offs = torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(torch.int32)
+    for op in (ops.quantize_colwise, ops.quantize_dual):
+        for mode in ("floor", "rceil"):
+            for blocked in (False, True):
+                got = op(x, scale_mode=mode, offs=offs.cuda(), blocked=blocked, backend="sm90")
+                ref = op(x.cpu(), scale_mode=mode, offs=offs, blocked=blocked, backend="reference")
+                for g, r in zip(got, ref):
+                    assert g.shape == r.shape and torch.equal(g.view(torch.uint8).cpu(), r.view(torch.uint8))

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
+import inspect
 import itertools
 import json
 import os
@@ -26,8 +28,8 @@ IN_DTYPES, ELEMS, MODES = ["bfloat16", "float32"], ["e4m3", "e5m2"], ["floor", "
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """Variants of one kernel: ``compile(*values, arch, keep_ptx=True)`` for every combination of ``axes``
-    (argument name -> values, in the compile function's positional order)."""
+    """Variants of one kernel: ``compile`` (a ``compile_*`` of :mod:`cute_mxfp8.jit`) called with ``arch`` and
+    ``keep_ptx=True`` for every combination of ``axes`` (argument name -> values)."""
 
     kernel: str
     compile: Callable
@@ -36,17 +38,37 @@ class Family:
     def variants(self) -> list[dict]:
         return [dict(zip(self.axes, values)) for values in itertools.product(*self.axes.values())]
 
+    def build(self, args: dict, arch: str):
+        """Calls ``compile`` (a ``functools.partial`` with keywords is unwrapped) with every argument positional,
+        defaults included: one spelling per key, so the in-memory ``lru_cache`` is shared with other callers that
+        spell their calls the same way (the kernel tests do)."""
+        fn, fixed = self.compile, {}
+        if isinstance(fn, functools.partial) and not fn.args:
+            fn, fixed = fn.func, fn.keywords
+        bound = inspect.signature(fn).bind(**fixed, **args, arch=arch, keep_ptx=True)
+        bound.apply_defaults()
+        return fn(*bound.args, **bound.kwargs)
+
     def label(self, args: dict) -> str:
         """The arguments that vary within the family: strings as they are, flags by name when set."""
         parts = [(k if v else "") if isinstance(v, bool) else str(v) for k, v in args.items() if len(self.axes[k]) > 1]
         return " ".join(p for p in parts if p)
 
 
-# Add a kernel here (one line) and ``inspect`` compiles and reports all its variants.
+# Add a kernel here (one line) and ``inspect`` compiles and reports all its variants.  3-D (E, N, K) colwise and
+# dual casts run the same builds as the 2-D ones (a 2-D input is a batch of one).
+_BLOCKED = {"blocked": [False, True]}
 FAMILIES = [
     *(Family(f"quantize_{d}", jit.compile_quant, {"direction": [d], "in_dtype": IN_DTYPES, "elem": ELEMS,
-                                                   "scale_mode": MODES, "blocked": [False, True]})
+                                                   "scale_mode": MODES, **_BLOCKED})
       for d in ("rowwise", "colwise", "dual")),
+    Family("quantize_rowwise_grouped_m", functools.partial(jit.compile_quant, grouped=True),
+           {"direction": ["rowwise"], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, "blocked": [True]}),
+    *(Family(f"quantize_{d}_grouped_k", functools.partial(jit.compile_quant, grouped=True),
+             {"direction": [d], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, **_BLOCKED})
+      for d in ("colwise", "dual")),
+    Family("quantize_rowwise_3d", functools.partial(jit.compile_quant, batched=True),
+           {"direction": ["rowwise"], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, **_BLOCKED}),
 ]
 
 SPILLS = r"(?:LDL|STL)\b"
@@ -83,7 +105,7 @@ def compile_variant(arch: str, family: Family, args: dict) -> tuple[dict, object
     """The row's identity and CUBIN/PTX facts, and the compiled function (``None`` if it failed)."""
     row = {"kernel": family.kernel, "variant": family.label(args), **args}
     try:
-        fn = family.compile(*args.values(), arch, keep_ptx=True)
+        fn = family.build(args, arch)
     except Exception as e:  # report, do not stop: one broken variant should not hide the others
         row["status"] = _error(e)
         return row, None
@@ -111,7 +133,7 @@ def finish(row: dict) -> dict:
     return row
 
 
-def inspect(arch: str, with_sass: bool) -> list[dict]:
+def inspect_all(arch: str, with_sass: bool) -> list[dict]:
     """Compile every variant in order; disassemble the CUBINs on worker threads while the next ones compile."""
     rows = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
@@ -146,7 +168,7 @@ def main(args) -> int:
     from tabulate import tabulate
 
     with_sass = sass_facts.find_nvdisasm() is not None
-    rows = inspect(args.arch, with_sass)
+    rows = inspect_all(args.arch, with_sass)
     print(f"arch {args.arch}: {sum(r['status'] == 'ok' for r in rows)}/{len(rows)} variants compiled")
     if not with_sass:
         print(SASS_HINT)

@@ -26,7 +26,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
-from .quantize import BLOCK, _QuantKernelBase, abs_bits_max, apply_scale, block_scale, blocked_scale_offset
+from .quantize import BLOCK, _QuantKernelBase, apply_scale, block_scale, blocked_scale_offset
 
 VEC = 4  # columns per lane
 LANE_ROWS = 8  # rows per lane

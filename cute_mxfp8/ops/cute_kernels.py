@@ -1,11 +1,12 @@
-"""The ``sm90`` and ``sm100`` backends: ops implemented by CuTe DSL kernels (compiled through :mod:`cute_mxfp8.jit`).
+"""The ``sm90`` and ``sm100`` backends: the quantize ops implemented by CuTe DSL kernels (compiled through
+:mod:`cute_mxfp8.jit`).
 
-Both backends run the same arch-generic kernels, compiled for ``sm_90a`` or ``sm_100a``.  Implemented so far:
+Both backends run the same arch-generic kernels, compiled for ``sm_90a`` or ``sm_100a``.  Implemented:
 ``quantize_rowwise``, ``quantize_colwise`` and ``quantize_dual`` (one read of the input) for contiguous 2-D
-inputs with K % 32 == 0, plain or blocked scales; token groups (``offs``) for ``quantize_rowwise`` (grouped-M
-blocked scales) only.  Other ops and variants are
-not implemented by these backends yet: automatic selection passes over them (the reference runs), and an
-explicit ``backend="sm90"`` for them raises with the reason (:class:`BackendUnavailableError`).
+activations and 3-D (E, N, K) expert weights with K % 32 == 0, plain or blocked scales, and token groups
+(``offs``) on 2-D inputs: grouped-M blocked rowwise scales, grouped-K colwise blocks (2d-2d wgrad operands).
+Other ops are not implemented by these backends yet: automatic selection passes over them (the reference runs),
+and an explicit ``backend="sm90"`` for them raises with the reason (:class:`BackendUnavailableError`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import functools
 import torch
 
 from .. import formats as F
-from ..jit import compile_grouped_rowwise_quant, compile_quant
+from ..jit import compile_quant
 from .backends import Backend, register_backend
 from .shapes import colwise_shapes, rowwise_shapes
 
@@ -23,6 +24,10 @@ _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _IN = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 # backend name -> (compute capability major, compile target, the hardware it needs)
 _ARCHS = {"sm90": (9, "sm_90a", "an SM90 (H100/H200)"), "sm100": (10, "sm_100a", "an SM100 (B200/GB200)")}
+_MAX_ELEMENTS = 2**31 - 1  # the kernels index elements with 32-bit integers
+_MAX_GROUPS = 65536  # the device-side binary searches over offs take 16 steps
+_MAX_K = 65535 * 128  # grid.y of the tile kernel counts 128-column tiles
+_MAX_EXPERTS = 65535  # grid.z of the tile kernel
 
 
 def _unavailable(name: str):
@@ -51,56 +56,114 @@ def _unavailable(name: str):
 
 
 def _limits(x, scale_mode, elem_dtype, blocked, offs=None):
-    if x.dim() != 2:
-        return "only 2-D (M, K) inputs (3-D expert weights use the reference for now)"
-    if offs is not None:
-        return "token groups (offs) are not implemented in the kernels yet"
-    if x.stride(1) != 1 or x.stride(0) != x.shape[1] or x.data_ptr() % 16:
+    if not x.is_contiguous() or x.data_ptr() % 16:
         return "x must be contiguous with a 16-byte aligned data pointer (call .contiguous())"
-    if x.shape[1] % 32:
+    if x.shape[-1] % 32:
         return "the kernels need K % 32 == 0"
+    if x.numel() > _MAX_ELEMENTS:
+        return f"x has {x.numel()} elements; the kernels index with int32 (at most {_MAX_ELEMENTS}): split it"
+    if x.shape[-1] > _MAX_K:
+        return f"K = {x.shape[-1]} exceeds the kernels' grid limit ({_MAX_K})"
+    if x.dim() == 3 and x.shape[0] > _MAX_EXPERTS:
+        return f"E = {x.shape[0]} experts exceeds the kernels' grid limit ({_MAX_EXPERTS})"
+    if offs is not None and offs.numel() > _MAX_GROUPS:
+        return f"{offs.numel()} token groups exceed the kernels' limit ({_MAX_GROUPS})"
     return None
-
-
-def _rowwise_limits(x, scale_mode, elem_dtype, blocked, offs=None):
-    # rowwise blocks never cross rows, so groups only change where blocked scales go (grouped-M kernel)
-    return _limits(x, scale_mode, elem_dtype, blocked, None)
 
 
 def _outputs(shapes, x, elem_dtype, blocked, groups=None):
     dshape, sshape = shapes(tuple(x.shape), blocked, groups)
     q = torch.empty(dshape, dtype=elem_dtype, device=x.device)
-    # blocked: the kernel writes only real scales; the padding of the last tiles must read as zero
-    s = (torch.zeros if blocked else torch.empty)(sshape, dtype=torch.uint8, device=x.device)
+    # blocked or grouped: the kernels write only real scales; padding must read as zero
+    zero = blocked or groups is not None
+    s = (torch.zeros if zero else torch.empty)(sshape, dtype=torch.uint8, device=x.device)
     return q, s
 
 
+def _batch(t: torch.Tensor, three_d: bool) -> torch.Tensor:
+    """The tile kernel's 3-D view of a 2-D operand (E = 1): data (1, R, C), blocked scales (1, numel)."""
+    return t if three_d else t.unsqueeze(0)
+
+
+@functools.lru_cache(maxsize=None)
+def _no_groups(device: torch.device) -> torch.Tensor:
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def _e8m0(*ts):
+    return tuple(t.view(torch.float8_e8m0fnu) if t.dtype == torch.uint8 else t for t in ts)
+
+
 def _ops(arch: str) -> dict:
-    def launch(direction, x, scale_mode, elem_dtype, blocked, *outs):
-        if x.numel() > 0:
-            compile_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch)(x, *outs)
-        return tuple(t.view(torch.float8_e8m0fnu) if t.dtype == torch.uint8 else t for t in outs)
+    def kernel(direction, x, scale_mode, elem_dtype, blocked, grouped=False, batched=False):
+        return compile_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False,
+                             grouped, batched)
+
+    def tile(direction, x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs=None):
+        """Launch the tile kernel (colwise / dual / 3-D rowwise); unused output slots take the used ones."""
+        three_d = x.dim() == 3
+        q, s, qt, st = (_batch(t, three_d) if t is not None else None for t in (q, s, qt, st))
+        q, s = (qt, st) if q is None else (q, s)
+        qt, st = (q, s) if qt is None else (qt, st)
+        groups = _no_groups(x.device) if offs is None else offs
+        tile_starts = groups if offs is None else F.group_tile_starts(offs)
+        kernel(direction, x, scale_mode, elem_dtype, blocked, offs is not None, three_d and direction == "rowwise")(
+            _batch(x, three_d), q, s, qt, st, groups, tile_starts)
+
+    def rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked):
+        """Rows at or past offs[-1] belong to no group: their rowwise data (and plain scales) still exist."""
+        if end < x.shape[0]:
+            tail_s = s[end:] if not blocked else torch.empty(x.shape[0] - end, x.shape[1] // 32,
+                                                              dtype=torch.uint8, device=x.device)
+            kernel("rowwise", x, scale_mode, elem_dtype, False)(x[end:], q[end:], tail_s)
+
+    def group_end(x, offs):
+        F.validate_offsets(offs, x.shape[0])  # a host sync, as in the reference; bad offsets raise ValueError
+        return int(offs[-1]) if offs.numel() else 0
 
     def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None):
-        if offs is None or not blocked:
-            return launch("rowwise", x, scale_mode, elem_dtype, blocked,
-                          *_outputs(rowwise_shapes, x, elem_dtype, blocked))
-        F.validate_offsets(offs, x.shape[0])  # a host sync, as in the reference; bad offsets raise ValueError
-        q, s = _outputs(rowwise_shapes, x, elem_dtype, True, offs.shape[0])
-        if x.numel() > 0 and offs.numel() > 0:
-            fn = compile_grouped_rowwise_quant(_IN[x.dtype], _ELEM[elem_dtype], scale_mode, arch)
-            fn(x, q, s, offs, F.group_tile_starts(offs))
-        elif x.numel() > 0:
-            launch("rowwise", x, scale_mode, elem_dtype, False, q, torch.empty(x.shape[0], x.shape[1] // 32,
-                                                                                dtype=torch.uint8, device=x.device))
-        return q, s.view(torch.float8_e8m0fnu)
+        grouped = offs is not None and blocked  # plain rowwise scales do not depend on the groups
+        if grouped:
+            end = group_end(x, offs)
+        q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, offs.shape[0] if grouped else None)
+        if x.numel() == 0:
+            return _e8m0(q, s)
+        if x.dim() == 3:
+            tile("rowwise", x, scale_mode, elem_dtype, blocked, q, s, None, None)
+        elif grouped:
+            if end > 0:
+                kernel("rowwise", x, scale_mode, elem_dtype, True, True)(x, q, s, offs, F.group_tile_starts(offs))
+            rows_past_groups(x, scale_mode, elem_dtype, q, s, end, True)
+        else:
+            kernel("rowwise", x, scale_mode, elem_dtype, blocked)(x, q, s)
+        return _e8m0(q, s)
 
     def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None):
-        return launch("colwise", x, scale_mode, elem_dtype, blocked, *_outputs(colwise_shapes, x, elem_dtype, blocked))
+        if offs is not None:
+            end = group_end(x, offs)
+        qt, st = _outputs(colwise_shapes, x, elem_dtype, blocked, None if offs is None else offs.shape[0])
+        if offs is not None:
+            qt[:, end:] = 0  # rows past offs[-1] belong to no group
+        if x.numel() > 0 and (offs is None or end > 0):
+            tile("colwise", x, scale_mode, elem_dtype, blocked, None, None, qt, st, offs)
+        return _e8m0(qt, st)
 
     def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None):
-        outs = (*_outputs(rowwise_shapes, x, elem_dtype, blocked), *_outputs(colwise_shapes, x, elem_dtype, blocked))
-        return launch("dual", x, scale_mode, elem_dtype, blocked, *outs)
+        g = None if offs is None else offs.shape[0]
+        if offs is not None:
+            end = group_end(x, offs)
+        q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, g if blocked else None)
+        qt, st = _outputs(colwise_shapes, x, elem_dtype, blocked, g)
+        if x.numel() == 0:
+            return _e8m0(q, s, qt, st)
+        if offs is None:
+            tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st)
+            return _e8m0(q, s, qt, st)
+        qt[:, end:] = 0
+        if end > 0:
+            tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs)
+        rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked)
+        return _e8m0(q, s, qt, st)
 
     return {"quantize_rowwise": quantize_rowwise, "quantize_colwise": quantize_colwise,
             "quantize_dual": quantize_dual}
@@ -112,5 +175,5 @@ for _name, (_, _arch, _) in _ARCHS.items():
         priority=10,
         unavailable_reason=_unavailable(_name),
         ops=_ops(_arch),
-        limits={"quantize_rowwise": _rowwise_limits, "quantize_colwise": _limits, "quantize_dual": _limits},
+        limits={"quantize_rowwise": _limits, "quantize_colwise": _limits, "quantize_dual": _limits},
     ))
