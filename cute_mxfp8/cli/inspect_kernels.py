@@ -28,8 +28,8 @@ IN_DTYPES, ELEMS, MODES = ["bfloat16", "float32"], ["e4m3", "e5m2"], ["floor", "
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """Variants of one kernel: ``compile`` (a ``compile_*`` of :mod:`cute_mxfp8.jit`) called with ``arch`` and
-    ``keep_ptx=True`` for every combination of ``axes`` (argument name -> values)."""
+    """Variants of one kernel: ``compile(*values, arch, keep_ptx=True)`` for every combination of ``axes``
+    (argument name -> values, in the compile function's positional order)."""
 
     kernel: str
     compile: Callable
@@ -39,13 +39,13 @@ class Family:
         return [dict(zip(self.axes, values)) for values in itertools.product(*self.axes.values())]
 
     def build(self, args: dict, arch: str):
-        """Calls ``compile`` (a ``functools.partial`` with keywords is unwrapped) with every argument positional,
-        defaults included: one spelling per key, so the in-memory ``lru_cache`` is shared with other callers that
-        spell their calls the same way (the kernel tests do)."""
+        """The call, spelled with every argument positional and defaults included (a ``functools.partial`` with
+        keywords is unwrapped): one spelling per key, so the in-memory ``lru_cache`` of a ``compile_*`` is shared
+        with other callers that spell their calls the same way (the kernel tests do)."""
         fn, fixed = self.compile, {}
         if isinstance(fn, functools.partial) and not fn.args:
             fn, fixed = fn.func, fn.keywords
-        bound = inspect.signature(fn).bind(**fixed, **args, arch=arch, keep_ptx=True)
+        bound = inspect.signature(fn).bind(*args.values(), arch, keep_ptx=True, **fixed)
         bound.apply_defaults()
         return fn(*bound.args, **bound.kwargs)
 
@@ -55,20 +55,11 @@ class Family:
         return " ".join(p for p in parts if p)
 
 
-# Add a kernel here (one line) and ``inspect`` compiles and reports all its variants.  3-D (E, N, K) colwise and
-# dual casts run the same builds as the 2-D ones (a 2-D input is a batch of one).
-_BLOCKED = {"blocked": [False, True]}
+# Add a kernel here (one line) and ``inspect`` compiles and reports all its variants.
 FAMILIES = [
     *(Family(f"quantize_{d}", jit.compile_quant, {"direction": [d], "in_dtype": IN_DTYPES, "elem": ELEMS,
-                                                   "scale_mode": MODES, **_BLOCKED})
+                                                   "scale_mode": MODES, "blocked": [False, True]})
       for d in ("rowwise", "colwise", "dual")),
-    Family("quantize_rowwise_grouped_m", functools.partial(jit.compile_quant, grouped=True),
-           {"direction": ["rowwise"], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, "blocked": [True]}),
-    *(Family(f"quantize_{d}_grouped_k", functools.partial(jit.compile_quant, grouped=True),
-             {"direction": [d], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, **_BLOCKED})
-      for d in ("colwise", "dual")),
-    Family("quantize_rowwise_3d", functools.partial(jit.compile_quant, batched=True),
-           {"direction": ["rowwise"], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, **_BLOCKED}),
 ]
 
 SPILLS = r"(?:LDL|STL)\b"
