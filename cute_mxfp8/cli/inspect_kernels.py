@@ -55,11 +55,20 @@ class Family:
         return " ".join(p for p in parts if p)
 
 
-# Add a kernel here (one line) and ``inspect`` compiles and reports all its variants.
+# Add a kernel here (one line) and ``inspect`` compiles and reports all its variants.  3-D (E, N, K) colwise and
+# dual casts run the same builds as the 2-D ones (a 2-D input is a batch of one).
+_BLOCKED = {"blocked": [False, True]}
 FAMILIES = [
     *(Family(f"quantize_{d}", jit.compile_quant, {"direction": [d], "in_dtype": IN_DTYPES, "elem": ELEMS,
-                                                   "scale_mode": MODES, "blocked": [False, True]})
+                                                   "scale_mode": MODES, **_BLOCKED})
       for d in ("rowwise", "colwise", "dual")),
+    Family("quantize_rowwise_grouped_m", functools.partial(jit.compile_quant, grouped=True),
+           {"direction": ["rowwise"], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, "blocked": [True]}),
+    *(Family(f"quantize_{d}_grouped_k", functools.partial(jit.compile_quant, grouped=True),
+             {"direction": [d], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, **_BLOCKED})
+      for d in ("colwise", "dual")),
+    Family("quantize_rowwise_3d", functools.partial(jit.compile_quant, batched=True),
+           {"direction": ["rowwise"], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, **_BLOCKED}),
 ]
 
 SPILLS = r"(?:LDL|STL)\b"
