@@ -136,11 +136,16 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
         raise ValueError("3-D (batched) inputs take no token groups")
     kernel = TileQuantKernel(elem, scale_mode, blocked, rowwise=direction != "colwise",
                              colwise=direction != "rowwise", grouped=grouped)
-    e, m = cute.sym_int(), cute.sym_int()
-    mp = cute.sym_int() if grouped else cute.sym_int(divisibility=32)
+    # Every tensor gets its own symbols: the kernel takes its shapes from x, and an unused output slot may hold
+    # another tensor (TVM-FFI checks that tensors sharing a symbol agree in that dimension).
+    def sym(div=1):
+        return cute.sym_int(divisibility=div) if div > 1 else cute.sym_int()
 
-    def scales(rows):
-        return fake(cutlass.Uint8, (e, cute.sym_int()) if blocked else (e, rows, cute.sym_int()))
+    def scales():
+        return fake(cutlass.Uint8, (sym(), sym()) if blocked else (sym(), sym(), sym()))
 
-    x, q, qt = fake(x_dtype, (e, m, k)), fake(kernel.elem_dtype, (e, m, k)), fake(kernel.elem_dtype, (e, k, mp))
-    return _compile(kernel.launch, (x, q, scales(m), qt, scales(k), i32, i32), arch, keep_ptx)
+    x = fake(x_dtype, (sym(), sym(), k))
+    q = fake(kernel.elem_dtype, (sym(), sym(), sym(32)))
+    qt = fake(kernel.elem_dtype, (sym(), sym(32), sym(1 if grouped else 32)))
+    return _compile(kernel.launch, (x, q, scales(), qt, scales(), i32, fake(cutlass.Int32, (sym(),))), arch,
+                    keep_ptx)

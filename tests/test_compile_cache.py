@@ -20,6 +20,13 @@ from cute_mxfp8.compile_cache import CompileCacheWarning, disk_cached
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+def _pythonpath() -> str:
+    """The checkout first, then whatever the parent had (the DSL may live on PYTHONPATH, as on the device)."""
+    import os
+
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+
+
 class JsonCodec:
     """Stores plain values as JSON text: the cache logic without the DSL."""
 
@@ -218,7 +225,7 @@ print(json.dumps(compile_slow(7)))
 def test_two_processes_compiling_one_key_compile_once(cache, tmp_path):
     script = tmp_path / "race.py"
     script.write_text(textwrap.dedent(_RACE))
-    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    env = {**__import__("os").environ, "PYTHONPATH": _pythonpath()}
     procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
@@ -327,7 +334,7 @@ print("bit-exact from disk:", type(fn).__name__)
 def test_kernel_launches_from_disk_in_a_fresh_process(cache, tmp_path):
     script = tmp_path / "launch.py"
     script.write_text(_LAUNCH)
-    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT), "CUTE_MXFP8_CACHE_DIR": str(cache)}
+    env = {**__import__("os").environ, "PYTHONPATH": _pythonpath(), "CUTE_MXFP8_CACHE_DIR": str(cache)}
     for step in ("compile", "launch"):
         res = subprocess.run([sys.executable, str(script), step], env=env, capture_output=True, text=True,
                              timeout=300)

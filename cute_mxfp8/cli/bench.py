@@ -41,18 +41,47 @@ class Case:
 
 
 def _quantize_cases(large: bool) -> list[Case]:
-    shapes = [(16384, 16384), (16384, 7168), (65536, 2048)] if large else [(1024, 1024), (4096, 256)]
+    # 2-D activations (M, K) and a 3-D expert weight (E, N, K): rowwise along K, colwise along N
+    shapes = [(16384, 16384), (16384, 7168), (65536, 2048), (8, 7168, 2048)] if large else [(1024, 1024), (4096, 256),
+                                                                                          (4, 256, 128)]
     cases = []
-    for m, k in shapes:
-        def make(dev, m=m, k=k, which="rowwise"):
-            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    for shape in shapes:
+        def make(dev, shape=shape, which="rowwise"):
+            x = torch.randn(*shape, device=dev, dtype=torch.bfloat16)
             fn = {"rowwise": _q.quantize_rowwise, "colwise": _q.quantize_colwise, "dual": _q.quantize_dual}[which]
             writes = 2 if which == "dual" else 1
-            return (lambda b: fn(x, backend=b)), m * k * (2 + writes * _FP8_OUT), None
+
+            def run(b):
+                return fn(x, backend=b)
+            run.input = x  # for the torchao comparison
+            return run, x.numel() * (2 + writes * _FP8_OUT), None
         for which in ("rowwise", "colwise", "dual"):
-            cases.append(Case("quantize", f"quantize_{which}", f"{m}x{k}",
-                              lambda dev, m=m, k=k, w=which: make(dev, m, k, w)))
+            cases.append(Case("quantize", f"quantize_{which}", "x".join(map(str, shape)),
+                              lambda dev, s=shape, w=which: make(dev, s, w)))
     return cases
+
+
+def _torchao_to_mx(op: str, device: torch.device):
+    """torchao's ``to_mx`` under ``torch.compile`` for the same cast (rowwise; colwise as ``to_mx`` of the
+    transpose; dual as both), or None when torchao is not installed: the comparison the quantize issue names."""
+    try:
+        from torchao.prototype.mx_formats.config import ScaleCalculationMode
+        from torchao.prototype.mx_formats.mx_tensor import to_mx
+    except ImportError:
+        return None
+    if device.type != "cuda" or op not in ("quantize_rowwise", "quantize_colwise", "quantize_dual"):
+        return None
+
+    def rowwise(x):
+        return to_mx(x, torch.float8_e4m3fn, 32, scaling_mode=ScaleCalculationMode.RCEIL)
+
+    def colwise(x):
+        return to_mx(x.transpose(-1, -2).contiguous(), torch.float8_e4m3fn, 32,
+                     scaling_mode=ScaleCalculationMode.RCEIL)
+
+    body = {"quantize_rowwise": rowwise, "quantize_colwise": colwise,
+            "quantize_dual": lambda x: (rowwise(x), colwise(x))}[op]
+    return torch.compile(body)
 
 
 def _swiglu_cases(large: bool) -> list[Case]:
@@ -128,6 +157,39 @@ def _time_ms(fn: Callable[[], object], device: torch.device, budget_s: float) ->
 _q = None  # cute_mxfp8.ops, imported lazily by main()
 
 
+def launch_overhead_us(device: torch.device, calls: int = 2000) -> dict:
+    """Host time per call (microseconds) of a tiny rowwise cast (128 x 128 bf16, blocked), at three levels: the
+    compiled kernel called through TVM-FFI with torch tensors, the ``torch.ops.cute_mxfp8`` custom op, and the
+    documented wrapper.  Measured as wall time of ``calls`` back-to-back calls then one synchronize, so it is the
+    Python + dispatch + launch cost (the GPU work of each call is a few microseconds and overlaps)."""
+    from cute_mxfp8.jit import compile_quant
+    from cute_mxfp8.ops.backends import resolve_backend
+
+    x = torch.randn(128, 128, device=device, dtype=torch.bfloat16)
+    backend = resolve_backend(device, None, "quantize_rowwise", (x, "rceil", torch.float8_e4m3fn, True, None))
+    if backend == "reference":
+        return {}
+    arch = {"sm90": "sm_90a", "sm100": "sm_100a"}[backend]
+    kernel = compile_quant("rowwise", "bfloat16", "e4m3", "rceil", True, arch)
+    q, s = torch.empty(128, 128, dtype=torch.float8_e4m3fn, device=device), torch.zeros(512, dtype=torch.uint8,
+                                                                                        device=device)
+    levels = {"kernel (TVM-FFI call)": lambda: kernel(x, q, s),
+              "torch.ops.cute_mxfp8.quantize_rowwise": lambda: torch.ops.cute_mxfp8.quantize_rowwise(
+                  x, "rceil", torch.float8_e4m3fn, True, None, ""),
+              "cute_mxfp8.ops.quantize_rowwise": lambda: _q.quantize_rowwise(x)}
+    out = {}
+    for name, fn in levels.items():
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize(device)
+        out[name] = (time.perf_counter() - t0) / calls * 1e6
+    return out
+
+
 def main(args) -> int:
     global _q
     from tabulate import tabulate
@@ -161,6 +223,10 @@ def main(args) -> int:
     rows: list[Row] = []
     for case in cases:
         fn, nbytes, flops = case.make(device)
+        ao = _torchao_to_mx(case.op, device)
+        if ao is not None and hasattr(fn, "input"):  # the same input through torchao (its compiled graph)
+            ms = _time_ms(lambda: ao(fn.input), device, budget_s=1.0)
+            rows.append(Row(case.group, case.op, "torchao.to_mx+compile", case.shape, ms, nbytes / ms / 1e6, None))
         for backend in ops.registered_backends():
             b = _BACKENDS[backend]
             if case.op not in b.ops or b.unavailable_reason(device) is not None:
@@ -168,6 +234,9 @@ def main(args) -> int:
             ms = _time_ms(lambda: fn(backend), device, budget_s=1.0)
             rows.append(Row(case.group, case.op, backend, case.shape, ms, nbytes / ms / 1e6,
                             None if flops is None else flops / ms / 1e9))
+    overhead = launch_overhead_us(device) if device.type == "cuda" and "quantize" in groups else {}
+    for name, us in overhead.items():
+        print(f"host time per call, {name}: {us:.1f} us")
     pct = (lambda r: "" if copy_gbps is None else f"{100 * r.gbps / copy_gbps:.0f}")
     print(tabulate([[r.op, r.backend, r.shape, f"{r.ms:.3f}", f"{r.gbps:.3g}", pct(r),
                      "" if r.tflops is None else f"{r.tflops:.3g}"] for r in rows],
@@ -176,5 +245,6 @@ def main(args) -> int:
         print("note: on CPU these time the torch reference (emulation), not kernels.")
     if getattr(args, "json", None):
         with open(args.json, "w") as f:
-            json.dump({"device": str(device), "copy_gbps": copy_gbps, "rows": [asdict(r) for r in rows]}, f, indent=2)
+            json.dump({"device": str(device), "copy_gbps": copy_gbps, "launch_overhead_us": overhead,
+                       "rows": [asdict(r) for r in rows]}, f, indent=2)
     return 0

@@ -74,9 +74,11 @@ def _limits(x, scale_mode, elem_dtype, blocked, offs=None):
 def _outputs(shapes, x, elem_dtype, blocked, groups=None):
     dshape, sshape = shapes(tuple(x.shape), blocked, groups)
     q = torch.empty(dshape, dtype=elem_dtype, device=x.device)
-    # blocked or grouped: the kernels write only real scales; padding must read as zero
-    zero = blocked or groups is not None
-    s = (torch.zeros if zero else torch.empty)(sshape, dtype=torch.uint8, device=x.device)
+    # The kernels write only real scales.  Padding must read as zero: grouped layouts always have some; a blocked
+    # buffer has none when its rows fill whole 128-row tiles and its columns whole groups of 4.
+    rows, cols = dshape[-2], dshape[-1] // 32  # the scale matrix of data (..., R, C) is (R, C/32), either cast
+    padded = groups is not None or (blocked and (rows % 128 or cols % 4))
+    s = (torch.zeros if padded else torch.empty)(sshape, dtype=torch.uint8, device=x.device)
     return q, s
 
 

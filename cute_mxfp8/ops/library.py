@@ -40,12 +40,14 @@ def _hp_shape(emit_hp: bool, shape):
 
 # ---- quantize -------------------------------------------------------------------------------------------
 
-@torch.library.custom_op(f"{_NS}::quantize_rowwise", mutates_args=())
-def _quantize_rowwise(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
-                      offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
+def quantize_rowwise_impl(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
+                          offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype)
     S.check_quantize_input(x, offs, colwise=False, rowwise=True)
     return _call("quantize_rowwise", x.device, backend, x, scale_mode, elem_dtype, blocked, offs)
+
+
+_quantize_rowwise = torch.library.custom_op(f"{_NS}::quantize_rowwise", quantize_rowwise_impl, mutates_args=())
 
 
 @_quantize_rowwise.register_fake
@@ -56,12 +58,14 @@ def _(x, scale_mode, elem_dtype, blocked, offs, backend):
     return _empty(x, d, elem_dtype), _empty(x, s, _E8M0)
 
 
-@torch.library.custom_op(f"{_NS}::quantize_colwise", mutates_args=())
-def _quantize_colwise(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
-                      offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
+def quantize_colwise_impl(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
+                          offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype)
     S.check_quantize_input(x, offs, colwise=True, rowwise=False)
     return _call("quantize_colwise", x.device, backend, x, scale_mode, elem_dtype, blocked, offs)
+
+
+_quantize_colwise = torch.library.custom_op(f"{_NS}::quantize_colwise", quantize_colwise_impl, mutates_args=())
 
 
 @_quantize_colwise.register_fake
@@ -72,12 +76,14 @@ def _(x, scale_mode, elem_dtype, blocked, offs, backend):
     return _empty(x, d, elem_dtype), _empty(x, s, _E8M0)
 
 
-@torch.library.custom_op(f"{_NS}::quantize_dual", mutates_args=())
-def _quantize_dual(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
-                   offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def quantize_dual_impl(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
+                       offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype)
     S.check_quantize_input(x, offs, colwise=True, rowwise=True)
     return _call("quantize_dual", x.device, backend, x, scale_mode, elem_dtype, blocked, offs)
+
+
+_quantize_dual = torch.library.custom_op(f"{_NS}::quantize_dual", quantize_dual_impl, mutates_args=())
 
 
 def _dual_fake(x_shape, like, elem_dtype, blocked, g):
