@@ -225,7 +225,7 @@ def disk_cached(fn=None, *, skip_if: str | None = None, codec=None):
         lock = contextlib.ExitStack()
         try:
             lock.enter_context(entry.locked())
-        except OSError as e:
+        except (OSError, ImportError) as e:  # ImportError: no fcntl (not a POSIX system)
             _warn(f"compile cache directory {entry.lock_path.parent} is not usable ({e}); compiling without it")
             return fn(*args, **kwargs)
         with lock:

@@ -196,6 +196,14 @@ def test_unusable_directory_warns_and_compiles(tmp_path, monkeypatch):
     assert len(calls) == 1
 
 
+def test_no_file_locking_warns_and_compiles(cache, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # as on a system without fcntl: import fails
+    f, calls = _counting()
+    with pytest.warns(CompileCacheWarning, match="is not usable"):
+        assert f(1)["a"] == 1
+    assert len(calls) == 1
+
+
 _RACE = """
 import json, os, pathlib, sys, time
 from cute_mxfp8.compile_cache import disk_cached
