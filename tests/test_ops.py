@@ -270,10 +270,11 @@ def test_gemm_bad_input(rng):
 def scratch_registry():
     """Backends registered by a test are removed afterwards."""
     from cute_mxfp8.ops import backends
-    saved = dict(backends._BACKENDS)
+    saved, order = dict(backends._BACKENDS), list(backends._ORDER)
     yield
     backends._BACKENDS.clear()
     backends._BACKENDS.update(saved)
+    backends._ORDER[:] = order
 
 
 def test_backend_selection_and_explicit_errors(monkeypatch, scratch_registry):

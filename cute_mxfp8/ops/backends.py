@@ -69,14 +69,18 @@ class Backend:
 _BACKENDS: dict[str, Backend] = {}
 
 
+_ORDER: list[str] = []  # registered names, highest priority first (kept sorted by register_backend)
+
+
 def register_backend(backend: Backend) -> None:
     """Add or replace a backend."""
     _BACKENDS[backend.name] = backend
+    _ORDER[:] = [b.name for b in sorted(_BACKENDS.values(), key=lambda b: -b.priority)]
 
 
 def registered_backends() -> list[str]:
     """Names of the registered backends, highest priority first."""
-    return [b.name for b in sorted(_BACKENDS.values(), key=lambda b: -b.priority)]
+    return list(_ORDER)
 
 
 def _requested(requested: str | None) -> str | None:
@@ -109,7 +113,7 @@ def resolve_backend(device, requested: str | None = None, op: str | None = None,
             others = [n for n in registered_backends() if _BACKENDS[n].refusal(probe, device, args) is None]
             raise BackendUnavailableError(f"cute_mxfp8 backend {name!r} {reason}; backends that can: {others}")
         return name
-    for n in registered_backends():
+    for n in _ORDER:  # checked on every op call: no copy, no sort
         if _BACKENDS[n].refusal(probe, device, args) is None:
             return n
     raise BackendUnavailableError(f"no cute_mxfp8 backend implements {probe!r} on {device}")

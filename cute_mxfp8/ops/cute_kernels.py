@@ -88,8 +88,10 @@ def _batch(t: torch.Tensor, three_d: bool) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _no_groups(device: torch.device) -> torch.Tensor:
-    return torch.zeros(1, dtype=torch.int32, device=device)
+def _placeholder(device: torch.device, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    """A tiny tensor for a kernel argument the build does not use (no groups, or the other cast's outputs); its
+    shape meets the build's divisibility rules (fp8 data dims of 32)."""
+    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 def _e8m0(*ts):
@@ -102,12 +104,13 @@ def _ops(arch: str) -> dict:
                              grouped, batched)
 
     def tile(direction, x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs=None):
-        """Launch the tile kernel (colwise / dual / 3-D rowwise); unused output slots take the used ones."""
+        """Launch the tile kernel (colwise / dual / 3-D rowwise); unused output slots take placeholders."""
         three_d = x.dim() == 3
-        q, s, qt, st = (_batch(t, three_d) if t is not None else None for t in (q, s, qt, st))
-        q, s = (qt, st) if q is None else (q, s)
-        qt, st = (q, s) if qt is None else (qt, st)
-        groups = _no_groups(x.device) if offs is None else offs
+        data, scales = (1, 32, 32), ((1, 1) if blocked else (1, 1, 1))
+        q, s, qt, st = (_batch(t, three_d) if t is not None else
+                        _placeholder(x.device, torch.uint8 if i % 2 else elem_dtype, scales if i % 2 else data)
+                        for i, t in enumerate((q, s, qt, st)))
+        groups = _placeholder(x.device, torch.int32, (1,)) if offs is None else offs
         tile_starts = groups if offs is None else F.group_tile_starts(offs)
         kernel(direction, x, scale_mode, elem_dtype, blocked, offs is not None, three_d and direction == "rowwise")(
             _batch(x, three_d), q, s, qt, st, groups, tile_starts)
