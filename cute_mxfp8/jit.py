@@ -114,8 +114,10 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
     i32 = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),))
 
     def fake(dtype, shape):
+        """Row-major fake tensor; 8-bit scales are written bytewise and need no alignment (a view such as
+        ``s[row0:]`` of plain scales may start anywhere), everything else is 16-byte aligned."""
         return make_fake_compact_tensor(dtype, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)),
-                                        assumed_align=16)
+                                        assumed_align=1 if dtype is cutlass.Uint8 else 16)
 
     k = cute.sym_int(divisibility=32)
     if direction == "rowwise" and not batched:
