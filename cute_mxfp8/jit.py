@@ -151,3 +151,49 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
     qt = fake(kernel.elem_dtype, (sym(), sym(32), sym(1 if grouped else 32)))
     return _compile(kernel.launch, (x, q, scales(), qt, scales(), i32, fake(cutlass.Int32, (sym(),))), arch,
                     keep_ptx)
+
+
+@functools.lru_cache(maxsize=None)
+@disk_cached(skip_if="keep_ptx")
+def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
+                         keep_ptx: bool = False, grouped: bool = False, emit_hp: bool = False):
+    """Compiled fused SwiGLU + dual MXFP8 cast (:class:`~cute_mxfp8.kernels.quantize_tile.SwiGLUQuantKernel`).
+
+    ``direction="fwd"``: ``fn(h13, q, s, qt, st, hp, offs, tile_starts)`` with h13 (1, M, 2I) ``in_dtype``,
+    q (1, M, I) fp8, qt (1, I, Mp) fp8 (grouped: (1, I, M)), hp (1, M, I) ``in_dtype`` (``emit_hp``; else a
+    placeholder).
+    ``direction="bwd"``: ``fn(dh, h13, q, s, qt, st, hp, offs, tile_starts)`` with dh (1, M, I), h13 (1, M, 2I),
+    q (1, M, 2I), qt (1, 2I, Mp), hp (1, M, 2I).  Scales and groups as :func:`compile_quant`'s tile kernels.
+    """
+    if in_dtype not in _IN_DTYPES:
+        raise ValueError(f"in_dtype must be one of {_IN_DTYPES}, got {in_dtype!r}")
+    if direction not in ("fwd", "bwd"):
+        raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+    cutlass, cute = _cutlass()
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    from .kernels.quantize_tile import SwiGLUQuantKernel
+
+    kernel = SwiGLUQuantKernel("swiglu" if direction == "fwd" else "dswiglu", elem, scale_mode, blocked, grouped,
+                               emit_hp)
+    x_dtype = cutlass.BFloat16 if in_dtype == "bfloat16" else cutlass.Float32
+
+    def sym(div=1):
+        return cute.sym_int(divisibility=div) if div > 1 else cute.sym_int()
+
+    def fake(dtype, shape):
+        return make_fake_compact_tensor(dtype, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)),
+                                        assumed_align=1 if dtype is cutlass.Uint8 else 16)
+
+    def scales():
+        return fake(cutlass.Uint8, (sym(), sym()) if blocked else (sym(), sym(), sym()))
+
+    h13 = fake(x_dtype, (sym(), sym(), sym(64)))
+    q = fake(kernel.elem_dtype, (sym(), sym(), sym(32)))
+    qt = fake(kernel.elem_dtype, (sym(), sym(32), sym(1 if grouped else 32)))
+    hp = fake(x_dtype, (sym(), sym(), sym(32)))
+    groups = (fake(cutlass.Int32, (sym(),)), fake(cutlass.Int32, (sym(),)))
+    if direction == "fwd":
+        return _compile(kernel.launch_fwd, (h13, q, scales(), qt, scales(), hp, *groups), arch, keep_ptx)
+    dh = fake(x_dtype, (sym(), sym(), sym(32)))
+    return _compile(kernel.launch_bwd, (dh, h13, q, scales(), qt, scales(), hp, *groups), arch, keep_ptx)

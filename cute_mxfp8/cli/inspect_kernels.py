@@ -69,6 +69,10 @@ FAMILIES = [
       for d in ("colwise", "dual")),
     Family("quantize_rowwise_3d", functools.partial(jit.compile_quant, batched=True),
            {"direction": ["rowwise"], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, **_BLOCKED}),
+    *(Family(f"swiglu_quant_{d}{'_grouped' if grouped else ''}{'_hp' if hp else ''}",
+             functools.partial(jit.compile_swiglu_quant, grouped=grouped, emit_hp=hp),
+             {"direction": [d], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, **_BLOCKED})
+      for d in ("fwd", "bwd") for grouped in (False, True) for hp in (False, True)),
 ]
 
 SPILLS = r"(?:LDL|STL)\b"

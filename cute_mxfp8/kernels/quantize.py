@@ -1,22 +1,9 @@
-"""CuTe DSL MXFP8 block math and the rowwise (1x32) cast of a 2-D bf16/fp32 tensor (plain, blocked or grouped-M
-blocked scales).  The colwise and dual casts are in :mod:`cute_mxfp8.kernels.quantize_tile`.
+"""CuTe DSL rowwise (1x32) MXFP8 cast of a 2-D bf16/fp32 tensor: plain, blocked or grouped-M blocked scales.
+The colwise, dual and 3-D casts are in :mod:`cute_mxfp8.kernels.quantize_tile`; the block math in
+:mod:`cute_mxfp8.kernels.mx_math`.
 
-Arch-generic (SM90 and SM100): plain vectorized global loads and stores, no TMA, no tensor cores.  The numerics
-are those of ``cute_mxfp8.formats`` (``design.md`` section 1), computed with integer operations on fp32 bits so
-they are exact and NaN-safe:
-
-* ``amax_bits = max(bits(x) & 0x7FFFFFFF)`` over the block: for non-negative floats the integer order is the float
-  order, and any NaN payload compares above +Inf, so a block with a NaN or an Inf has exponent field 255.
-* With ``E`` the exponent field and ``Mt`` the mantissa field of ``amax_bits`` and ``emax`` = 8 (e4m3) / 15
-  (e5m2), both element maxima being ``1.75 * 2**emax``:
-  ``floor``: ``byte = E - emax``;  ``rceil``: ``byte = E - emax + (Mt > 0x600000)`` (the smallest power of two
-  >= amax / max); both clamped below at 0 (so 0 when ``E == 0``: zero or subnormal amax), 255 when ``E == 255``.
-  A finite block's byte is at most 247, so ``2**(127 - byte)`` is a normal fp32 number.
-* Elements ``x * 2**(127 - byte)`` (one exact multiply), converted with ``cvt.rn.satfinite`` (round to nearest
-  even, saturating to +-max, which is the clamp); a 255 block multiplies by NaN, so every element is NaN (0x7F).
-
-:func:`quantize_block` is the per-block math as a device function, shared by every kernel that quantizes.
-This module imports the DSL at module scope; the ops layer imports it lazily (through :mod:`cute_mxfp8.jit`).
+Arch-generic (SM90 and SM100): plain vectorized global loads and stores, no TMA, no tensor cores.  This module
+imports the DSL at module scope; the ops layer imports it lazily (through :mod:`cute_mxfp8.jit`).
 """
 
 from __future__ import annotations
@@ -24,90 +11,13 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-import cutlass.memory
 
-BLOCK = 32
-THREADS = 256  # rowwise kernel: threads per CTA
-_ELEM_DTYPES = {"e4m3": (cutlass.Float8E4M3FN, 8), "e5m2": (cutlass.Float8E5M2, 15)}  # dtype, emax
+from .mx_math import BLOCK, MXCastParams, blocked_scale_offset, group_of_row, quantize_block
 
-
-def blocked_scale_offset(r, c, cols):
-    """Byte offset of scale (r, c) of an (R, cols) scale matrix in the blocked tcgen05/cuBLAS layout."""
-    return ((r // 128) * ((cols + 3) // 4) + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+THREADS = 256  # threads per CTA
 
 
-@cute.jit
-def block_scale(amax_bits: cutlass.Int32, emax: cutlass.Constexpr[int], rceil: cutlass.Constexpr[bool]):
-    """E8M0 scale of a block from ``amax_bits`` (the largest ``bits(x) & 0x7FFFFFFF`` of the block) ->
-    (scale byte as Int32, fp32 factor ``2**(127 - byte)``, or NaN for byte 255).
-
-    For a finite block the byte is at most 254 - emax + 1 (<= 247), so the factor is a normal fp32 number and one
-    multiply scales an element exactly (up to results below 2**-126, which round to zero in fp8 either way)."""
-    e = amax_bits >> 23
-    byte = e - emax
-    if cutlass.const_expr(rceil):
-        byte = byte + cutlass.Int32((amax_bits & 0x7FFFFF) > 0x600000)
-    byte = cutlass.max(byte, cutlass.Int32(0))  # zero / subnormal amax (e == 0) lands here too
-    factor_bits = (254 - byte) << 23
-    if e == 255:
-        byte = cutlass.Int32(255)
-        factor_bits = cutlass.Int32(0x7FC00000)  # NaN: every element of a poisoned block becomes NaN
-    return byte, factor_bits.bitcast(cutlass.Float32)
-
-
-@cute.jit
-def apply_scale(xv: cute.TensorSSA, factor: cutlass.Float32):
-    """Scaled fp32 elements of a block, ready for the fp8 conversion.  No clamp is needed: the conversion is
-    ``cvt.rn.satfinite`` (round to nearest even, finite overflow saturates to +-max, NaN stays NaN)."""
-    return xv * factor
-
-
-@cute.jit
-def abs_bits_max(xv: cute.TensorSSA, n: cutlass.Constexpr[int]):
-    """``max(bits(x) & 0x7FFFFFFF)`` over the ``n`` fp32 elements of ``xv`` (integer order == float order for
-    magnitudes; NaN payloads compare above +Inf)."""
-    mag = xv.bitcast(cutlass.Int32) & 0x7FFFFFFF
-    amax_bits = cutlass.Int32(0)
-    for i in cutlass.range_constexpr(n):
-        amax_bits = cutlass.max(amax_bits, cutlass.Int32(mag[i]))
-    return amax_bits
-
-
-@cute.jit
-def quantize_block(xv: cute.TensorSSA, emax: cutlass.Constexpr[int], rceil: cutlass.Constexpr[bool]):
-    """MXFP8-quantize one block: ``xv`` a 32-element fp32 TensorSSA -> (fp32 TensorSSA of the scaled elements, NaN
-    for a poisoned block, for the saturating fp8 conversion; E8M0 scale byte as Int32).  Device code, inlined where it is called; the
-    rules are in this module's docstring."""
-    byte, factor = block_scale(abs_bits_max(xv, BLOCK), emax, rceil)
-    return apply_scale(xv, factor), byte
-
-
-class _QuantKernelBase:
-    def __init__(self, elem: str, scale_mode: str, blocked: bool = False):
-        if elem not in _ELEM_DTYPES or scale_mode not in ("floor", "rceil"):
-            raise ValueError(f"unsupported elem {elem!r} / scale_mode {scale_mode!r}")
-        self.elem_dtype, self.emax = _ELEM_DTYPES[elem]
-        self.rceil = scale_mode == "rceil"
-        self.blocked = blocked
-
-
-@cute.jit
-def group_of_row(r: cutlass.Int32, offs: cute.Tensor, num_groups: cutlass.Int32):
-    """Index of the token group holding row ``r`` (``num_groups`` if ``r >= offs[-1]``): a binary search over the
-    cumulative end offsets, 16 fixed steps (up to 65536 groups)."""
-    lo = cutlass.Int32(0)
-    hi = num_groups
-    for _ in cutlass.range_constexpr(16):
-        if lo < hi:
-            mid = (lo + hi) // 2
-            if offs[mid] <= r:
-                lo = mid + 1
-            else:
-                hi = mid
-    return lo
-
-
-class RowwiseQuantKernel(_QuantKernelBase):
+class RowwiseQuantKernel(MXCastParams):
     """Rowwise MXFP8 cast ``x (M, K) -> data (M, K), scales`` (blocks of 32 along K).
 
     Compile-time parameters (the compile key): element dtype (``"e4m3"``/``"e5m2"``), ``scale_mode``

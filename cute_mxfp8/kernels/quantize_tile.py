@@ -1,23 +1,11 @@
 """CuTe DSL register-tile MXFP8 casts: colwise (32x1 blocks), dual (rowwise + colwise from ONE read of the input)
 and rowwise, for 2-D activations (as a batch of one), 3-D expert weights (E, N, K) and, for the 2d-2d wgrad
-operands, token groups along M (``offs``).
+operands, token groups along M (``offs``); and the same tiles behind a SwiGLU forward / backward prologue
+(:class:`SwiGLUQuantKernel`).
 
-Arch-generic (SM90 and SM100): vectorized global loads and stores, warp shuffles, no shared memory.  The per-block
-math is that of :mod:`cute_mxfp8.kernels.quantize` (bit-exact with ``cute_mxfp8.formats``).
-
-Work split: see :class:`TileQuantKernel`.
-columns ``[4l, 4l + 4)`` of all 32 rows, loaded as 32 vectors of 4 elements (8 bytes for bf16, 16 for fp32), all
-issued before any is used.  A CTA is 4 warps stacked along M (128 x 128).
-
-* colwise: each lane holds 4 whole 32-row blocks (its 4 columns); it quantizes them in registers and stores each
-  as 32 contiguous fp8 bytes of the transposed output (two 16-byte stores).
-* rowwise: a 32-column block spans 8 lanes; the block amax is reduced with 3 butterfly shuffles, then every lane
-  scales its 4 elements (a warp stores 128 contiguous bytes per row) and one lane of the 8 writes the scale byte.
-
-Rows past the end (M tail, or a token group's end) read as zero: the colwise block is quantized as if zero-padded,
-exactly as ``cute_mxfp8.formats`` specifies.  With token groups, warps walk *virtual* 32-row blocks: the aligned
-grouped-K scale columns ``[4 * tile_starts[g], 4 * tile_starts[g] + ceil(size_g / 32))`` of each group g; a
-virtual block past its group's blocks does nothing (its scales stay zero, from the caller's zero-filled buffer).
+Arch-generic (SM90 and SM100): vectorized global loads and stores, warp shuffles, no shared memory.  The block
+math, amax reductions and SwiGLU are the device functions of :mod:`cute_mxfp8.kernels.mx_math` (bit-exact with
+``cute_mxfp8.formats`` for the casts).  Work split, tails and groups: :class:`TileQuantKernel`.
 """
 
 from __future__ import annotations
@@ -26,7 +14,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
-from .quantize import BLOCK, _QuantKernelBase, apply_scale, block_scale, blocked_scale_offset
+from .mx_math import (BLOCK, MXCastParams, apply_scale, block_scale, blocked_scale_offset, last_group_at_or_below,
+                      reduce_scatter_max, swiglu_bwd, swiglu_fwd)
 
 VEC = 4  # columns per lane
 LANE_ROWS = 8  # rows per lane
@@ -36,52 +25,18 @@ WARPS = 4  # warps per CTA, side by side along K: a CTA tile is 32 rows x 128 co
 CTA_COLS = WARPS * BLOCK
 
 
-@cute.jit
-def _last_group_at_or_below(vb: cutlass.Int32, tile_starts: cute.Tensor, num_groups: cutlass.Int32):
-    """Largest g with ``4 * tile_starts[g] <= vb`` (tile_starts non-decreasing, tile_starts[0] == 0): 16 fixed
-    binary-search steps (up to 65536 groups)."""
-    lo = cutlass.Int32(0)
-    hi = num_groups - 1
-    for _ in cutlass.range_constexpr(16):
-        if lo < hi:
-            mid = (lo + hi + 1) // 2
-            if tile_starts[mid] * 4 <= vb:
-                lo = mid
-            else:
-                hi = mid - 1
-    return lo
+PROLOGUES = ("cast", "swiglu", "dswiglu")
 
 
-@cute.jit
-def _reduce_scatter_max(a: cute.Tensor, n: cutlass.Constexpr[int], low_bit: cutlass.Constexpr[int], lane):
-    """Max-reduce the ``n`` Int32 values ``a[0..n)`` of every lane over the ``log2(n)`` lanes that differ in lane
-    bits ``[low_bit, low_bit + log2(n))``, leaving in ``a[0]`` of each lane the total of value index
-    ``(lane >> low_bit) % n``.  Each step halves the values: a lane keeps the half its bit selects and sends the
-    other half to its partner (``n - 1`` shuffles in all, instead of ``n * log2(n)`` for a butterfly of each)."""
-    cnt = n
-    bit = n.bit_length() - 2 + low_bit  # highest lane bit first
-    for _ in cutlass.range_constexpr(n.bit_length() - 1):
-        half = cnt // 2
-        upper = (lane >> bit) & 1
-        for j in cutlass.range_constexpr(half):
-            lo, hi = a[j], a[j + half]
-            send = hi
-            keep = lo
-            if upper == 1:
-                send = lo
-                keep = hi
-            a[j] = cutlass.max(keep, cute.arch.shuffle_sync_bfly(send, offset=1 << bit))
-        cnt = half
-        bit -= 1
-
-
-class TileQuantKernel(_QuantKernelBase):
-    """Register-tile MXFP8 cast of ``x (E, M, K)`` (a 2-D input is passed as E = 1).
+class TileQuantKernel(MXCastParams):
+    """Register-tile MXFP8 cast of ``x (E, M, K)`` (a 2-D input is passed as E = 1), optionally behind a SwiGLU
+    prologue (:class:`SwiGLUQuantKernel`).
 
     Compile-time parameters (the compile key): element dtype, ``scale_mode``, ``blocked`` scales, ``rowwise`` and
-    ``colwise`` outputs (at least one), ``grouped`` (token groups along M; needs ``colwise``, E == 1).
+    ``colwise`` outputs (at least one), ``grouped`` (token groups along M; needs ``colwise``, E == 1), the
+    ``prologue`` (``"cast"`` here) and ``emit_hp`` (also store the high-precision tile, in the dtype of ``hp``).
 
-    Outputs (contiguous):
+    Outputs (contiguous), for a cast of width K:
 
     * rowwise: data (E, M, K); scales plain (E, M, K/32) or blocked (E, blocked_scales_numel(M, K/32)); with
       groups, blocked scales use the grouped-M layout (group g from tile ``tile_starts[g]``).
@@ -91,27 +46,45 @@ class TileQuantKernel(_QuantKernelBase):
 
     Work split: a warp owns one 32 x 32 block tile (one rowwise block wide, one colwise block tall); lane
     ``(rg, cg) = (lane // 8, lane % 8)`` holds rows ``[8 rg, 8 rg + 8)`` x columns ``[4 cg, 4 cg + 4)`` in 32 fp32
-    registers, loaded as 8 vectors (8 bytes bf16, 16 bytes fp32), all issued before any is used.  Row amax:
-    3 butterfly shuffles over the 8 ``cg`` lanes; column amax: 2 over the 4 ``rg`` lanes.  Each lane then
-    stores 4 bytes per row (8 lanes: 32 contiguous bytes) and 8 bytes per column of the transposed output
-    (4 lanes: the 32-byte block), and writes exactly one rowwise and one colwise scale byte.  4 warps side by
-    side along K form a CTA; grid (32-row blocks, K / 128, E).
+    registers, loaded as 8 vectors (8 bytes bf16, 16 bytes fp32), all issued before any is used.  Amax: each lane
+    reduces its 4-element rows and 8-element columns, then a reduce-scatter over the 8 ``cg`` lanes (7 shuffles)
+    leaves lane ``cg`` with the amax of row ``cg`` of its row group, and one over the 4 ``rg`` lanes (3 shuffles)
+    leaves lane ``rg`` with the amax of column ``rg``; each lane computes that one scale, writes its byte and
+    broadcasts the factor (8 + 4 shuffles).  Each lane stores 4 bytes per row (8 lanes: 32 contiguous bytes) and
+    8 bytes per column of the transposed output (4 lanes: the 32-byte block).  4 warps side by side along K
+    form a CTA; grid (32-row blocks, K / 128, E).
 
-    Constraints (checked by the ops layer): K % 32 == 0; x contiguous, 16-byte aligned; K / 128 and E at most
-    65535 (grid y and z).
+    Rows past the end (M tail, or a token group's end) read as zero: the colwise block is quantized as if
+    zero-padded, exactly as ``cute_mxfp8.formats`` specifies.  With token groups, CTAs walk *virtual* 32-row
+    blocks: the aligned grouped-K scale columns ``[4 * tile_starts[g], 4 * tile_starts[g] + ceil(size_g / 32))``
+    of each group g; a virtual block past its group's blocks does nothing (its scales stay zero, from the
+    caller's zero-filled buffer).  Rows at or past ``offs[-1]`` are not touched (the caller fills them).
+
+    Constraints (checked by the ops layer): K % 32 == 0; x contiguous, 16-byte aligned; fewer than 2**31
+    elements; K / 128 and E at most 65535 (grid y and z).
     """
 
+    prologue = "cast"
+
     def __init__(self, elem: str, scale_mode: str, blocked: bool, rowwise: bool, colwise: bool,
-                 grouped: bool = False):
+                 grouped: bool = False, emit_hp: bool = False):
         super().__init__(elem, scale_mode, blocked)
         if not (rowwise or colwise) or (grouped and not colwise):
             raise ValueError("TileQuantKernel needs colwise output, or rowwise without groups")
-        self.rowwise, self.colwise, self.grouped = rowwise, colwise, grouped
+        self.rowwise, self.colwise, self.grouped, self.emit_hp = rowwise, colwise, grouped, emit_hp
 
     @cute.jit
     def launch(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
                offs: cute.Tensor, tile_starts: cute.Tensor, stream: cuda.CUstream):
-        e, m, k = x.shape
+        """The cast: ``x (E, M, K)`` -> the outputs above (unused ones take placeholders)."""
+        self._launch(x, x, q, s, qt, st, q, offs, tile_starts, x.shape[2], stream)
+
+    @cute.jit
+    def _launch(self, x: cute.Tensor, y: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor,
+                st: cute.Tensor, hp: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor, k: cutlass.Int32,
+                stream: cuda.CUstream):
+        """``k``: the input columns each lane walks (the cast width; I for the SwiGLU prologues)."""
+        e, m = x.shape[0], x.shape[1]
         if cutlass.const_expr(self.grouped):  # the aligned grouped-K scale columns: 4 * (M // 128 + G)
             vblocks = 4 * (m // 128 + cute.size(offs))
             gqt = qt  # (1, K, M), any M: stored bytewise
@@ -121,13 +94,15 @@ class TileQuantKernel(_QuantKernelBase):
         else:
             vblocks = cute.ceil_div(m, BLOCK)
             gqt = cute.zipped_divide(qt, (1, 1, LANE_ROWS))  # unused
-        self.kernel(cute.zipped_divide(x, (1, 1, VEC)), cute.zipped_divide(q, (1, 1, VEC)), s, gqt, st, offs,
-                    tile_starts, vblocks).launch(
+        self.kernel(cute.zipped_divide(x, (1, 1, VEC)), cute.zipped_divide(y, (1, 1, VEC)),
+                    cute.zipped_divide(q, (1, 1, VEC)), s, gqt, st, cute.zipped_divide(hp, (1, 1, VEC)), offs,
+                    tile_starts, vblocks, k // VEC).launch(
             grid=(vblocks, cute.ceil_div(k, CTA_COLS), e), block=(32 * WARPS, 1, 1), stream=stream)
 
     @cute.kernel
-    def kernel(self, gx: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor, st: cute.Tensor,
-               offs: cute.Tensor, tile_starts: cute.Tensor, vblocks: cutlass.Int32):
+    def kernel(self, gx: cute.Tensor, gy: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor,
+               st: cute.Tensor, ghp: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor,
+               vblocks: cutlass.Int32, kv: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
         vb, bk, e = cute.arch.block_idx()  # vb: this CTA's (virtual) 32-row block
         warp = tidx // 32
@@ -135,7 +110,6 @@ class TileQuantKernel(_QuantKernelBase):
         rg = lane // COL_LANES
         cg = lane - rg * COL_LANES
         m = cute.size(gx, mode=[1, 1])
-        kv = cute.size(gx, mode=[1, 2])  # 4-column vectors per row
         cb = bk * WARPS + warp  # this warp's 32-column block (warp-uniform)
         if cb * COL_LANES < kv:
             cv = cb * COL_LANES + cg
@@ -144,30 +118,58 @@ class TileQuantKernel(_QuantKernelBase):
             g = cutlass.Int32(0)
             start = cutlass.Int32(0)
             if cutlass.const_expr(self.grouped):
-                g = _last_group_at_or_below(vb, tile_starts, cute.size(offs))
+                g = last_group_at_or_below(vb, tile_starts, cute.size(offs))
                 if g > 0:
                     start = offs[g - 1]
                 end = offs[g]
                 r0 = start + (vb - tile_starts[g] * 4) * BLOCK
             if r0 < end:
                 rl = r0 + rg * LANE_ROWS  # this lane's first row
+                full = r0 + BLOCK <= end
                 t = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
-                if r0 + BLOCK <= end:  # full block: plain loads at constant row offsets
-                    for i in cutlass.range_constexpr(LANE_ROWS):
-                        t[(i, None)].store(gx[(None, (e, rl + i, cv))].load().to(cutlass.Float32))
-                else:  # rows past the end: clamped loads, then zeroed
-                    for i in cutlass.range_constexpr(LANE_ROWS):
-                        t[(i, None)].store(gx[(None, (e, cutlass.min(rl + i, end - 1), cv))].load().to(
-                            cutlass.Float32))
-                    for i in cutlass.range_constexpr(LANE_ROWS):
-                        if rl + i >= end:
-                            t[(i, None)].store(cute.full_like(t[(i, None)].load(), 0.0))
-                mag = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Int32)  # |x| bits, shared by both casts
-                mag.store(t.load().bitcast(cutlass.Int32) & 0x7FFFFFFF)
-                if cutlass.const_expr(self.rowwise):
-                    self._rowwise(t, mag, gq, s, e, rl, lane, cg, end, start, g, tile_starts, cv, kv // COL_LANES)
-                if cutlass.const_expr(self.colwise):
-                    self._colwise(t, mag, gqt, st, e, r0, rl, lane, rg, cg, end, vb, vblocks, cv)
+                pos = _Pos(e, r0, rl, lane, rg, cg, end, start, g, vb, vblocks)
+                if cutlass.const_expr(self.prologue == "cast"):
+                    _load_tile(t, gx, e, rl, end, full, cv)
+                    self._emit(t, pos, cv, gq, s, gqt, st, ghp, tile_starts)
+                elif cutlass.const_expr(self.prologue == "swiglu"):  # x = h13 (1, M, 2I): gate cv, up cv + I/4
+                    u = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
+                    _load_tile(t, gx, e, rl, end, full, cv)
+                    _load_tile(u, gx, e, rl, end, full, cv + kv)
+                    t.store(swiglu_fwd(t.load(), u.load()))
+                    self._emit(t, pos, cv, gq, s, gqt, st, ghp, tile_starts)
+                else:  # dswiglu: x = dh (1, M, I), y = h13; outputs dh13 = [dg | du] (1, M, 2I)
+                    gate = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
+                    u = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
+                    _load_tile(t, gx, e, rl, end, full, cv)
+                    _load_tile(gate, gy, e, rl, end, full, cv)
+                    _load_tile(u, gy, e, rl, end, full, cv + kv)
+                    dg, du = swiglu_bwd(t.load(), gate.load(), u.load())
+                    t.store(dg)
+                    u.store(du)
+                    self._emit(t, pos, cv, gq, s, gqt, st, ghp, tile_starts)
+                    self._emit(u, pos, cv + kv, gq, s, gqt, st, ghp, tile_starts)
+
+    @cute.jit
+    def _emit(self, t: cute.Tensor, pos, cv, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor, st: cute.Tensor,
+              ghp: cute.Tensor, tile_starts: cute.Tensor):
+        """Quantize the lane's tile ``t`` (rows past the end zeroed first) at output column vector ``cv``."""
+        if pos.r0 + BLOCK > pos.end:
+            for i in cutlass.range_constexpr(LANE_ROWS):
+                if pos.rl + i >= pos.end:
+                    t[(i, None)].store(cute.full_like(t[(i, None)].load(), 0.0))
+        if cutlass.const_expr(self.emit_hp):
+            for i in cutlass.range_constexpr(LANE_ROWS):
+                if pos.rl + i < pos.end:
+                    ghp[(None, (pos.e, pos.rl + i, cv))].store(t[(i, None)].load().to(ghp.element_type))
+        mag = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Int32)  # |x| bits, shared by both casts
+        mag.store(t.load().bitcast(cutlass.Int32) & 0x7FFFFFFF)
+        if cutlass.const_expr(self.rowwise):
+            kb = cute.size(gq, mode=[1, 2]) // COL_LANES  # rowwise blocks per output row
+            self._rowwise(t, mag, gq, s, pos.e, pos.rl, pos.lane, pos.cg, pos.end, pos.start, pos.g, tile_starts,
+                          cv, kb)
+        if cutlass.const_expr(self.colwise):
+            self._colwise(t, mag, gqt, st, pos.e, pos.r0, pos.rl, pos.lane, pos.rg, pos.cg, pos.end, pos.vb,
+                          pos.vblocks, cv)
 
     @cute.jit
     def _rowwise(self, t: cute.Tensor, mag: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, e, rl, lane, cg, end,
@@ -175,7 +177,7 @@ class TileQuantKernel(_QuantKernelBase):
         a = cute.make_rmem_tensor((LANE_ROWS,), cutlass.Int32)
         for i in cutlass.range_constexpr(LANE_ROWS):
             a[i] = _row_max(mag, i)
-        _reduce_scatter_max(a, LANE_ROWS, 0, lane)  # lane cg: amax of its row group's row cg
+        reduce_scatter_max(a, LANE_ROWS, 0, lane)  # lane cg: amax of its row group's row cg
         byte, factor = block_scale(a[0], self.emax, self.rceil)
         cb = cv // COL_LANES
         r = rl + cg
@@ -199,7 +201,7 @@ class TileQuantKernel(_QuantKernelBase):
         a = cute.make_rmem_tensor((VEC,), cutlass.Int32)
         for j in cutlass.range_constexpr(VEC):
             a[j] = _col_max(mag, j)
-        _reduce_scatter_max(a, VEC, 3, lane)  # lane rg: amax of its column rg
+        reduce_scatter_max(a, VEC, 3, lane)  # lane rg: amax of its column rg
         byte, factor = block_scale(a[0], self.emax, self.rceil)
         if cutlass.const_expr(self.blocked):
             st[e, blocked_scale_offset(cv * VEC + rg, vb, vblocks)] = cutlass.Uint8(byte)
@@ -233,3 +235,56 @@ def _col_max(mag: cute.Tensor, j: cutlass.Constexpr[int]):
     for i in cutlass.range_constexpr(1, LANE_ROWS):
         v = cutlass.max(v, mag[i, j])
     return v
+
+
+class _Pos:
+    """Where a lane's tile sits (plain Python holder of DSL values, passed to the emit helpers)."""
+
+    def __init__(self, e, r0, rl, lane, rg, cg, end, start, g, vb, vblocks):
+        self.e, self.r0, self.rl, self.lane, self.rg, self.cg = e, r0, rl, lane, rg, cg
+        self.end, self.start, self.g, self.vb, self.vblocks = end, start, g, vb, vblocks
+
+
+@cute.jit
+def _load_tile(t: cute.Tensor, gx: cute.Tensor, e, rl, end, full, cv):
+    """The lane's 8 x 4 tile of ``gx`` at rows ``[rl, rl + 8)``, column vector ``cv``, as fp32; rows at or past
+    ``end`` are clamped loads of row ``end - 1`` (zeroed later by the emitter)."""
+    if full:  # plain loads at constant row offsets
+        for i in cutlass.range_constexpr(LANE_ROWS):
+            t[(i, None)].store(gx[(None, (e, rl + i, cv))].load().to(cutlass.Float32))
+    else:
+        for i in cutlass.range_constexpr(LANE_ROWS):
+            t[(i, None)].store(gx[(None, (e, cutlass.min(rl + i, end - 1), cv))].load().to(cutlass.Float32))
+
+
+class SwiGLUQuantKernel(TileQuantKernel):
+    """Fused SwiGLU + dual MXFP8 quantization, forward (``prologue="swiglu"``) or backward (``"dswiglu"``): the
+    tile kernel of :class:`TileQuantKernel` with the SwiGLU math of :mod:`.mx_math` between the loads and the
+    casts, so the activation and its gradient never round-trip through memory in high precision.
+
+    Forward, :meth:`launch_fwd`: h13 (1, M, 2I) bf16/fp32 in the fused layout of ``cute_mxfp8.swiglu`` (gate
+    columns ``[0, I)``, up ``[I, 2I)``), I % 32 == 0 -> ``h = silu(g) * u`` in fp32, cast rowwise (blocks along I)
+    into q (1, M, I) + s and colwise (blocks along M) into qt (1, I, Mp or M) + st, and optionally h rounded to
+    the input dtype into hp (1, M, I).  Backward, :meth:`launch_bwd`: dh (1, M, I) and the saved h13 -> ``dh13 = [dg | du]``
+    (1, M, 2I) cast rowwise (blocks along 2I; no block straddles dg and du since I % 32 == 0) and colwise, and
+    optionally dh13 in the input dtype.  Scale layouts, groups and tails as :class:`TileQuantKernel` with K = I (forward) or
+    2I (backward).
+    """
+
+    def __init__(self, prologue: str, elem: str, scale_mode: str, blocked: bool, grouped: bool = False,
+                 emit_hp: bool = False):
+        if prologue not in ("swiglu", "dswiglu"):
+            raise ValueError(f"prologue must be 'swiglu' or 'dswiglu', got {prologue!r}")
+        super().__init__(elem, scale_mode, blocked, True, True, grouped, emit_hp)
+        self.prologue = prologue
+
+    @cute.jit
+    def launch_fwd(self, h13: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
+                   hp: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor, stream: cuda.CUstream):
+        self._launch(h13, h13, q, s, qt, st, hp, offs, tile_starts, h13.shape[2] // 2, stream)
+
+    @cute.jit
+    def launch_bwd(self, dh: cute.Tensor, h13: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor,
+                   st: cute.Tensor, hp: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor,
+                   stream: cuda.CUstream):
+        self._launch(dh, h13, q, s, qt, st, hp, offs, tile_starts, dh.shape[2], stream)

@@ -16,7 +16,7 @@ import functools
 import torch
 
 from .. import formats as F
-from ..jit import compile_quant
+from ..jit import compile_quant, compile_swiglu_quant
 from .backends import Backend, register_backend
 from .shapes import colwise_shapes, rowwise_shapes
 
@@ -71,8 +71,9 @@ def _limits(x, scale_mode, elem_dtype, blocked, offs=None):
     return None
 
 
-def _outputs(shapes, x, elem_dtype, blocked, groups=None):
-    dshape, sshape = shapes(tuple(x.shape), blocked, groups)
+def _outputs(shapes, x, elem_dtype, blocked, groups=None, shape=None):
+    """New (data, scales) for a cast of ``x`` (or of a tensor of ``shape`` on ``x``'s device)."""
+    dshape, sshape = shapes(tuple(x.shape) if shape is None else shape, blocked, groups)
     q = torch.empty(dshape, dtype=elem_dtype, device=x.device)
     # The kernels write only real scales.  Padding must read as zero: grouped layouts always have some; a blocked
     # buffer has none when its rows fill whole 128-row tiles and its columns whole groups of 4.
@@ -173,6 +174,70 @@ def _ops(arch: str) -> dict:
     return {"quantize_rowwise": quantize_rowwise, "quantize_colwise": quantize_colwise,
             "quantize_dual": quantize_dual}
 
+
+def _swiglu_limits(first, *rest):
+    """Limits of the fused SwiGLU kernels (``first`` is h13 forward, dh backward)."""
+    tensors = [first] + [t for t in rest[:1] if isinstance(t, torch.Tensor)]
+    if len({t.dtype for t in tensors}) > 1:
+        return "dh and h13 must share a dtype for the fused kernel"
+    for t in tensors:
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            return "inputs must be contiguous with 16-byte aligned data pointers (call .contiguous())"
+        if t.numel() > _MAX_ELEMENTS:
+            return f"{t.numel()} elements; the kernels index with int32 (at most {_MAX_ELEMENTS}): split it"
+    offs = rest[-1] if rest and (rest[-1] is None or isinstance(rest[-1], torch.Tensor)) else None
+    if offs is not None and offs.numel() > _MAX_GROUPS:
+        return f"{offs.numel()} token groups exceed the kernels' limit ({_MAX_GROUPS})"
+    if first.shape[-1] > _MAX_K:
+        return f"width {first.shape[-1]} exceeds the kernels' grid limit ({_MAX_K})"
+    return None
+
+
+def _swiglu_ops(arch: str) -> dict:
+    """``swiglu_quant`` / ``dswiglu_quant`` on the fused kernel (:class:`SwiGLUQuantKernel`), same signature and
+    outputs as the reference implementations (inputs already checked by the op)."""
+
+    def run(direction, inputs, width, scale_mode, elem_dtype, blocked, emit_hp, offs):
+        x = inputs[0]
+        m, dev = x.shape[0], x.device
+        g = None if offs is None else offs.shape[0]
+        end = m
+        if offs is not None:
+            F.validate_offsets(offs, m)  # a host sync, as in the reference; bad offsets raise ValueError
+            end = int(offs[-1]) if offs.numel() else 0
+        q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, g if blocked else None, (m, width))
+        qt, st = _outputs(colwise_shapes, x, elem_dtype, blocked, g, (m, width))
+        hp = torch.empty((m, width) if emit_hp else (0,), dtype=x.dtype, device=dev)
+        if offs is not None and end < m:  # rows past offs[-1]: zero activation, zero data, zero plain scales
+            q[end:] = 0
+            qt[:, end:] = 0
+            if not blocked:
+                s[end:] = 0
+            if emit_hp:
+                hp[end:] = 0
+        if m > 0 and end > 0:
+            fn = compile_swiglu_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False,
+                                      offs is not None, emit_hp)
+            hp_arg = hp.unsqueeze(0) if emit_hp else _placeholder(dev, x.dtype, (1, 32, 32))
+            groups = _placeholder(dev, torch.int32, (1,)) if offs is None else offs
+            tile_starts = groups if offs is None else F.group_tile_starts(offs)
+            fn(*(t.unsqueeze(0) for t in inputs), q.unsqueeze(0), _batch(s, False), qt.unsqueeze(0),
+               _batch(st, False), hp_arg, groups, tile_starts)
+        return (*_e8m0(q, s, qt, st), hp)
+
+    def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None):
+        return run("fwd", (h13,), h13.shape[1] // 2, scale_mode, elem_dtype, blocked, emit_hp, offs)
+
+    def dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None):
+        return run("bwd", (dh, h13), h13.shape[1], scale_mode, elem_dtype, blocked, emit_hp, offs)
+
+    return {"swiglu_quant": swiglu_quant, "dswiglu_quant": dswiglu_quant}
+
+
+# The fused SwiGLU kernels compile for both arches in CI but have not yet run on the H200: they join the backends'
+# ``ops`` (and so the automatic choice) once the GPU tests in tests/test_kernels_swiglu.py have passed there.
+SWIGLU_KERNEL_OPS = {name: _swiglu_ops(arch) for name, (_, arch, _) in _ARCHS.items()}
+SWIGLU_LIMITS = {"swiglu_quant": _swiglu_limits, "dswiglu_quant": _swiglu_limits}
 
 for _name, (_, _arch, _) in _ARCHS.items():
     register_backend(Backend(

@@ -1,0 +1,164 @@
+"""MXFP8 device math for CuTe DSL kernels and GEMM epilogues: E8M0 block scales, the element scaling, amax
+reductions across lanes, token-group lookups and the SwiGLU forward/backward.  Device functions only (``@cute.jit``,
+inlined where called), no kernel or launch code, so the standalone kernels (:mod:`.quantize`,
+:mod:`.quantize_tile`) and later GEMM epilogues call the very same code.
+
+The numerics are those of ``cute_mxfp8.formats`` (``design.md`` section 1; OCP MX v1.0), computed with integer
+operations on fp32 bits so they are exact and NaN-safe:
+
+* ``amax_bits = max(bits(x) & 0x7FFFFFFF)`` over the block: for non-negative floats the integer order is the float
+  order, and any NaN payload compares above +Inf, so a block with a NaN or an Inf has exponent field 255.
+* With ``E`` the exponent field and ``Mt`` the mantissa field of ``amax_bits`` and ``emax`` = 8 (e4m3) / 15
+  (e5m2), both element maxima being ``1.75 * 2**emax``:
+  ``floor``: ``byte = E - emax``;  ``rceil``: ``byte = E - emax + (Mt > 0x600000)`` (the smallest power of two
+  >= amax / max); both clamped below at 0 (so 0 when ``E == 0``: zero or subnormal amax), 255 when ``E == 255``.
+  A finite block's byte is at most 247, so ``2**(127 - byte)`` is a normal fp32 number.
+* Elements ``x * 2**(127 - byte)`` (one exact multiply), converted with ``cvt.rn.satfinite`` (round to nearest
+  even, saturating to +-max, which is the clamp); a 255 block multiplies by NaN, so every element is NaN (0x7F).
+
+SwiGLU (``cute_mxfp8.swiglu``): ``s = 1 / (1 + exp(-g))``, ``h = (g * s) * u``; backward
+``dg = (dh * u) * (s * (1 + g * (1 - s)))``, ``du = dh * (g * s)``, in fp32 in the reference's operation order.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+
+BLOCK = 32  # MX block size (OCP MX v1.0)
+ELEM_DTYPES = {"e4m3": (cutlass.Float8E4M3FN, 8), "e5m2": (cutlass.Float8E5M2, 15)}  # dtype, emax
+
+
+def blocked_scale_offset(r, c, cols):
+    """Byte offset of scale (r, c) of an (R, cols) scale matrix in the blocked tcgen05/cuBLAS layout."""
+    return ((r // 128) * ((cols + 3) // 4) + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+
+
+@cute.jit
+def block_scale(amax_bits: cutlass.Int32, emax: cutlass.Constexpr[int], rceil: cutlass.Constexpr[bool]):
+    """E8M0 scale of a block from ``amax_bits`` (the largest ``bits(x) & 0x7FFFFFFF`` of the block) ->
+    (scale byte as Int32, fp32 factor ``2**(127 - byte)``, or NaN for byte 255).
+
+    For a finite block the byte is at most 254 - emax + 1 (<= 247), so the factor is a normal fp32 number and one
+    multiply scales an element exactly (up to results below 2**-126, which round to zero in fp8 either way)."""
+    e = amax_bits >> 23
+    byte = e - emax
+    if cutlass.const_expr(rceil):
+        byte = byte + cutlass.Int32((amax_bits & 0x7FFFFF) > 0x600000)
+    byte = cutlass.max(byte, cutlass.Int32(0))  # zero / subnormal amax (e == 0) lands here too
+    factor_bits = (254 - byte) << 23
+    if e == 255:
+        byte = cutlass.Int32(255)
+        factor_bits = cutlass.Int32(0x7FC00000)  # NaN: every element of a poisoned block becomes NaN
+    return byte, factor_bits.bitcast(cutlass.Float32)
+
+
+@cute.jit
+def apply_scale(xv: cute.TensorSSA, factor: cutlass.Float32):
+    """Scaled fp32 elements of a block, ready for the fp8 conversion.  No clamp is needed: the conversion is
+    ``cvt.rn.satfinite`` (round to nearest even, finite overflow saturates to +-max, NaN stays NaN)."""
+    return xv * factor
+
+
+@cute.jit
+def abs_bits_max(xv: cute.TensorSSA, n: cutlass.Constexpr[int]):
+    """``max(bits(x) & 0x7FFFFFFF)`` over the ``n`` fp32 elements of ``xv`` (integer order == float order for
+    magnitudes; NaN payloads compare above +Inf)."""
+    mag = xv.bitcast(cutlass.Int32) & 0x7FFFFFFF
+    amax_bits = cutlass.Int32(0)
+    for i in cutlass.range_constexpr(n):
+        amax_bits = cutlass.max(amax_bits, cutlass.Int32(mag[i]))
+    return amax_bits
+
+
+@cute.jit
+def quantize_block(xv: cute.TensorSSA, emax: cutlass.Constexpr[int], rceil: cutlass.Constexpr[bool]):
+    """MXFP8-quantize one block: ``xv`` a 32-element fp32 TensorSSA -> (fp32 TensorSSA of the scaled elements, NaN
+    for a poisoned block, for the saturating fp8 conversion; E8M0 scale byte as Int32).  Device code, inlined where it is called; the
+    rules are in this module's docstring."""
+    byte, factor = block_scale(abs_bits_max(xv, BLOCK), emax, rceil)
+    return apply_scale(xv, factor), byte
+
+
+@cute.jit
+def group_of_row(r: cutlass.Int32, offs: cute.Tensor, num_groups: cutlass.Int32):
+    """Index of the token group holding row ``r`` (``num_groups`` if ``r >= offs[-1]``): a binary search over the
+    cumulative end offsets, 16 fixed steps (up to 65536 groups)."""
+    lo = cutlass.Int32(0)
+    hi = num_groups
+    for _ in cutlass.range_constexpr(16):
+        if lo < hi:
+            mid = (lo + hi) // 2
+            if offs[mid] <= r:
+                lo = mid + 1
+            else:
+                hi = mid
+    return lo
+
+
+@cute.jit
+def last_group_at_or_below(vb: cutlass.Int32, tile_starts: cute.Tensor, num_groups: cutlass.Int32):
+    """Largest g with ``4 * tile_starts[g] <= vb`` (tile_starts non-decreasing, tile_starts[0] == 0): 16 fixed
+    binary-search steps (up to 65536 groups)."""
+    lo = cutlass.Int32(0)
+    hi = num_groups - 1
+    for _ in cutlass.range_constexpr(16):
+        if lo < hi:
+            mid = (lo + hi + 1) // 2
+            if tile_starts[mid] * 4 <= vb:
+                lo = mid
+            else:
+                hi = mid - 1
+    return lo
+
+
+@cute.jit
+def reduce_scatter_max(a: cute.Tensor, n: cutlass.Constexpr[int], low_bit: cutlass.Constexpr[int], lane):
+    """Max-reduce the ``n`` Int32 values ``a[0..n)`` of every lane over the ``log2(n)`` lanes that differ in lane
+    bits ``[low_bit, low_bit + log2(n))``, leaving in ``a[0]`` of each lane the total of value index
+    ``(lane >> low_bit) % n``.  Each step halves the values: a lane keeps the half its bit selects and sends the
+    other half to its partner (``n - 1`` shuffles in all, instead of ``n * log2(n)`` for a butterfly of each)."""
+    cnt = n
+    bit = n.bit_length() - 2 + low_bit  # highest lane bit first
+    for _ in cutlass.range_constexpr(n.bit_length() - 1):
+        half = cnt // 2
+        upper = (lane >> bit) & 1
+        for j in cutlass.range_constexpr(half):
+            lo, hi = a[j], a[j + half]
+            send = hi
+            keep = lo
+            if upper == 1:
+                send = lo
+                keep = hi
+            a[j] = cutlass.max(keep, cute.arch.shuffle_sync_bfly(send, offset=1 << bit))
+        cnt = half
+        bit -= 1
+
+
+@cute.jit
+def swiglu_fwd(g: cute.TensorSSA, u: cute.TensorSSA):
+    """``h = silu(g) * u`` elementwise in fp32 (``silu(g) = g * sigmoid(g)``), the reference's operation order."""
+    s = 1.0 / (1.0 + cute.math.exp(-g))
+    return (g * s) * u
+
+
+@cute.jit
+def swiglu_bwd(dh: cute.TensorSSA, g: cute.TensorSSA, u: cute.TensorSSA):
+    """``(dg, du)`` of ``h = silu(g) * u`` for upstream ``dh``, elementwise in fp32, the reference's operation
+    order: ``dg = (dh * u) * (s * (1 + g * (1 - s)))``, ``du = dh * (g * s)``."""
+    s = 1.0 / (1.0 + cute.math.exp(-g))
+    dg = (dh * u) * (s * (1.0 + g * (1.0 - s)))
+    du = dh * (g * s)
+    return dg, du
+
+
+class MXCastParams:
+    """Compile-time parameters every MXFP8 cast shares: element dtype (``"e4m3"``/``"e5m2"``), ``scale_mode``
+    (``"floor"``/``"rceil"``) and ``blocked`` scales.  Raises ValueError for anything else."""
+
+    def __init__(self, elem: str, scale_mode: str, blocked: bool = False):
+        if elem not in ELEM_DTYPES or scale_mode not in ("floor", "rceil"):
+            raise ValueError(f"unsupported elem {elem!r} / scale_mode {scale_mode!r}")
+        self.elem_dtype, self.emax = ELEM_DTYPES[elem]
+        self.rceil = scale_mode == "rceil"
+        self.blocked = blocked
