@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 BLOCK = 32  # MX block size (OCP MX v1.0)
 ELEM_DTYPES = {"e4m3": (cutlass.Float8E4M3FN, 8), "e5m2": (cutlass.Float8E5M2, 15)}  # dtype, emax
@@ -142,12 +144,28 @@ def swiglu_fwd(g: cute.TensorSSA, u: cute.TensorSSA):
     return (g * s) * u
 
 
+@dsl_user_op
+def mul_rn(a: cutlass.Float32, b: cutlass.Float32, *, loc=None, ip=None) -> cutlass.Float32:
+    """``a * b`` rounded to nearest even as its own instruction (``mul.rn.f32``): the compiler may not fuse it into
+    a following add (an FMA rounds once, where the reference's separate ops round twice)."""
+    return cutlass.Float32(llvm.inline_asm(
+        T.f32(), [cutlass.Float32(a).ir_value(loc=loc, ip=ip), cutlass.Float32(b).ir_value(loc=loc, ip=ip)],
+        "mul.rn.f32 $0, $1, $2;", "=f,f,f", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
 @cute.jit
 def swiglu_bwd(dh: cute.TensorSSA, g: cute.TensorSSA, u: cute.TensorSSA):
     """``(dg, du)`` of ``h = silu(g) * u`` for upstream ``dh``, elementwise in fp32, the reference's operation
-    order: ``dg = (dh * u) * (s * (1 + g * (1 - s)))``, ``du = dh * (g * s)``."""
+    order and roundings: ``dg = (dh * u) * (s * (1 + g * (1 - s)))``, ``du = dh * (g * s)``.  The product
+    ``g * (1 - s)`` is rounded before the add (:func:`mul_rn`); fused into an FMA it would differ from the
+    reference wherever ``1 + g * (1 - s)`` cancels (near g = -1.28, the zero of silu')."""
     s = 1.0 / (1.0 + cute.math.exp(-g))
-    dg = (dh * u) * (s * (1.0 + g * (1.0 - s)))
+    one_minus_s = 1.0 - s
+    p = cute.make_rmem_tensor(g.shape, cutlass.Float32)
+    for i in cutlass.range_constexpr(cute.size(g.shape)):
+        p[i] = mul_rn(g[i], one_minus_s[i])
+    dg = (dh * u) * (s * (1.0 + p.load()))
     du = dh * (g * s)
     return dg, du
 
