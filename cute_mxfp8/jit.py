@@ -34,6 +34,24 @@ def _cutlass():
     return cutlass, cute
 
 
+def _sym(divisibility: int = 1):
+    """A fresh symbolic dimension (every tensor gets its own: TVM-FFI requires tensors sharing a symbol to agree)."""
+    _, cute = _cutlass()
+    return cute.sym_int(divisibility=divisibility) if divisibility > 1 else cute.sym_int()
+
+
+def _fake(dtype, shape):
+    """Row-major fake tensor for compiling.  Data (fp8 / bf16 / fp32) is 16-byte aligned (the ops layer checks
+    inputs and allocates outputs so); 8-bit scales and int32 offsets assume only their element alignment (a view
+    such as ``s[row0:]`` of plain scales or a slice of ``offs`` may start anywhere)."""
+    cutlass, _ = _cutlass()
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    align = dtype.width // 8 if dtype in (cutlass.Uint8, cutlass.Int32) else 16
+    return make_fake_compact_tensor(dtype, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)),
+                                    assumed_align=align)
+
+
 def _compile(kernel, args, arch: str, keep_ptx: bool):
     """Compile ``kernel(*args, stream)`` for ``arch``.  The launchable build takes its stream from the caller's
     context through TVM-FFI (``torch.cuda.current_stream()``), so the call is ``fn(*tensors)`` and kernels are
@@ -108,16 +126,9 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
     if direction not in ("rowwise", "colwise", "dual"):
         raise ValueError(f"direction must be rowwise, colwise or dual, got {direction!r}")
     cutlass, cute = _cutlass()
-    from cutlass.cute.runtime import make_fake_compact_tensor
-
     x_dtype = cutlass.BFloat16 if in_dtype == "bfloat16" else cutlass.Float32
-    i32 = make_fake_compact_tensor(cutlass.Int32, (cute.sym_int(),))
-
-    def fake(dtype, shape):
-        """Row-major fake tensor; 8-bit scales are written bytewise and need no alignment (a view such as
-        ``s[row0:]`` of plain scales may start anywhere), everything else is 16-byte aligned."""
-        return make_fake_compact_tensor(dtype, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)),
-                                        assumed_align=1 if dtype is cutlass.Uint8 else 16)
+    fake, sym = _fake, _sym
+    i32 = fake(cutlass.Int32, (sym(),))
 
     k = cute.sym_int(divisibility=32)
     if direction == "rowwise" and not batched:
@@ -140,9 +151,6 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
                              colwise=direction != "rowwise", grouped=grouped)
     # Every tensor gets its own symbols: the kernel takes its shapes from x, and an unused output slot may hold
     # another tensor (TVM-FFI checks that tensors sharing a symbol agree in that dimension).
-    def sym(div=1):
-        return cute.sym_int(divisibility=div) if div > 1 else cute.sym_int()
-
     def scales():
         return fake(cutlass.Uint8, (sym(), sym()) if blocked else (sym(), sym(), sym()))
 
@@ -170,7 +178,6 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
     if direction not in ("fwd", "bwd"):
         raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
     cutlass, cute = _cutlass()
-    from cutlass.cute.runtime import make_fake_compact_tensor
 
     from .kernels.quantize_tile import SwiGLUQuantKernel
 
@@ -178,12 +185,7 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
                                emit_hp)
     x_dtype = cutlass.BFloat16 if in_dtype == "bfloat16" else cutlass.Float32
 
-    def sym(div=1):
-        return cute.sym_int(divisibility=div) if div > 1 else cute.sym_int()
-
-    def fake(dtype, shape):
-        return make_fake_compact_tensor(dtype, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)),
-                                        assumed_align=1 if dtype is cutlass.Uint8 else 16)
+    fake, sym = _fake, _sym
 
     def scales():
         return fake(cutlass.Uint8, (sym(), sym()) if blocked else (sym(), sym(), sym()))
