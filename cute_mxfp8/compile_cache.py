@@ -160,8 +160,10 @@ class _Entry:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
     def remove(self) -> None:
+        """Delete the entry's files; one that cannot be deleted (another user's, immutable, a directory) is left,
+        and the store that follows fails with a warning instead."""
         for path in (self.meta, self.artifact):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 path.unlink()
 
     def store(self, obj) -> None:

@@ -116,8 +116,11 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
     * colwise, dual, and batched rowwise: :class:`~cute_mxfp8.kernels.quantize_tile.TileQuantKernel`,
       ``fn(x, q, s, qt, st, offs, tile_starts)`` with 3-D tensors (a 2-D input as E = 1): x (E, M, K); rowwise
       q (E, M, K), s (E, M, K/32) or (E, blocked numel); colwise qt (E, K, Mp), st (E, K, Mp/32) or
-      (E, blocked numel); offs and tile_starts (G,) int32 (any int32 tensor when not grouped).  Unused outputs
-      take any tensor of the right rank and dtype (e.g. q for qt).
+      (E, blocked numel); offs and tile_starts (G,) int32 (any int32 tensor when not grouped).  Grouped (token
+      groups along M, E = 1): qt (1, K, M) and st (1, K, 4 * (M // 128 + G)) plain or (1, blocked numel of that),
+      zero-filled; rowwise blocked scales in the grouped-M layout.  Unused outputs take placeholders of the right
+      rank, dtype and divisibility.  ``batched`` only selects the tile kernel for rowwise (colwise and dual
+      always run on it), and takes no groups.
 
     With ``keep_ptx`` the function is built for inspection only (its ``__ptx__`` holds the PTX).
     """

@@ -174,6 +174,19 @@ def test_corrupt_entries_are_deleted_and_rebuilt_with_a_warning(cache):
     assert len(g_calls) == 2
 
 
+def test_an_entry_that_cannot_be_deleted_still_compiles(cache):
+    """A corrupt artifact that unlink refuses (here: a directory in its place) warns and compiles; no crash."""
+    f, calls = _counting()
+    f(1)
+    entry = f.disk_cache_entry(1)
+    entry.unlink()
+    entry.mkdir()
+    (entry / "x").write_text("not an object file")
+    with pytest.warns(CompileCacheWarning):
+        assert f(1)["a"] == 1
+    assert len(calls) == 2
+
+
 def test_failed_write_warns_and_leaves_nothing_behind(cache):
     class Failing(JsonCodec):
         def save(self, obj, path):

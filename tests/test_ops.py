@@ -236,6 +236,8 @@ def test_swiglu_inf_gate_poisons_only_its_block():
     (lambda: ops.quantize_rowwise(torch.randn(4, 64), offs=torch.tensor([4])), "int32"),
     (lambda: ops.quantize_rowwise(torch.randn(4, 64), offs=_offs([3, 2])), "non-decreasing"),
     (lambda: ops.quantize_rowwise(torch.randn(4, 64), offs=_offs([-1, 2])), "non-decreasing"),
+    (lambda: ops.quantize_rowwise(torch.randn(4, 64), offs=_offs([3, 2]), blocked=False), "non-decreasing"),
+    (lambda: ops.quantize_rowwise(torch.randn(4, 64), offs=_offs([2, 5]), blocked=False), "exceeds"),
     (lambda: ops.quantize_colwise(torch.randn(4, 64), offs=_offs([2, 5])), "exceeds"),
     (lambda: ops.quantize_colwise(torch.randn(2, 48, 64)), "multiple of the MX block size 32"),
     (lambda: ops.quantize_gate_up(torch.randn(64, 64), torch.randn(32, 64)), "must match"),
@@ -245,6 +247,26 @@ def test_swiglu_inf_gate_poisons_only_its_block():
 def test_bad_input_raises_value_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("op", [ops.quantize_rowwise, ops.quantize_colwise, ops.quantize_dual])
+def test_quantize_wrappers_check_types(op):
+    """The eager wrappers skip the dispatcher, so they repeat the schema's type checks."""
+    with pytest.raises(TypeError, match="blocked must be a bool"):
+        op(torch.randn(4, 64), blocked="no")
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        op(None)
+
+
+def test_kernel_limits_refuse_scale_buffers_past_int32():
+    """Grouped layouts reserve M // 128 + G tiles: with many tiny groups the scale buffer outgrows 32-bit offsets
+    while x itself is below the element limit; the kernels refuse (the reference takes the call)."""
+    from cute_mxfp8.ops.cute_kernels import _limits
+
+    x = torch.empty(80000, 16384, dtype=torch.bfloat16, device="meta")
+    many = torch.empty(40000, dtype=torch.int32, device="meta")
+    assert "scale buffer" in _limits(x, "rceil", torch.float8_e4m3fn, True, many)
+    assert _limits(x, "rceil", torch.float8_e4m3fn, True, many[:8]) is None
 
 
 def test_gemm_bad_input(rng):

@@ -85,10 +85,10 @@ def quantize_block(xv: cute.TensorSSA, emax: cutlass.Constexpr[int], rceil: cutl
 @cute.jit
 def group_of_row(r: cutlass.Int32, offs: cute.Tensor, num_groups: cutlass.Int32):
     """Index of the token group holding row ``r`` (``num_groups`` if ``r >= offs[-1]``): a binary search over the
-    cumulative end offsets, 16 fixed steps (up to 65536 groups)."""
+    cumulative end offsets, 17 fixed steps (up to 131071 groups; the ops layer allows 65536)."""
     lo = cutlass.Int32(0)
     hi = num_groups
-    for _ in cutlass.range_constexpr(16):
+    for _ in cutlass.range_constexpr(17):
         if lo < hi:
             mid = (lo + hi) // 2
             if offs[mid] <= r:
@@ -100,11 +100,11 @@ def group_of_row(r: cutlass.Int32, offs: cute.Tensor, num_groups: cutlass.Int32)
 
 @cute.jit
 def last_group_at_or_below(vb: cutlass.Int32, tile_starts: cute.Tensor, num_groups: cutlass.Int32):
-    """Largest g with ``4 * tile_starts[g] <= vb`` (tile_starts non-decreasing, tile_starts[0] == 0): 16 fixed
-    binary-search steps (up to 65536 groups)."""
+    """Largest g with ``4 * tile_starts[g] <= vb`` (tile_starts non-decreasing, tile_starts[0] == 0): 17 fixed
+    binary-search steps (up to 131072 groups; the ops layer allows 65536)."""
     lo = cutlass.Int32(0)
     hi = num_groups - 1
-    for _ in cutlass.range_constexpr(16):
+    for _ in cutlass.range_constexpr(17):
         if lo < hi:
             mid = (lo + hi + 1) // 2
             if tile_starts[mid] * 4 <= vb:

@@ -7,7 +7,9 @@ Conventions shared by every function here (``design.md`` sections 1-2):
 * ``blocked=True`` returns scales in the tcgen05/cuBLAS blocked layout as a flat buffer
   (:func:`cute_mxfp8.formats.to_blocked_scales`); ``blocked=False`` the plain layout.  The GEMM ops take blocked.
 * ``offs``: int32 cumulative END offsets of token groups, shape (G,), ``offs[-1] <= M``; empty groups and groups
-  of any size are legal.  Rows at or past ``offs[-1]`` are never read and produce zeros.
+  of any size are legal.  Rows at or past ``offs[-1]`` belong to no group: they get no grouped scales and zero
+  colwise data, while rowwise data (and plain rowwise scales) still quantize them from ``x``.  Bad offsets raise
+  ``ValueError`` whatever the layout (checking them reads ``offs`` on the host: one device sync).
 * ``backend``: ``None`` picks automatically (``CUTE_MXFP8_BACKEND`` if set, else the best backend for the
   device); an explicit backend that cannot run raises :class:`~cute_mxfp8.ops.backends.BackendUnavailableError`.
 * Bad shapes, dtypes, devices or offsets raise ``ValueError`` naming the rule, before any kernel runs.
@@ -36,6 +38,14 @@ def _direct(*tensors) -> bool:
             and not torch._C._is_torch_function_mode_enabled() and _get_current_dispatch_mode() is None)
 
 
+def _check_types(x, blocked) -> None:
+    """The schema's type checks, for calls that skip the dispatcher."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not isinstance(blocked, bool):
+        raise TypeError(f"blocked must be a bool, got {type(blocked).__name__}")
+
+
 def quantize_rowwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
                      blocked: bool = True, offs: Tensor | None = None, backend: str | None = None):
     """Rowwise ("dim0", 1x32) MXFP8 quantization: blocks along the last dim.
@@ -48,6 +58,7 @@ def quantize_rowwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
         ``(data, scales)``: data of ``x``'s shape; scales plain (M, K/32) / (E, N, K/32), or blocked: 1-D
         ``blocked_scales_numel(M, K/32)`` (grouped: ``(M // 128 + G) * 128 * ceil4(K/32)``) / (E, numel).
     """
+    _check_types(x, blocked)
     op = L.quantize_rowwise_impl if _direct(x, offs) else L._quantize_rowwise
     return op(x, scale_mode, elem_dtype, blocked, offs, backend or "")
 
@@ -71,6 +82,7 @@ def quantize_colwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
           ``4 * group_tile_starts(offs)[g]``, or that matrix blocked.
         * 3-D (E, N, K): data_t (E, K, N); scales (E, K, N/32) or (E, blocked numel).
     """
+    _check_types(x, blocked)
     op = L.quantize_colwise_impl if _direct(x, offs) else L._quantize_colwise
     return op(x, scale_mode, elem_dtype, blocked, offs, backend or "")
 
@@ -79,6 +91,7 @@ def quantize_dual(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dty
                   blocked: bool = True, offs: Tensor | None = None, backend: str | None = None):
     """Rowwise and colwise quantization from one read of ``x``: ``(row_data, row_scales, col_data, col_scales)``,
     each exactly as :func:`quantize_rowwise` and :func:`quantize_colwise` return them (``K % 32 == 0``)."""
+    _check_types(x, blocked)
     op = L.quantize_dual_impl if _direct(x, offs) else L._quantize_dual
     return op(x, scale_mode, elem_dtype, blocked, offs, backend or "")
 

@@ -12,6 +12,7 @@ and an explicit ``backend="sm90"`` for them raises with the reason (:class:`Back
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -24,7 +25,7 @@ _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _IN = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 # backend name -> (compute capability major, compile target, the hardware it needs)
 _ARCHS = {"sm90": (9, "sm_90a", "an SM90 (H100/H200)"), "sm100": (10, "sm_100a", "an SM100 (B200/GB200)")}
-_MAX_ELEMENTS = 2**31 - 1  # the kernels index elements with 32-bit integers
+_MAX_ELEMENTS = 2**31 - 1  # shapes, block counts and scale offsets are 32-bit in the kernels (strides are 64-bit)
 _MAX_GROUPS = 65536  # the device-side binary searches over offs take 16 steps
 _MAX_K = 65535 * 128  # grid.y of the tile kernel counts 128-column tiles
 _MAX_EXPERTS = 65535  # grid.z of the tile kernel
@@ -68,6 +69,17 @@ def _limits(x, scale_mode, elem_dtype, blocked, offs=None):
         return f"E = {x.shape[0]} experts exceeds the kernels' grid limit ({_MAX_EXPERTS})"
     if offs is not None and offs.numel() > _MAX_GROUPS:
         return f"{offs.numel()} token groups exceed the kernels' limit ({_MAX_GROUPS})"
+    return _scale_limits(tuple(x.shape), blocked, None if offs is None else offs.numel())
+
+
+def _scale_limits(shape: tuple, blocked: bool, groups: int | None) -> str | None:
+    """Scale offsets are 32-bit in the kernels: the scale buffers (grouped layouts reserve M // 128 + G tiles, far
+    more than x when groups are tiny) must stay below 2**31 bytes."""
+    for shapes in (rowwise_shapes, colwise_shapes):
+        numel = math.prod(shapes(shape, blocked, groups)[1])
+        if numel > _MAX_ELEMENTS:
+            return (f"the scale buffer would have {numel} bytes; the kernels address scales with int32 (at most "
+                    f"{_MAX_ELEMENTS}): split the call or use fewer, larger token groups")
     return None
 
 
@@ -129,8 +141,8 @@ def _ops(arch: str) -> dict:
 
     def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None):
         grouped = offs is not None and blocked  # plain rowwise scales do not depend on the groups
-        if grouped:
-            end = group_end(x, offs)
+        if offs is not None:
+            end = group_end(x, offs)  # validated either way
         q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, offs.shape[0] if grouped else None)
         if x.numel() == 0:
             return _e8m0(q, s)
@@ -190,7 +202,9 @@ def _swiglu_limits(first, *rest):
         return f"{offs.numel()} token groups exceed the kernels' limit ({_MAX_GROUPS})"
     if first.shape[-1] > _MAX_K:
         return f"width {first.shape[-1]} exceeds the kernels' grid limit ({_MAX_K})"
-    return None
+    backward = bool(rest) and isinstance(rest[0], torch.Tensor)  # (dh, h13, ...) vs (h13, ...)
+    width = 2 * first.shape[-1] if backward else first.shape[-1] // 2  # the cast's K: 2I backward, I forward
+    return _scale_limits((first.shape[0], width), True, None if offs is None else offs.numel())
 
 
 def _swiglu_ops(arch: str) -> dict:

@@ -24,9 +24,10 @@ def _block(scales: torch.Tensor, blocked: bool) -> torch.Tensor:
 
 
 def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None):
+    if offs is not None:  # checked even where plain scales do not depend on the groups
+        F.validate_offsets(offs, x.shape[0])
     data, scales = F.quantize_mxfp8(x, dim=-1, scale_mode=scale_mode, elem_dtype=elem_dtype)
     if blocked and offs is not None:
-        F.validate_offsets(offs, x.shape[0])
         return data, F.to_blocked_scales_grouped_m(scales, offs)
     return data, _block(scales, blocked)
 
