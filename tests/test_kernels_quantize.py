@@ -178,3 +178,19 @@ def test_grouped_k_kernels_bit_exact(sizes, tail, dtype, rng):
                 ref = op(x.cpu(), scale_mode=mode, offs=offs, blocked=blocked, backend="reference")
                 for g, r in zip(got, ref):
                     assert g.shape == r.shape and torch.equal(g.view(torch.uint8).cpu(), r.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@gpu
+def test_grouped_kernels_at_the_group_limit():
+    """65536 groups of one row: the device binary searches must resolve every group (16 steps would not)."""
+    from cute_mxfp8.ops.cute_kernels import _MAX_GROUPS
+
+    m = _MAX_GROUPS
+    x = torch.randn(m, 32).to(torch.bfloat16).cuda()
+    offs = torch.arange(1, m + 1, dtype=torch.int32)
+    for op in (ops.quantize_rowwise, ops.quantize_dual):
+        got = op(x, offs=offs.cuda(), backend="sm90")
+        ref = op(x.cpu(), offs=offs, backend="reference")
+        for g, r in zip(got, ref):
+            assert g.shape == r.shape and torch.equal(g.view(torch.uint8).cpu(), r.view(torch.uint8))
