@@ -5,10 +5,15 @@ Groups: ``quantize`` (rowwise / colwise / dual casts), ``swiglu`` (fused SwiGLU 
 written) and TFLOP/s for GEMMs.  On CPU only the ``reference`` backend runs, at small shapes; GPU shapes are the
 ones the kernel issues name.  Timing: CUDA -> ``triton.testing.do_bench`` (median) when triton is installed,
 else CUDA events; CPU -> wall clock median.  Numbers from the reference backend measure torch emulation, not kernels.
+
+On a GPU, baseline rows do the same work another way: torchao's ``to_mx`` under torch.compile (quantize), and the
+unfused path the fused SwiGLU kernels replace (compiled SwiGLU / its gradient written in bf16, then a rowwise and a
+colwise cast).  Their GB/s counts the fused op's bytes, so the ratio of times is the speed-up.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import time
@@ -53,7 +58,9 @@ def _quantize_cases(large: bool) -> list[Case]:
 
             def run(b):
                 return fn(x, backend=b)
-            run.input = x  # for the torchao comparison
+            ao = _torchao_to_mx(f"quantize_{which}", dev)
+            if ao is not None:
+                run.baselines = {"torchao.to_mx+compile": lambda: ao(x)}
             return run, x.numel() * (2 + writes * _FP8_OUT), None
         for which in ("rowwise", "colwise", "dual"):
             cases.append(Case("quantize", f"quantize_{which}", "x".join(map(str, shape)),
@@ -90,14 +97,46 @@ def _swiglu_cases(large: bool) -> list[Case]:
     for m, i in shapes:
         def fwd(dev, m=m, i=i):
             h13 = torch.randn(m, 2 * i, device=dev, dtype=torch.bfloat16)
-            return (lambda b: _q.swiglu_quant(h13, backend=b)), m * i * (4 + 2 * _FP8_OUT), None
+
+            def run(b):
+                return _q.swiglu_quant(h13, backend=b)
+            if dev.type == "cuda":
+                run.baselines = {"unfused: compiled SwiGLU + 2 casts": lambda: _unfused(_swiglu_hp(), h13)}
+            return run, m * i * (4 + 2 * _FP8_OUT), None
 
         def bwd(dev, m=m, i=i):
             dh = torch.randn(m, i, device=dev, dtype=torch.bfloat16)
             h13 = torch.randn(m, 2 * i, device=dev, dtype=torch.bfloat16)
-            return (lambda b: _q.dswiglu_quant(dh, h13, backend=b)), m * i * (2 + 4 + 4 * _FP8_OUT), None
+
+            def run(b):
+                return _q.dswiglu_quant(dh, h13, backend=b)
+            if dev.type == "cuda":
+                run.baselines = {"unfused: compiled dSwiGLU + 2 casts": lambda: _unfused(_dswiglu_hp(), dh, h13)}
+            return run, m * i * (2 + 4 + 4 * _FP8_OUT), None
         cases += [Case("swiglu", "swiglu_quant", f"{m}x{i}", fwd), Case("swiglu", "dswiglu_quant", f"{m}x{i}", bwd)]
     return cases
+
+
+@functools.lru_cache(maxsize=None)
+def _swiglu_hp():
+    """torch.compile of the SwiGLU math writing h in the input dtype: the first half of the unfused path."""
+    from cute_mxfp8.swiglu import split_gate_up, swiglu
+
+    return torch.compile(lambda h13: swiglu(*split_gate_up(h13)).to(h13.dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _dswiglu_hp():
+    from cute_mxfp8.swiglu import dswiglu, pack_gate_up, split_gate_up
+
+    return torch.compile(lambda dh, h13: pack_gate_up(*dswiglu(dh, *split_gate_up(h13))).to(dh.dtype))
+
+
+def _unfused(math, *inputs):
+    """The path the fused kernels replace: the activation (or its gradient) written in high precision, then read
+    again by a rowwise and a colwise cast (automatic backend)."""
+    hp = math(*inputs)
+    return _q.quantize_rowwise(hp), _q.quantize_colwise(hp)
 
 
 def _gemm_cases(large: bool) -> list[Case]:
@@ -223,10 +262,9 @@ def main(args) -> int:
     rows: list[Row] = []
     for case in cases:
         fn, nbytes, flops = case.make(device)
-        ao = _torchao_to_mx(case.op, device)
-        if ao is not None and hasattr(fn, "input"):  # the same input through torchao (its compiled graph)
-            ms = _time_ms(lambda: ao(fn.input), device, budget_s=1.0)
-            rows.append(Row(case.group, case.op, "torchao.to_mx+compile", case.shape, ms, nbytes / ms / 1e6, None))
+        for name, baseline in getattr(fn, "baselines", {}).items():  # the same inputs through another path
+            ms = _time_ms(baseline, device, budget_s=1.0)
+            rows.append(Row(case.group, case.op, name, case.shape, ms, nbytes / ms / 1e6, None))
         for backend in ops.registered_backends():
             b = _BACKENDS[backend]
             if case.op not in b.ops or b.unavailable_reason(device) is not None:
