@@ -278,21 +278,23 @@ def grouped_scale_tiles(total: int, num_groups: int) -> int:
     return total // _TILE_ROWS + num_groups
 
 
-def validate_offsets(offs: torch.Tensor, total: int) -> None:
+def validate_offsets(offs: torch.Tensor, total: int) -> int:
     """Check ``offs``: 1-D int32, non-decreasing, ``0 <= offs[g] <= total``.  Raises ValueError naming the fix.
 
-    Reads the values (a device sync on GPU); the checks on dtype and rank are free.
+    Reads the values (one device sync on GPU; the checks on dtype and rank are free) and returns ``offs[-1]``, the
+    end of the last group (0 with no groups), from that same read.
     """
     if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
         got = f"{offs.dtype} of shape {tuple(offs.shape)}" if isinstance(offs, torch.Tensor) else type(offs)
         raise ValueError(f"offs must be a 1-D torch.int32 tensor of cumulative group END offsets, got {got}")
     if offs.numel() == 0:
-        return
+        return 0
     o = offs.cpu().to(torch.int64)
     if int(o[0]) < 0 or bool((o[1:] < o[:-1]).any()):
         raise ValueError(f"offs must be non-decreasing and >= 0 (cumulative end offsets), got {o.tolist()}")
     if int(o[-1]) > total:
         raise ValueError(f"offs[-1] = {int(o[-1])} exceeds the grouped dim size {total}")
+    return int(o[-1])
 
 
 def group_bounds(offs: torch.Tensor) -> list[tuple[int, int]]:

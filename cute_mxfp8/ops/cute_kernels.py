@@ -135,14 +135,10 @@ def _ops(arch: str) -> dict:
                                                               dtype=torch.uint8, device=x.device)
             kernel("rowwise", x, scale_mode, elem_dtype, False)(x[end:], q[end:], tail_s)
 
-    def group_end(x, offs):
-        F.validate_offsets(offs, x.shape[0])  # a host sync, as in the reference; bad offsets raise ValueError
-        return int(offs[-1]) if offs.numel() else 0
-
     def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None):
         grouped = offs is not None and blocked  # plain rowwise scales do not depend on the groups
         if offs is not None:
-            end = group_end(x, offs)  # validated either way
+            end = F.validate_offsets(offs, x.shape[0])  # validated either way
         q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, offs.shape[0] if grouped else None)
         if x.numel() == 0:
             return _e8m0(q, s)
@@ -158,7 +154,7 @@ def _ops(arch: str) -> dict:
 
     def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None):
         if offs is not None:
-            end = group_end(x, offs)
+            end = F.validate_offsets(offs, x.shape[0])
         qt, st = _outputs(colwise_shapes, x, elem_dtype, blocked, None if offs is None else offs.shape[0])
         if offs is not None:
             qt[:, end:] = 0  # rows past offs[-1] belong to no group
@@ -169,7 +165,7 @@ def _ops(arch: str) -> dict:
     def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None):
         g = None if offs is None else offs.shape[0]
         if offs is not None:
-            end = group_end(x, offs)
+            end = F.validate_offsets(offs, x.shape[0])
         q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, g if blocked else None)
         qt, st = _outputs(colwise_shapes, x, elem_dtype, blocked, g)
         if x.numel() == 0:
@@ -217,8 +213,7 @@ def _swiglu_ops(arch: str) -> dict:
         g = None if offs is None else offs.shape[0]
         end = m
         if offs is not None:
-            F.validate_offsets(offs, m)  # a host sync, as in the reference; bad offsets raise ValueError
-            end = int(offs[-1]) if offs.numel() else 0
+            end = F.validate_offsets(offs, m)  # one host sync, as in the reference; bad offsets raise ValueError
         q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, g if blocked else None, (m, width))
         qt, st = _outputs(colwise_shapes, x, elem_dtype, blocked, g, (m, width))
         hp = torch.empty((m, width) if emit_hp else (0,), dtype=x.dtype, device=dev)
