@@ -89,20 +89,11 @@ def _ops():
     return SWIGLU_KERNEL_OPS["sm90"]
 
 
-# Seen on the H200 on 2026-11-30: every bf16 case passes (dense and grouped); fp32 inputs pass at (1, 32) and fail
-# at the larger shapes (the run was cut by the device budget before the message printed).  Under investigation;
-# strict, so a fix shows up as XPASS and this mark must go.
-_FP32_OPEN = pytest.mark.xfail(strict=True, reason="fp32-input SwiGLU kernels differ from the reference on the "
-                               "H200 beyond the bound (2026-11-30, cause not yet known)")
-
-
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("m,i", [(1, 32), (127, 96), (129, 160), (300, 544), (4096, 1024)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_swiglu_kernels_match_reference(m, i, dtype, rng, request):
-    if dtype == torch.float32 and m > 1:
-        request.applymarker(_FP32_OPEN)
+def test_swiglu_kernels_match_reference(m, i, dtype, rng):
     h13 = _edge_rows(torch.randn(m, 2 * i, generator=rng) * 4).to(dtype).cuda()
     dh = torch.randn(m, i, generator=rng).to(dtype).cuda()
     k = _ops()
