@@ -84,9 +84,32 @@ def _edge_rows(h13: torch.Tensor) -> torch.Tensor:
 
 
 def _ops():
-    from cute_mxfp8.ops.cute_kernels import SWIGLU_KERNEL_OPS
+    """The public ops with the sm90 backend requested explicitly (positional arguments as the reference's)."""
+    from cute_mxfp8 import ops
 
-    return SWIGLU_KERNEL_OPS["sm90"]
+    def fwd(h13, mode, elem, blocked, emit_hp, offs=None):
+        return ops.swiglu_quant(h13, scale_mode=mode, elem_dtype=elem, blocked=blocked, emit_hp=emit_hp, offs=offs,
+                                backend="sm90")
+
+    def bwd(dh, h13, mode, elem, blocked, emit_hp, offs=None):
+        return ops.dswiglu_quant(dh, h13, scale_mode=mode, elem_dtype=elem, blocked=blocked, emit_hp=emit_hp,
+                                 offs=offs, backend="sm90")
+
+    return {"swiglu_quant": fwd, "dswiglu_quant": bwd}
+
+
+def test_swiglu_ops_are_registered_on_the_kernel_backends():
+    from cute_mxfp8.ops import backends as B
+
+    for name in ("sm90", "sm100"):
+        backend = B._BACKENDS[name]
+        for op in ("swiglu_quant", "dswiglu_quant"):
+            assert op in backend.ops and op in backend.limits
+        h13, dh = torch.zeros(64, 128), torch.zeros(64, 64, dtype=torch.bfloat16)
+        assert "share a dtype" in backend.limits["dswiglu_quant"](dh, h13, "rceil", None, True, False, None)
+        assert backend.limits["swiglu_quant"](h13, "rceil", None, True, False, None) is None
+        assert "contiguous" in backend.limits["swiglu_quant"](torch.zeros(128, 64).t(), "rceil", None, True, False,
+                                                              None)
 
 
 @pytest.mark.gpu
@@ -123,3 +146,24 @@ def test_grouped_swiglu_kernels_match_reference(sizes, tail, rng):
                R.swiglu_quant(h13, mode, torch.float8_e4m3fn, blocked, emit_hp, offs), "fwd " + what)
         _check(k["dswiglu_quant"](dh, h13, mode, torch.float8_e4m3fn, blocked, emit_hp, offs),
                R.dswiglu_quant(dh, h13, mode, torch.float8_e4m3fn, blocked, emit_hp, offs), "bwd " + what)
+
+
+@pytest.mark.gpu
+@gpu
+def test_swiglu_ops_pick_the_kernels_and_refuse_clearly(rng):
+    """With no backend requested the SM90 kernels run (their scales equal the explicit sm90 call's); inputs the
+    kernels cannot take fall back to the reference automatically and raise with the reason when sm90 is forced."""
+    from cute_mxfp8 import ops
+    from cute_mxfp8.ops.backends import resolve_backend
+
+    h13 = torch.randn(200, 192, generator=rng).to(torch.bfloat16).cuda()
+    dh = torch.randn(200, 96, generator=rng).to(torch.bfloat16).cuda()
+    args = (h13, "rceil", torch.float8_e4m3fn, True, False, None)
+    assert resolve_backend(h13.device, None, "swiglu_quant", args) == "sm90"
+    assert resolve_backend(h13.device, None, "dswiglu_quant", (dh,) + args) == "sm90"
+    auto, forced = ops.swiglu_quant(h13), ops.swiglu_quant(h13, backend="sm90")
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(auto[:4], forced[:4]))
+    with pytest.raises(ops.BackendUnavailableError, match="share a dtype"):
+        ops.dswiglu_quant(dh.float(), h13, backend="sm90")
+    _check(ops.dswiglu_quant(dh.float(), h13), R.dswiglu_quant(dh.float(), h13, "rceil", torch.float8_e4m3fn, True,
+                                                               False), "mixed dtypes on the reference")

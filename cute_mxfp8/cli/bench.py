@@ -35,6 +35,7 @@ class Row:
     ms: float
     gbps: float
     tflops: float | None
+    speedup: float | None = None  # the case's first baseline time / this row's time (kernel backends only)
 
 
 @dataclass
@@ -262,8 +263,10 @@ def main(args) -> int:
     rows: list[Row] = []
     for case in cases:
         fn, nbytes, flops = case.make(device)
+        base_ms = None
         for name, baseline in getattr(fn, "baselines", {}).items():  # the same inputs through another path
             ms = _time_ms(baseline, device, budget_s=1.0)
+            base_ms = ms if base_ms is None else base_ms
             rows.append(Row(case.group, case.op, name, case.shape, ms, nbytes / ms / 1e6, None))
         for backend in ops.registered_backends():
             b = _BACKENDS[backend]
@@ -271,14 +274,16 @@ def main(args) -> int:
                 continue
             ms = _time_ms(lambda: fn(backend), device, budget_s=1.0)
             rows.append(Row(case.group, case.op, backend, case.shape, ms, nbytes / ms / 1e6,
-                            None if flops is None else flops / ms / 1e9))
+                            None if flops is None else flops / ms / 1e9,
+                            None if base_ms is None or backend == "reference" else base_ms / ms))
     overhead = launch_overhead_us(device) if device.type == "cuda" and "quantize" in groups else {}
     for name, us in overhead.items():
         print(f"host time per call, {name}: {us:.1f} us")
     pct = (lambda r: "" if copy_gbps is None else f"{100 * r.gbps / copy_gbps:.0f}")
     print(tabulate([[r.op, r.backend, r.shape, f"{r.ms:.3f}", f"{r.gbps:.3g}", pct(r),
-                     "" if r.tflops is None else f"{r.tflops:.3g}"] for r in rows],
-                   headers=["op", "backend", "shape", "ms", "GB/s", "% copy", "TFLOP/s"]))
+                     "" if r.tflops is None else f"{r.tflops:.3g}",
+                     "" if r.speedup is None else f"{r.speedup:.2f}x"] for r in rows],
+                   headers=["op", "backend", "shape", "ms", "GB/s", "% copy", "TFLOP/s", "vs baseline"]))
     if device.type == "cpu":
         print("note: on CPU these time the torch reference (emulation), not kernels.")
     if getattr(args, "json", None):

@@ -13,7 +13,7 @@ Conventions shared by every function here (``design.md`` sections 1-2):
 * ``backend``: ``None`` picks automatically (``CUTE_MXFP8_BACKEND`` if set, else the best backend for the
   device); an explicit backend that cannot run raises :class:`~cute_mxfp8.ops.backends.BackendUnavailableError`.
 * Bad shapes, dtypes, devices or offsets raise ``ValueError`` naming the rule, before any kernel runs.
-* In eager mode the quantize wrappers call the op's implementation directly (see :func:`_direct`), which saves the
+* In eager mode the quantize and SwiGLU wrappers call the op's implementation directly (see :func:`_direct`), which saves the
   custom-op dispatcher's host time; ``torch.ops.cute_mxfp8.*`` and torch.compile behave the same either way.
 """
 
@@ -38,12 +38,14 @@ def _direct(*tensors) -> bool:
             and not torch._C._is_torch_function_mode_enabled() and _get_current_dispatch_mode() is None)
 
 
-def _check_types(x, blocked) -> None:
-    """The schema's type checks, for calls that skip the dispatcher."""
-    if not isinstance(x, Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if not isinstance(blocked, bool):
-        raise TypeError(f"blocked must be a bool, got {type(blocked).__name__}")
+def _check_types(blocked, emit_hp=False, **tensors) -> None:
+    """The schema's type checks, for calls that skip the dispatcher (``tensors``: argument name -> value)."""
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, flag in (("blocked", blocked), ("emit_hp", emit_hp)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
 
 
 def quantize_rowwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
@@ -58,7 +60,7 @@ def quantize_rowwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
         ``(data, scales)``: data of ``x``'s shape; scales plain (M, K/32) / (E, N, K/32), or blocked: 1-D
         ``blocked_scales_numel(M, K/32)`` (grouped: ``(M // 128 + G) * 128 * ceil4(K/32)``) / (E, numel).
     """
-    _check_types(x, blocked)
+    _check_types(blocked, x=x)
     op = L.quantize_rowwise_impl if _direct(x, offs) else L._quantize_rowwise
     return op(x, scale_mode, elem_dtype, blocked, offs, backend or "")
 
@@ -82,7 +84,7 @@ def quantize_colwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
           ``4 * group_tile_starts(offs)[g]``, or that matrix blocked.
         * 3-D (E, N, K): data_t (E, K, N); scales (E, K, N/32) or (E, blocked numel).
     """
-    _check_types(x, blocked)
+    _check_types(blocked, x=x)
     op = L.quantize_colwise_impl if _direct(x, offs) else L._quantize_colwise
     return op(x, scale_mode, elem_dtype, blocked, offs, backend or "")
 
@@ -91,7 +93,7 @@ def quantize_dual(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dty
                   blocked: bool = True, offs: Tensor | None = None, backend: str | None = None):
     """Rowwise and colwise quantization from one read of ``x``: ``(row_data, row_scales, col_data, col_scales)``,
     each exactly as :func:`quantize_rowwise` and :func:`quantize_colwise` return them (``K % 32 == 0``)."""
-    _check_types(x, blocked)
+    _check_types(blocked, x=x)
     op = L.quantize_dual_impl if _direct(x, offs) else L._quantize_dual
     return op(x, scale_mode, elem_dtype, blocked, offs, backend or "")
 
@@ -159,7 +161,9 @@ def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dt
         ``(h_row, h_row_scales, h_col, h_col_scales, h_hp)`` with the layouts of :func:`quantize_dual` for an
         (M, I) tensor.
     """
-    return L._swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "")
+    _check_types(blocked, emit_hp, h13=h13)
+    op = L.swiglu_quant_impl if _direct(h13, offs) else L._swiglu_quant
+    return op(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "")
 
 
 def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
@@ -173,4 +177,6 @@ def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dt
     Returns:
         ``(dh13_row, row_scales, dh13_col, col_scales, dh13_hp)``, layouts of :func:`quantize_dual` for (M, 2I).
     """
-    return L._dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "")
+    _check_types(blocked, emit_hp, dh=dh, h13=h13)
+    op = L.dswiglu_quant_impl if _direct(dh, h13, offs) else L._dswiglu_quant
+    return op(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "")

@@ -4,7 +4,8 @@
 Both backends run the same arch-generic kernels, compiled for ``sm_90a`` or ``sm_100a``.  Implemented:
 ``quantize_rowwise``, ``quantize_colwise`` and ``quantize_dual`` (one read of the input) for contiguous 2-D
 activations and 3-D (E, N, K) expert weights with K % 32 == 0, plain or blocked scales, and token groups
-(``offs``) on 2-D inputs: grouped-M blocked rowwise scales, grouped-K colwise blocks (2d-2d wgrad operands).
+(``offs``) on 2-D inputs: grouped-M blocked rowwise scales, grouped-K colwise blocks (2d-2d wgrad operands);
+``swiglu_quant`` / ``dswiglu_quant`` (fused SwiGLU or its derivative + dual quantization, dense or grouped).
 Other ops are not implemented by these backends yet: automatic selection passes over them (the reference runs),
 and an explicit ``backend="sm90"`` for them raises with the reason (:class:`BackendUnavailableError`).
 """
@@ -243,16 +244,15 @@ def _swiglu_ops(arch: str) -> dict:
     return {"swiglu_quant": swiglu_quant, "dswiglu_quant": dswiglu_quant}
 
 
-# The fused SwiGLU kernels compile for both arches in CI but have not yet run on the H200: they join the backends'
-# ``ops`` (and so the automatic choice) once the GPU tests in tests/test_kernels_swiglu.py have passed there.
 SWIGLU_KERNEL_OPS = {name: _swiglu_ops(arch) for name, (_, arch, _) in _ARCHS.items()}
-SWIGLU_LIMITS = {"swiglu_quant": _swiglu_limits, "dswiglu_quant": _swiglu_limits}
+_QUANT_LIMITS = {"quantize_rowwise": _limits, "quantize_colwise": _limits, "quantize_dual": _limits}
+_SWIGLU_LIMITS = {"swiglu_quant": _swiglu_limits, "dswiglu_quant": _swiglu_limits}
 
 for _name, (_, _arch, _) in _ARCHS.items():
     register_backend(Backend(
         name=_name,
         priority=10,
         unavailable_reason=_unavailable(_name),
-        ops=_ops(_arch),
-        limits={"quantize_rowwise": _limits, "quantize_colwise": _limits, "quantize_dual": _limits},
+        ops={**_ops(_arch), **SWIGLU_KERNEL_OPS[_name]},
+        limits={**_QUANT_LIMITS, **_SWIGLU_LIMITS},
     ))

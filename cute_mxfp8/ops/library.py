@@ -167,12 +167,14 @@ def _(a, a_scales, b, b_scales, offs, out_dtype, backend):
 
 # ---- SwiGLU + dual quantization -------------------------------------------------------------------------
 
-@torch.library.custom_op(f"{_NS}::swiglu_quant", mutates_args=())
-def _swiglu_quant(h13: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool, emit_hp: bool,
-                  offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def swiglu_quant_impl(h13: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool, emit_hp: bool,
+                      offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype)
     S.check_swiglu(h13, offs)
     return _call("swiglu_quant", h13.device, backend, h13, scale_mode, elem_dtype, blocked, emit_hp, offs)
+
+
+_swiglu_quant = torch.library.custom_op(f"{_NS}::swiglu_quant", swiglu_quant_impl, mutates_args=())
 
 
 @_swiglu_quant.register_fake
@@ -184,13 +186,15 @@ def _(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend):
             _empty(h13, _hp_shape(emit_hp, (m, i)), h13.dtype))
 
 
-@torch.library.custom_op(f"{_NS}::dswiglu_quant", mutates_args=())
-def _dswiglu_quant(dh: Tensor, h13: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
-                   emit_hp: bool, offs: Optional[Tensor],
-                   backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def dswiglu_quant_impl(dh: Tensor, h13: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
+                       emit_hp: bool, offs: Optional[Tensor],
+                       backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype)
     S.check_swiglu(h13, offs, dh)
     return _call("dswiglu_quant", dh.device, backend, dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs)
+
+
+_dswiglu_quant = torch.library.custom_op(f"{_NS}::dswiglu_quant", dswiglu_quant_impl, mutates_args=())
 
 
 @_dswiglu_quant.register_fake
