@@ -31,7 +31,11 @@ def test_swiglu_kernels_compile_for_sm100(direction, in_dtype, elem, mode, block
     tiles = 1 if direction == "fwd" else 2  # the backward emits dg and du tiles
     assert len(re.findall(r"shfl\.sync", ptx)) == 22 * tiles  # reduce-scatter + broadcast per tile
     assert len(re.findall(r"ex2\.approx", ptx)) == 32  # one exp per element of the 8 x 4 lane tile
-    assert len(re.findall(r"rcp\.rn\.f32", ptx)) == 32  # sigmoid's 1 / (1 + e) correctly rounded
+    # sigmoid's 1 / (1 + e): hardware estimate + one FMA Newton step per element, no division and no branch
+    assert len(re.findall(r"rcp\.approx\.ftz\.f32", ptx)) == 32
+    assert "div.rn" not in ptx and "rcp.rn" not in ptx
+    ctas = (5 if emit_hp or grouped else 6) if direction == "fwd" else (3 if grouped else 4)
+    assert re.search(rf"\.minnctapersm\s+{ctas}\b", ptx) and re.search(r"\.maxntid\s+128, 1, 1", ptx)
 
 
 gpu = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
@@ -72,14 +76,17 @@ def _check(got, ref, what):
 
 def _edge_rows(h13: torch.Tensor) -> torch.Tensor:
     """Rows of the issue's edge cases: sigmoid saturating at 1, products of exactly 448, Inf gate with zero up
-    (a NaN block), zero rows."""
+    (a NaN block), zero rows; and the ends of the sigmoid range (exactly 0, subnormal)."""
     i = h13.shape[1] // 2
     if h13.shape[0] >= 8:
         h13[0, :i], h13[0, i:] = 100.0, 1.0  # sigmoid(100) == 1 in fp32: h == 100
         h13[1, :i], h13[1, i:] = 64.0, 7.0  # h == 448 exactly (e4m3 max)
         h13[2, 0], h13[2, i] = float("inf"), 0.0  # inf * 0 -> NaN: poisons that block only
         h13[3] = 0.0
-        h13[4, :i] = -100.0  # sigmoid(-100) ~ 0: h ~ -0
+        h13[4, :i] = -100.0  # exp(100) overflows: sigmoid == 0 exactly, h == -0
+        # sigmoid subnormal (g in (-88.7, -87.3)): the kernel's rescaled reciprocal path; a whole row of such
+        # values, so its rowwise blocks have tiny amax and clamped scales
+        h13[5, :i] = -88.0 + 0.6 * torch.tanh(h13[5, :i])
     return h13
 
 

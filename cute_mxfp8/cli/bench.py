@@ -8,7 +8,10 @@ else CUDA events; CPU -> wall clock median.  Numbers from the reference backend 
 
 On a GPU, baseline rows do the same work another way: torchao's ``to_mx`` under torch.compile (quantize), and the
 unfused path the fused SwiGLU kernels replace (compiled SwiGLU / its gradient written in bf16, then a rowwise and a
-colwise cast).  Their GB/s counts the fused op's bytes, so the ratio of times is the speed-up.
+colwise cast).  Their GB/s counts the fused op's bytes; the "vs baseline" column of a kernel row is the case's
+first baseline time over the kernel's time (the speed-up).  Baselines compile with ``dynamic=False``: one static
+graph per shape, as a training run with fixed shapes gets (the default would turn the second shape into a
+dynamic-shape graph, which is slower and flatters the kernels).
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ def _torchao_to_mx(op: str, device: torch.device):
 
     body = {"quantize_rowwise": rowwise, "quantize_colwise": colwise,
             "quantize_dual": lambda x: (rowwise(x), colwise(x))}[op]
-    return torch.compile(body)
+    return torch.compile(body, dynamic=False)
 
 
 def _swiglu_cases(large: bool) -> list[Case]:
@@ -123,14 +126,15 @@ def _swiglu_hp():
     """torch.compile of the SwiGLU math writing h in the input dtype: the first half of the unfused path."""
     from cute_mxfp8.swiglu import split_gate_up, swiglu
 
-    return torch.compile(lambda h13: swiglu(*split_gate_up(h13)).to(h13.dtype))
+    return torch.compile(lambda h13: swiglu(*split_gate_up(h13)).to(h13.dtype), dynamic=False)
 
 
 @functools.lru_cache(maxsize=None)
 def _dswiglu_hp():
     from cute_mxfp8.swiglu import dswiglu, pack_gate_up, split_gate_up
 
-    return torch.compile(lambda dh, h13: pack_gate_up(*dswiglu(dh, *split_gate_up(h13))).to(dh.dtype))
+    return torch.compile(lambda dh, h13: pack_gate_up(*dswiglu(dh, *split_gate_up(h13))).to(dh.dtype),
+                         dynamic=False)
 
 
 def _unfused(math, *inputs):

@@ -17,7 +17,9 @@ operations on fp32 bits so they are exact and NaN-safe:
   even, saturating to +-max, which is the clamp); a 255 block multiplies by NaN, so every element is NaN (0x7F).
 
 SwiGLU (``cute_mxfp8.swiglu``): ``s = 1 / (1 + exp(-g))``, ``h = (g * s) * u``; backward
-``dg = (dh * u) * (s * (1 + g * (1 - s)))``, ``du = dh * (g * s)``, in fp32 in the reference's operation order.
+``dg = (dh * u) * (s * (1 + g * (1 - s)))``, ``du = dh * (g * s)``, in fp32 in the reference's operation order
+(the reciprocal correctly rounded without a branch, :func:`sigmoid`; ``exp`` is the DSL's, not torch's, so an
+element may land one fp8 code away from the reference's, rarely: the bound the GPU tests hold).
 """
 
 from __future__ import annotations
@@ -140,18 +142,65 @@ def reduce_scatter_max(a: cute.Tensor, n: cutlass.Constexpr[int], low_bit: cutla
 @cute.jit
 def swiglu_fwd(g: cute.TensorSSA, u: cute.TensorSSA):
     """``h = silu(g) * u`` elementwise in fp32 (``silu(g) = g * sigmoid(g)``), the reference's operation order."""
-    s = 1.0 / (1.0 + cute.math.exp(-g))
+    s = sigmoid(g)
     return (g * s) * u
+
+
+def _f32_asm(asm: str, *args, loc=None, ip=None) -> cutlass.Float32:
+    return cutlass.Float32(llvm.inline_asm(
+        T.f32(), [cutlass.Float32(a).ir_value(loc=loc, ip=ip) for a in args], asm, "=f" + ",f" * len(args),
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def rcp_approx_ftz(x: cutlass.Float32, *, loc=None, ip=None) -> cutlass.Float32:
+    """``rcp.approx.ftz.f32``: the hardware reciprocal estimate (MUFU.RCP)."""
+    return _f32_asm("rcp.approx.ftz.f32 $0, $1;", x, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def fma_rn(a: cutlass.Float32, b: cutlass.Float32, c: cutlass.Float32, *, loc=None, ip=None) -> cutlass.Float32:
+    """``a * b + c`` rounded once (``fma.rn.f32``)."""
+    return _f32_asm("fma.rn.f32 $0, $1, $2, $3;", a, b, c, loc=loc, ip=ip)
+
+
+_RCP_BIG = 2.0 ** 126  # from here on 1/d is subnormal: scale d into range first
+_RCP_SHIFT = 2.0 ** -64
+
+
+@cute.jit
+def sigmoid(g: cute.TensorSSA):
+    """``1 / (1 + exp(-g))`` elementwise in fp32, with the division done without a branch.
+
+    The reciprocal is the hardware estimate refined by one FMA Newton step, the sequence the compiler emits for a
+    correctly rounded ``rcp.rn.f32`` in its fast path (there it is guarded by a branch to a slow path for huge,
+    tiny or special inputs).  Here ``d = 1 + exp(-g) >= 1``, so only ``d >= 2**126`` (g < -87.3, where
+    ``1/d`` is subnormal) and ``d = inf`` leave that path: the first is scaled by 2**-64 before and after (one
+    extra rounding, in the subnormal range only, so the result can be one subnormal ulp off the correctly rounded
+    one), the second takes the estimate itself (exactly 0).  NaN stays NaN."""
+    d = 1.0 + cute.math.exp(-g)
+    out = cute.make_rmem_tensor(g.shape, cutlass.Float32)
+    dv = cute.make_rmem_tensor(g.shape, cutlass.Float32)
+    dv.store(d)
+    for i in cutlass.range_constexpr(cute.size(g.shape)):
+        x = dv[i]
+        c = cutlass.Float32(1.0)
+        if x >= _RCP_BIG:
+            c = cutlass.Float32(_RCP_SHIFT)
+        xs = x * c
+        r0 = rcp_approx_ftz(xs)
+        r = fma_rn(r0, fma_rn(-xs, r0, cutlass.Float32(1.0)), r0)
+        if xs == float("inf"):
+            r = r0
+        out[i] = r * c
+    return out.load()
 
 
 @dsl_user_op
 def mul_rn(a: cutlass.Float32, b: cutlass.Float32, *, loc=None, ip=None) -> cutlass.Float32:
     """``a * b`` rounded to nearest even as its own instruction (``mul.rn.f32``): the compiler may not fuse it into
     a following add (an FMA rounds once, where the reference's separate ops round twice)."""
-    return cutlass.Float32(llvm.inline_asm(
-        T.f32(), [cutlass.Float32(a).ir_value(loc=loc, ip=ip), cutlass.Float32(b).ir_value(loc=loc, ip=ip)],
-        "mul.rn.f32 $0, $1, $2;", "=f,f,f", has_side_effects=False, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+    return _f32_asm("mul.rn.f32 $0, $1, $2;", a, b, loc=loc, ip=ip)
 
 
 @cute.jit
@@ -160,7 +209,7 @@ def swiglu_bwd(dh: cute.TensorSSA, g: cute.TensorSSA, u: cute.TensorSSA):
     order and roundings: ``dg = (dh * u) * (s * (1 + g * (1 - s)))``, ``du = dh * (g * s)``.  The product
     ``g * (1 - s)`` is rounded before the add (:func:`mul_rn`); fused into an FMA it would differ from the
     reference wherever ``1 + g * (1 - s)`` cancels (near g = -1.28, the zero of silu')."""
-    s = 1.0 / (1.0 + cute.math.exp(-g))
+    s = sigmoid(g)
     one_minus_s = 1.0 - s
     p = cute.make_rmem_tensor(g.shape, cutlass.Float32)
     for i in cutlass.range_constexpr(cute.size(g.shape)):

@@ -97,7 +97,24 @@ class TileQuantKernel(MXCastParams):
         self.kernel(cute.zipped_divide(x, (1, 1, VEC)), cute.zipped_divide(y, (1, 1, VEC)),
                     cute.zipped_divide(q, (1, 1, VEC)), s, gqt, st, cute.zipped_divide(hp, (1, 1, VEC)), offs,
                     tile_starts, vblocks, k // VEC).launch(
-            grid=(vblocks, cute.ceil_div(k, CTA_COLS), e), block=(32 * WARPS, 1, 1), stream=stream)
+            grid=(vblocks, cute.ceil_div(k, CTA_COLS), e), block=(32 * WARPS, 1, 1), stream=stream,
+            **self._launch_bounds())
+
+    def _launch_bounds(self) -> dict:
+        """``__launch_bounds__`` (resident CTAs per SM) of the SwiGLU kernels: the register cap ptxas gets.
+
+        Each warp loads, computes and stores one tile with no overlap of its own, so the number of resident
+        warps is what hides memory latency.  Left alone ptxas gives the forward 96 and the backward 168 registers
+        (5 and 3 CTAs); 6 and 4 CTAs fit without spills and were 1-3 and 8-9 points of copy bandwidth faster on
+        the H200 (bf16, 2026-11-30).  The variants with more live state (forward with the high-precision store
+        or token groups, backward with token groups) would spill there and keep one CTA less.  ``inspect``
+        checks every variant for spills.
+        """
+        if self.prologue == "cast":
+            return {}
+        n = (5 if self.emit_hp or self.grouped else 6) if self.prologue == "swiglu" else (3 if self.grouped else 4)
+        # the carveout is given so that the DSL does not query a GPU for it (kernels compile on CPU-only machines)
+        return {"min_blocks_per_mp": n, "max_number_threads": [32 * WARPS, 1, 1], "preferred_smem_carveout": 0}
 
     @cute.kernel
     def kernel(self, gx: cute.Tensor, gy: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor,
