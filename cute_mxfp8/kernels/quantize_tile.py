@@ -13,6 +13,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync
 
 from .mx_math import (BLOCK, MXCastParams, apply_scale, block_scale, blocked_scale_offset, last_group_at_or_below,
                       reduce_scatter_max, swiglu_bwd, swiglu_fwd)
@@ -34,7 +35,8 @@ class TileQuantKernel(MXCastParams):
 
     Compile-time parameters (the compile key): element dtype, ``scale_mode``, ``blocked`` scales, ``rowwise`` and
     ``colwise`` outputs (at least one), ``grouped`` (token groups along M; needs ``colwise``, E == 1), the
-    ``prologue`` (``"cast"`` here) and ``emit_hp`` (also store the high-precision tile, in the dtype of ``hp``).
+    ``prologue`` (``"cast"`` here), ``emit_hp`` (also store the high-precision tile, in the dtype of ``hp``) and
+    ``row_tiles`` (1: one row block per CTA; more: the staged loop below; ignored with token groups).
 
     Outputs (contiguous), for a cast of width K:
 
@@ -54,6 +56,12 @@ class TileQuantKernel(MXCastParams):
     8 bytes per column of the transposed output (4 lanes: the 32-byte block).  4 warps side by side along K
     form a CTA; grid (32-row blocks, K / 128, E).
 
+    Staged loop (``row_tiles > 1``, no token groups): grid (ceil(row blocks / row_tiles), K / 128, E); a CTA walks
+    row blocks ``blockIdx.x + i * gridDim.x``, and while one block is computed the next block's input tiles are
+    already on their way: each lane cp.asyncs its 8 x 4 tiles (8 bytes bf16, 16 bytes fp32 per row) into a
+    lane-private double buffer in shared memory (4 warps x 2 buffers x operands x 2 KB bf16), so the prefetch
+    holds no registers.  No barriers: each lane reads back only what it copied, after ``cp.async.wait_group``.
+
     Rows past the end (M tail, or a token group's end) read as zero: the colwise block is quantized as if
     zero-padded, exactly as ``cute_mxfp8.formats`` specifies.  With token groups, CTAs walk *virtual* 32-row
     blocks: the aligned grouped-K scale columns ``[4 * tile_starts[g], 4 * tile_starts[g] + ceil(size_g / 32))``
@@ -67,11 +75,14 @@ class TileQuantKernel(MXCastParams):
     prologue = "cast"
 
     def __init__(self, elem: str, scale_mode: str, blocked: bool, rowwise: bool, colwise: bool,
-                 grouped: bool = False, emit_hp: bool = False):
+                 grouped: bool = False, emit_hp: bool = False, row_tiles: int = 1):
         super().__init__(elem, scale_mode, blocked)
         if not (rowwise or colwise) or (grouped and not colwise):
             raise ValueError("TileQuantKernel needs colwise output, or rowwise without groups")
+        if not isinstance(row_tiles, int) or row_tiles < 1:
+            raise ValueError(f"row_tiles must be a positive int, got {row_tiles!r}")
         self.rowwise, self.colwise, self.grouped, self.emit_hp = rowwise, colwise, grouped, emit_hp
+        self.row_tiles = 1 if grouped else row_tiles  # token groups: one (virtual) row block per CTA
 
     @cute.jit
     def launch(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
@@ -97,24 +108,32 @@ class TileQuantKernel(MXCastParams):
         self.kernel(cute.zipped_divide(x, (1, 1, VEC)), cute.zipped_divide(y, (1, 1, VEC)),
                     cute.zipped_divide(q, (1, 1, VEC)), s, gqt, st, cute.zipped_divide(hp, (1, 1, VEC)), offs,
                     tile_starts, vblocks, k // VEC).launch(
-            grid=(vblocks, cute.ceil_div(k, CTA_COLS), e), block=(32 * WARPS, 1, 1), stream=stream,
-            **self._launch_bounds())
+            grid=(cute.ceil_div(vblocks, self.row_tiles), cute.ceil_div(k, CTA_COLS), e), block=(32 * WARPS, 1, 1),
+            stream=stream, smem=self._staging_bytes(x.element_type), **self._launch_bounds())
+
+    def _staging_bytes(self, dtype) -> int:
+        """Shared memory of the cp.async staging buffers (``row_tiles > 1``): two tiles per operand per warp."""
+        if self.row_tiles == 1:
+            return 0
+        return WARPS * 2 * len(self._operand_names()) * 32 * LANE_ROWS * VEC * dtype.width // 8
 
     def _launch_bounds(self) -> dict:
-        """``__launch_bounds__`` (resident CTAs per SM) of the SwiGLU kernels: the register cap ptxas gets.
-
-        Each warp loads, computes and stores one tile with no overlap of its own, so the number of resident
-        warps is what hides memory latency.  Left alone ptxas gives the forward 96 and the backward 168 registers
-        (5 and 3 CTAs); 6 and 4 CTAs fit without spills and were 1-3 and 8-9 points of copy bandwidth faster on
-        the H200 (bf16, 2026-11-30).  The variants with more live state (forward with the high-precision store
-        or token groups, backward with token groups) would spill there and keep one CTA less.  ``inspect``
-        checks every variant for spills.
-        """
-        if self.prologue == "cast":
+        """Resident CTAs per SM (``__launch_bounds__``) of the one-tile-per-CTA SwiGLU kernels: the register cap
+        ptxas gets.  Such a warp loads, computes and stores one tile with no overlap of its own, so resident warps
+        are what hides memory latency: 6 CTAs forward (80 registers) and 4 backward (128) fit without spills, one
+        less where the high-precision store or token groups add live state (checked for every variant by
+        ``inspect``).  The staged loop is left to ptxas (it needs 160-210 registers)."""
+        if self.prologue == "cast" or self.row_tiles > 1:
             return {}
-        n = (5 if self.emit_hp or self.grouped else 6) if self.prologue == "swiglu" else (3 if self.grouped else 4)
+        if self.prologue == "swiglu":
+            n = 5 if self.emit_hp or self.grouped else 6
+        else:
+            n = 3 if self.grouped else 4
         # the carveout is given so that the DSL does not query a GPU for it (kernels compile on CPU-only machines)
         return {"min_blocks_per_mp": n, "max_number_threads": [32 * WARPS, 1, 1], "preferred_smem_carveout": 0}
+
+    def _operand_names(self):
+        return {"cast": ("x",), "swiglu": ("gate", "up"), "dswiglu": ("dh", "gate", "up")}[self.prologue]
 
     @cute.kernel
     def kernel(self, gx: cute.Tensor, gy: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor,
@@ -128,7 +147,14 @@ class TileQuantKernel(MXCastParams):
         cg = lane - rg * COL_LANES
         m = cute.size(gx, mode=[1, 1])
         cb = bk * WARPS + warp  # this warp's 32-column block (warp-uniform)
-        if cb * COL_LANES < kv:
+        if cutlass.const_expr(self.row_tiles > 1):
+            nops = len(self._operand_names())
+            staging = cutlass.memory.SmemAllocator().allocate_tensor(
+                gx.element_type, cute.make_layout((VEC, 32, LANE_ROWS, nops, 2, WARPS)), 16)
+            if cb * COL_LANES < kv:
+                self._staged(gx, gy, gq, s, gqt, st, ghp, tile_starts, staging, vblocks, kv, cb * COL_LANES + cg,
+                             e, warp, lane, rg, cg, vb)
+        elif cb * COL_LANES < kv:
             cv = cb * COL_LANES + cg
             r0 = vb * BLOCK
             end = m
@@ -165,6 +191,74 @@ class TileQuantKernel(MXCastParams):
                     u.store(du)
                     self._emit(t, pos, cv, gq, s, gqt, st, ghp, tile_starts)
                     self._emit(u, pos, cv + kv, gq, s, gqt, st, ghp, tile_starts)
+
+    @cute.jit
+    def _operands(self, gx: cute.Tensor, gy: cute.Tensor, cv, kv):
+        """(tensor, column vector) of each input tile of the prologue: x; gate and up of h13; dh, gate, up."""
+        if cutlass.const_expr(self.prologue == "cast"):
+            return [(gx, cv)]
+        elif cutlass.const_expr(self.prologue == "swiglu"):
+            return [(gx, cv), (gx, cv + kv)]
+        else:
+            return [(gx, cv), (gy, cv), (gy, cv + kv)]
+
+    @cute.jit
+    def _stage(self, ops, staging: cute.Tensor, atom, e, vb, m, lane, rg, buf, warp):
+        """cp.async the lane's 8 x 4 tile of every operand at row block ``vb`` into staging buffer ``buf``
+        (rows at or past ``m`` read row ``m - 1``; the emitter zeroes them), as one commit group."""
+        rl = vb * BLOCK + rg * LANE_ROWS
+        for k in cutlass.range_constexpr(len(ops)):
+            for i in cutlass.range_constexpr(LANE_ROWS):
+                src = ops[k][0][(None, (e, cutlass.min(rl + i, m - 1), ops[k][1]))]
+                cute.copy(atom, cute.make_tensor(src.iterator, cute.make_layout(VEC)),
+                          staging[(None, lane, i, k, buf, warp)])
+
+    @cute.jit
+    def _staged(self, gx: cute.Tensor, gy: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor,
+                st: cute.Tensor, ghp: cute.Tensor, tile_starts: cute.Tensor, staging: cute.Tensor, vblocks, kv, cv,
+                e, warp, lane, rg, cg, vb0):
+        """Row blocks ``vb0, vb0 + gridDim.x, ...`` of this warp's column block with the next block's loads in
+        flight while the current one is computed: cp.async into a lane-private double buffer in shared memory
+        (no registers held by the prefetch, so occupancy stays that of the one-tile kernel)."""
+        m = cute.size(gx, mode=[1, 1])
+        stride = cute.arch.grid_dim()[0]
+        ops = self._operands(gx, gy, cv, kv)
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), gx.element_type,
+                                   num_bits_per_copy=VEC * gx.element_type.width)
+        self._stage(ops, staging, atom, e, vb0, m, lane, rg, 0, warp)
+        cute.arch.cp_async_commit_group()
+        buf = cutlass.Int32(0)
+        for vb in cutlass.range(vb0, vblocks, stride):
+            nxt = vb + stride
+            if nxt < vblocks:
+                self._stage(ops, staging, atom, e, nxt, m, lane, rg, 1 - buf, warp)
+            cute.arch.cp_async_commit_group()  # possibly empty: the wait below always means "this block's"
+            cute.arch.cp_async_wait_group(1)
+            tiles = [cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32) for _ in ops]
+            for k in cutlass.range_constexpr(len(ops)):
+                for i in cutlass.range_constexpr(LANE_ROWS):
+                    tiles[k][(i, None)].store(staging[(None, lane, i, k, buf, warp)].load().to(cutlass.Float32))
+            r0 = vb * BLOCK
+            pos = _Pos(e, r0, r0 + rg * LANE_ROWS, lane, rg, cg, m, cutlass.Int32(0), cutlass.Int32(0), vb,
+                       vblocks)
+            self._prologue_and_emit(tiles, pos, cv, kv, gq, s, gqt, st, ghp, tile_starts)
+            buf = 1 - buf
+
+    @cute.jit
+    def _prologue_and_emit(self, tiles, pos, cv, kv, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor,
+                           st: cute.Tensor, ghp: cute.Tensor, tile_starts: cute.Tensor):
+        """The prologue's math on the fp32 input tiles, then the casts of its output tile(s)."""
+        if cutlass.const_expr(self.prologue == "cast"):
+            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp, tile_starts)
+        elif cutlass.const_expr(self.prologue == "swiglu"):
+            tiles[0].store(swiglu_fwd(tiles[0].load(), tiles[1].load()))
+            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp, tile_starts)
+        else:
+            dg, du = swiglu_bwd(tiles[0].load(), tiles[1].load(), tiles[2].load())
+            tiles[0].store(dg)
+            tiles[2].store(du)
+            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp, tile_starts)
+            self._emit(tiles[2], pos, cv + kv, gq, s, gqt, st, ghp, tile_starts)
 
     @cute.jit
     def _emit(self, t: cute.Tensor, pos, cv, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor, st: cute.Tensor,
@@ -284,15 +378,24 @@ class SwiGLUQuantKernel(TileQuantKernel):
     into q (1, M, I) + s and colwise (blocks along M) into qt (1, I, Mp or M) + st, and optionally h rounded to
     the input dtype into hp (1, M, I).  Backward, :meth:`launch_bwd`: dh (1, M, I) and the saved h13 -> ``dh13 = [dg | du]``
     (1, M, 2I) cast rowwise (blocks along 2I; no block straddles dg and du since I % 32 == 0) and colwise, and
-    optionally dh13 in the input dtype.  Scale layouts, groups and tails as :class:`TileQuantKernel` with K = I (forward) or
-    2I (backward).
+    optionally dh13 in the input dtype.  Scale layouts, groups and tails as :class:`TileQuantKernel` with K = I
+    (forward) or 2I (backward).
+
+    Dense calls run the staged loop (:attr:`ROW_TILES` row blocks per CTA, 160-210 registers; on the H200 it was
+    4-6 points of copy bandwidth faster forward and 1-2 backward than one block per CTA, bf16, 2026-11-30).
+    Token groups and the backward with ``emit_hp`` (which would spill in the loop) take one block per CTA with
+    launch bounds (:meth:`_launch_bounds`).
     """
 
+    ROW_TILES = 8  # row blocks per CTA of the staged (cp.async double-buffered) loop
+
     def __init__(self, prologue: str, elem: str, scale_mode: str, blocked: bool, grouped: bool = False,
-                 emit_hp: bool = False):
+                 emit_hp: bool = False, row_tiles: int | None = None):
         if prologue not in ("swiglu", "dswiglu"):
             raise ValueError(f"prologue must be 'swiglu' or 'dswiglu', got {prologue!r}")
-        super().__init__(elem, scale_mode, blocked, True, True, grouped, emit_hp)
+        if row_tiles is None:  # the backward with its high-precision store would spill in the staged loop
+            row_tiles = 1 if prologue == "dswiglu" and emit_hp else self.ROW_TILES
+        super().__init__(elem, scale_mode, blocked, True, True, grouped, emit_hp, row_tiles)
         self.prologue = prologue
 
     @cute.jit
