@@ -241,7 +241,8 @@ def test_swiglu_inf_gate_poisons_only_its_block():
     (lambda: ops.quantize_colwise(torch.randn(4, 64), offs=_offs([2, 5])), "exceeds"),
     (lambda: ops.quantize_colwise(torch.randn(2, 48, 64)), "multiple of the MX block size 32"),
     (lambda: ops.quantize_gate_up(torch.randn(64, 64), torch.randn(32, 64)), "must match"),
-    (lambda: ops.swiglu_quant(torch.randn(4, 96)), "multiple of the MX block size 32"),
+    (lambda: ops.swiglu_quant(torch.randn(4, 96)), "pad gate and up EACH"),
+    (lambda: ops.dswiglu_quant(torch.randn(4, 64), torch.randn(4, 128, device="meta")), "move them with .to"),
     (lambda: ops.dswiglu_quant(torch.randn(4, 32), torch.randn(4, 128)), "dh must be"),
 ])
 def test_bad_input_raises_value_error(call, match):
@@ -267,6 +268,37 @@ def test_kernel_limits_refuse_scale_buffers_past_int32():
     many = torch.empty(40000, dtype=torch.int32, device="meta")
     assert "scale buffer" in _limits(x, "rceil", torch.float8_e4m3fn, True, many)
     assert _limits(x, "rceil", torch.float8_e4m3fn, True, many[:8]) is None
+
+
+@pytest.mark.parametrize("op", [ops.swiglu_quant, ops.dswiglu_quant])
+def test_swiglu_wrappers_check_types(op):
+    args = (torch.randn(4, 32),) if op is ops.dswiglu_quant else ()
+    with pytest.raises(TypeError, match="emit_hp must be a bool"):
+        op(*args, torch.randn(4, 64), emit_hp=1)
+    with pytest.raises(TypeError, match="h13 must be a torch.Tensor"):
+        op(*args, [[0.0] * 64])
+
+
+def test_ops_are_not_differentiable_on_any_path():
+    """Inputs that require grad go through the dispatcher, so backward says the op has no autograd formula (the
+    eager shortcut would otherwise differentiate through whichever backend ran)."""
+    h13 = torch.randn(8, 64, requires_grad=True)
+    for out in (ops.swiglu_quant(h13, emit_hp=True)[4], ops.dswiglu_quant(torch.randn(8, 32), h13, emit_hp=True)[4]):
+        with pytest.raises(RuntimeError, match="no autograd formula"):
+            out.float().sum().backward()
+
+
+def test_kernel_limits_refuse_strided_offs_and_padded_colwise_past_int32():
+    from cute_mxfp8.ops.cute_kernels import _limits, _swiglu_limits
+
+    strided = torch.tensor([2, 4, 6, 8], dtype=torch.int32)[::2]
+    assert "contiguous" in _limits(torch.zeros(64, 128), "rceil", torch.float8_e4m3fn, True, strided)
+    assert "contiguous" in _swiglu_limits(torch.zeros(64, 128), "rceil", torch.float8_e4m3fn, True, False, strided)
+    # dh13 colwise is (2I, ceil(M / 32) * 32): past 2**31 - 1 elements although h13 (M, 2I) is below
+    h13 = torch.empty(11184810, 192, dtype=torch.bfloat16, device="meta")
+    dh = torch.empty(11184810, 96, dtype=torch.bfloat16, device="meta")
+    assert h13.numel() < 2**31 and "int32" in _swiglu_limits(dh, h13, "rceil", torch.float8_e4m3fn, True, False, None)
+    assert _swiglu_limits(dh[:11184800], h13[:11184800], "rceil", torch.float8_e4m3fn, True, False, None) is None
 
 
 def test_gemm_bad_input(rng):

@@ -3,7 +3,8 @@ and rowwise, for 2-D activations (as a batch of one), 3-D expert weights (E, N, 
 operands, token groups along M (``offs``); and the same tiles behind a SwiGLU forward / backward prologue
 (:class:`SwiGLUQuantKernel`).
 
-Arch-generic (SM90 and SM100): vectorized global loads and stores, warp shuffles, no shared memory.  The block
+Arch-generic (SM90 and SM100): vectorized global loads and stores and warp shuffles; shared memory only as the
+SwiGLU kernels' lane-private cp.async staging buffers (no barriers anywhere).  The block
 math, amax reductions and SwiGLU are the device functions of :mod:`cute_mxfp8.kernels.mx_math` (bit-exact with
 ``cute_mxfp8.formats`` for the casts).  Work split, tails and groups: :class:`TileQuantKernel`.
 """
@@ -120,9 +121,11 @@ class TileQuantKernel(MXCastParams):
     def _launch_bounds(self) -> dict:
         """Resident CTAs per SM (``__launch_bounds__``) of the one-tile-per-CTA SwiGLU kernels: the register cap
         ptxas gets.  Such a warp loads, computes and stores one tile with no overlap of its own, so resident warps
-        are what hides memory latency: 6 CTAs forward (80 registers) and 4 backward (128) fit without spills, one
-        less where the high-precision store or token groups add live state (checked for every variant by
-        ``inspect``).  The staged loop is left to ptxas (it needs 160-210 registers)."""
+        are what hides memory latency: 6 CTAs forward (80 registers) and 4 backward (128) fit without spills; the
+        forward keeps 5 with the high-precision store or token groups, the backward 3 with token groups (checked
+        for every variant by ``inspect``).  With :class:`SwiGLUQuantKernel`'s defaults the one-tile paths are the
+        token-group ones and the backward with ``emit_hp``.  The staged loop is left to ptxas (160-220
+        registers)."""
         if self.prologue == "cast" or self.row_tiles > 1:
             return {}
         if self.prologue == "swiglu":
@@ -219,7 +222,9 @@ class TileQuantKernel(MXCastParams):
                 e, warp, lane, rg, cg, vb0):
         """Row blocks ``vb0, vb0 + gridDim.x, ...`` of this warp's column block with the next block's loads in
         flight while the current one is computed: cp.async into a lane-private double buffer in shared memory
-        (no registers held by the prefetch, so occupancy stays that of the one-tile kernel)."""
+        (no registers held by the prefetch; the loop itself needs 160-220 registers, so 2-3 CTAs per SM where the
+        one-tile kernel has 4-6).  ``gridDim.x`` is ``ceil(row blocks / row_tiles)`` whatever the GPU: a call with
+        few row blocks and few column tiles launches few CTAs (not tuned for moderate M yet)."""
         m = cute.size(gx, mode=[1, 1])
         stride = cute.arch.grid_dim()[0]
         ops = self._operands(gx, gy, cv, kv)
@@ -381,7 +386,7 @@ class SwiGLUQuantKernel(TileQuantKernel):
     optionally dh13 in the input dtype.  Scale layouts, groups and tails as :class:`TileQuantKernel` with K = I
     (forward) or 2I (backward).
 
-    Dense calls run the staged loop (:attr:`ROW_TILES` row blocks per CTA, 160-210 registers; on the H200 it was
+    Dense calls run the staged loop (:attr:`ROW_TILES` row blocks per CTA, 160-220 registers; on the H200 it was
     4-6 points of copy bandwidth faster forward and 1-2 backward than one block per CTA, bf16, 2026-11-30).
     Token groups and the backward with ``emit_hp`` (which would spill in the loop) take one block per CTA with
     launch bounds (:meth:`_launch_bounds`).

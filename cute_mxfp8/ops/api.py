@@ -13,8 +13,10 @@ Conventions shared by every function here (``design.md`` sections 1-2):
 * ``backend``: ``None`` picks automatically (``CUTE_MXFP8_BACKEND`` if set, else the best backend for the
   device); an explicit backend that cannot run raises :class:`~cute_mxfp8.ops.backends.BackendUnavailableError`.
 * Bad shapes, dtypes, devices or offsets raise ``ValueError`` naming the rule, before any kernel runs.
-* In eager mode the quantize and SwiGLU wrappers call the op's implementation directly (see :func:`_direct`), which saves the
-  custom-op dispatcher's host time; ``torch.ops.cute_mxfp8.*`` and torch.compile behave the same either way.
+* In eager mode the quantize and SwiGLU wrappers call the op's implementation directly (see :func:`_direct`),
+  which saves the custom-op dispatcher's host time; ``torch.ops.cute_mxfp8.*`` and torch.compile give the same
+  results either way.  The ops are not differentiable (inputs that require grad go through the dispatcher, which
+  says so on backward); :mod:`cute_mxfp8.ops.autograd` holds the differentiable functions.
 """
 
 from __future__ import annotations
@@ -33,8 +35,11 @@ def _direct(*tensors) -> bool:
     """Whether a quantize call may skip the custom-op dispatcher and run the op's own implementation: eager mode
     with plain tensors and no torch function / dispatch mode active.  The result is the same (the custom op calls
     that implementation); only the dispatcher's host time (tens of microseconds) is saved.  Under torch.compile,
-    fake tensors, subclasses or modes the call goes through ``torch.ops.cute_mxfp8`` as usual."""
-    return (not torch.compiler.is_compiling() and all(t is None or type(t) is Tensor for t in tensors)
+    fake tensors, subclasses, modes or inputs that require grad the call goes through ``torch.ops.cute_mxfp8`` as
+    usual (the ops have no autograd formula on any path: differentiate through :mod:`cute_mxfp8.ops.autograd`)."""
+    grad = torch.is_grad_enabled()  # under no_grad (e.g. inside an autograd.Function) no graph is built anyway
+    return (not torch.compiler.is_compiling()
+            and all(t is None or (type(t) is Tensor and not (grad and t.requires_grad)) for t in tensors)
             and not torch._C._is_torch_function_mode_enabled() and _get_current_dispatch_mode() is None)
 
 
@@ -156,7 +161,8 @@ def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dt
     Args:
         h13: (M, 2I) bf16/fp32 in the fused gate/up layout (:mod:`cute_mxfp8.swiglu`), ``I % 32 == 0``.
         emit_hp: also return ``h`` in ``h13.dtype``; otherwise the last output is an empty (0,) tensor.
-        offs: token groups (grouped experts): colwise blocks never cross a group end.
+        offs: token groups (grouped experts): colwise blocks never cross a group end.  Unlike the quantize ops,
+            rows at or past ``offs[-1]`` (padding tokens) are zero in every output, rowwise and ``h`` included.
     Returns:
         ``(h_row, h_row_scales, h_col, h_col_scales, h_hp)`` with the layouts of :func:`quantize_dual` for an
         (M, I) tensor.
@@ -174,6 +180,7 @@ def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dt
     Args:
         dh: (M, I) upstream gradient of ``h``; h13: (M, 2I) saved pre-activation ``[g | u]``.
         emit_hp: also return ``dh13 = [dg | du]`` in ``dh.dtype``; otherwise an empty (0,) tensor.
+        offs: token groups, as for :func:`swiglu_quant` (rows at or past ``offs[-1]`` are zero in every output).
     Returns:
         ``(dh13_row, row_scales, dh13_col, col_scales, dh13_hp)``, layouts of :func:`quantize_dual` for (M, 2I).
     """

@@ -68,9 +68,26 @@ def _limits(x, scale_mode, elem_dtype, blocked, offs=None):
         return f"K = {x.shape[-1]} exceeds the kernels' grid limit ({_MAX_K})"
     if x.dim() == 3 and x.shape[0] > _MAX_EXPERTS:
         return f"E = {x.shape[0]} experts exceeds the kernels' grid limit ({_MAX_EXPERTS})"
-    if offs is not None and offs.numel() > _MAX_GROUPS:
-        return f"{offs.numel()} token groups exceed the kernels' limit ({_MAX_GROUPS})"
+    if x.dim() == 2 and _padded_rows(x.shape[0]) * x.shape[1] > _MAX_ELEMENTS:
+        return "the colwise output (K, ceil(M / 32) * 32) would pass int32 indexing: split it"
+    why = _offs_limits(offs)
+    if why is not None:
+        return why
     return _scale_limits(tuple(x.shape), blocked, None if offs is None else offs.numel())
+
+
+def _padded_rows(m: int) -> int:
+    return -(-m // 32) * 32
+
+
+def _offs_limits(offs) -> str | None:
+    if offs is None:
+        return None
+    if not offs.is_contiguous():
+        return "offs must be contiguous for the kernels (call .contiguous())"
+    if offs.numel() > _MAX_GROUPS:
+        return f"{offs.numel()} token groups exceed the kernels' limit ({_MAX_GROUPS})"
+    return None
 
 
 def _scale_limits(shape: tuple, blocked: bool, groups: int | None) -> str | None:
@@ -195,12 +212,15 @@ def _swiglu_limits(first, *rest):
         if t.numel() > _MAX_ELEMENTS:
             return f"{t.numel()} elements; the kernels index with int32 (at most {_MAX_ELEMENTS}): split it"
     offs = rest[-1] if rest and (rest[-1] is None or isinstance(rest[-1], torch.Tensor)) else None
-    if offs is not None and offs.numel() > _MAX_GROUPS:
-        return f"{offs.numel()} token groups exceed the kernels' limit ({_MAX_GROUPS})"
+    why = _offs_limits(offs)
+    if why is not None:
+        return why
     if first.shape[-1] > _MAX_K:
         return f"width {first.shape[-1]} exceeds the kernels' grid limit ({_MAX_K})"
     backward = bool(rest) and isinstance(rest[0], torch.Tensor)  # (dh, h13, ...) vs (h13, ...)
     width = 2 * first.shape[-1] if backward else first.shape[-1] // 2  # the cast's K: 2I backward, I forward
+    if _padded_rows(first.shape[0]) * width > _MAX_ELEMENTS:
+        return "the colwise output (width, ceil(M / 32) * 32) would pass int32 indexing: split it"
     return _scale_limits((first.shape[0], width), True, None if offs is None else offs.numel())
 
 
@@ -225,7 +245,7 @@ def _swiglu_ops(arch: str) -> dict:
                 s[end:] = 0
             if emit_hp:
                 hp[end:] = 0
-        if m > 0 and end > 0:
+        if m > 0 and end > 0 and width > 0:  # I == 0: nothing to compute (and no grid to launch)
             fn = compile_swiglu_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False,
                                       offs is not None, emit_hp)
             hp_arg = hp.unsqueeze(0) if emit_hp else _placeholder(dev, x.dtype, (1, 32, 32))

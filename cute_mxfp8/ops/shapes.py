@@ -68,7 +68,8 @@ def check_scales(name: str, s: torch.Tensor, shape: tuple) -> None:
 def check_same_device(*ts: torch.Tensor) -> None:
     devs = {t.device for t in ts if t is not None}
     if len(devs) > 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devs))}")
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devs))}; "
+                         "move them with .to(device)")
 
 
 def check_out_dtype(out_dtype: torch.dtype) -> None:
@@ -186,7 +187,10 @@ def check_swiglu(h13: torch.Tensor, offs, dh: torch.Tensor | None = None) -> int
     if two_i % 2:
         raise ValueError(f"h13 must be (M, 2I) with gate and up halves, got last dim {two_i}")
     i = two_i // 2
-    check_mult32("I (half of h13's last dim)", i)
+    if i % BLOCK_SIZE:
+        raise ValueError(f"I (half of h13's last dim) = {i} must be a multiple of the MX block size {BLOCK_SIZE}: "
+                         f"pad gate and up EACH with zero columns to a multiple of {BLOCK_SIZE}, then pack them "
+                         f"(padding h13 itself would misalign the two halves)")
     if dh is not None:
         check_hp("dh", dh)
         if tuple(dh.shape) != (m, i):
