@@ -202,3 +202,25 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
         return _compile(kernel.launch_fwd, (h13, q, scales(), qt, scales(), hp, *groups), arch, keep_ptx)
     dh = fake(x_dtype, (sym(), sym(), sym(32)))
     return _compile(kernel.launch_bwd, (dh, h13, q, scales(), qt, scales(), hp, *groups), arch, keep_ptx)
+
+
+@functools.lru_cache(maxsize=None)
+@disk_cached(skip_if="keep_ptx")
+def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
+                       arch: str = "sm_100a", keep_ptx: bool = False, max_ctas: int = 148):
+    """Compiled SM100 MXFP8 GEMM (:class:`~cute_mxfp8.kernels.gemm_sm100.MXGemmSm100`):
+    ``fn(a, b, sfa, sfb, d)`` with a (M, K) and b (N, K) fp8 (``a_elem`` / ``b_elem``) K-major, sfa / sfb the
+    1-D blocked E8M0 scale buffers (uint8 view), d (M, N) ``out_dtype`` row-major.  ``max_ctas`` bounds the
+    persistent grid (148: the SMs of a B200)."""
+    if arch != "sm_100a":
+        raise ValueError(f"the tcgen05 GEMM needs arch sm_100a, got {arch!r}")
+    cutlass, _ = _cutlass()
+    from .kernels.gemm_sm100 import MXGemmSm100
+
+    kernel = MXGemmSm100(a_elem, b_elem, out_dtype, n_tile, max_ctas)
+    fake, sym = _fake, _sym
+    d_dtype = cutlass.BFloat16 if out_dtype == "bfloat16" else cutlass.Float32
+    args = (fake(kernel.a_dtype, (sym(), sym(32))), fake(kernel.b_dtype, (sym(), sym(32))),
+            fake(cutlass.Uint8, (sym(),)), fake(cutlass.Uint8, (sym(),)),
+            fake(d_dtype, (sym(), sym(16 // (d_dtype.width // 8)))))
+    return _compile(kernel, args, arch, keep_ptx)

@@ -239,7 +239,7 @@ def test_inspect_compiles_every_variant_without_gpu(tmp_path, capsys):
     rows = json.loads(path.read_text())["rows"]
     from cute_mxfp8.cli import inspect_kernels
 
-    n = len(inspect_kernels.variants())
+    n = len(inspect_kernels.variants("sm_90a"))
     assert len(rows) == n >= 96 and all(r["status"] == "ok" for r in rows)
     assert all(r["cvt.satfinite"] > 0 and r["local"] == 0 for r in rows)
     assert all(r["bar.sync"] == 0 for r in rows)  # register tiles and shuffles, no shared-memory staging

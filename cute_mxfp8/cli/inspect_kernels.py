@@ -34,6 +34,7 @@ class Family:
     kernel: str
     compile: Callable
     axes: dict
+    archs: tuple = ("sm_100a", "sm_90a")  # targets the kernel exists for (the tcgen05 GEMM: sm_100a only)
 
     def variants(self) -> list[dict]:
         return [dict(zip(self.axes, values)) for values in itertools.product(*self.axes.values())]
@@ -73,6 +74,9 @@ FAMILIES = [
              functools.partial(jit.compile_swiglu_quant, grouped=grouped, emit_hp=hp),
              {"direction": [d], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, **_BLOCKED})
       for d in ("fwd", "bwd") for grouped in (False, True) for hp in (False, True)),
+    Family("gemm_sm100", jit.compile_gemm_sm100,
+           {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "n_tile": [128, 256]},
+           archs=("sm_100a",)),
 ]
 
 SPILLS = r"(?:LDL|STL)\b"
@@ -96,8 +100,10 @@ PTX_COLUMNS = {
 SASS_HINT = 'SASS columns (LDL/STL spills, instruction counts) need nvdisasm: pip install -e ".[sass]"'
 
 
-def variants() -> list[tuple[Family, dict]]:
-    return [(family, args) for family in FAMILIES for args in family.variants()]
+def variants(arch: str | None = None) -> list[tuple[Family, dict]]:
+    """Every (family, arguments) pair, or those of the families built for ``arch``."""
+    return [(family, args) for family in FAMILIES if arch is None or arch in family.archs
+            for args in family.variants()]
 
 
 def _error(e: Exception) -> str:
@@ -142,7 +148,7 @@ def inspect_all(arch: str, with_sass: bool) -> list[dict]:
     rows = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         pending = []
-        for family, args in variants():
+        for family, args in variants(arch):
             row, fn = compile_variant(arch, family, args)
             rows.append(row)
             if with_sass and fn is not None:

@@ -1,0 +1,381 @@
+"""SM100 (Blackwell) MXFP8 GEMM on tcgen05 block-scaled MMA: ``D = A · Bᵀ`` with per-32 E8M0 scales along K.
+
+First cut of issue 5: the plain epilogue (bf16 or fp32 D) on one CTA per MMA tile.  The fused SwiGLU / dSwiGLU
+epilogues, 2-CTA (M = 256) MMA and cluster multicast are still to come (``docs/sm100_gemm.md``).  Compiled and
+SASS-checked on CPU machines; no SM100 GPU has run it yet.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.blackwell_helpers as sm100
+import cutlass.utils.blockscaled_layout as bsl
+from cutlass.cute.nvgpu import cpasync, tcgen05
+
+from .blockscaled import SF_VEC, scale_layout
+
+_K_MAJOR = cute.nvgpu.OperandMajorMode.K
+_SF_DTYPE = cutlass.Float8E8M0FNU
+_ROW_MAJOR = cutlass.tensor_utils.LayoutEnum.ROW_MAJOR
+_OUT_DTYPES = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
+
+
+class MXGemmSm100:
+    """Persistent, warp-specialized MXFP8 GEMM for SM100: ``D (M, N) = A (M, K) · B (N, K)ᵀ``, fp32 accumulation
+    in tensor memory, output in bf16 or fp32.
+
+    Operands (every product of the SwiGLU MLP is of this form, ``docs/sm100_gemm.md``): A and B are K-major fp8
+    (e4m3 or e5m2, each its own), their scales the blocked E8M0 buffers of ``quantize_rowwise(..., blocked=True)``
+    (:func:`.blockscaled.scale_layout`); D is row-major.
+
+    Warp roles (192 threads): warps 0-3 epilogue (TMEM -> registers -> shared memory -> TMA store), warp 4 MMA
+    (``tcgen05.cp`` of the tile's scales into TMEM, then ``tcgen05.mma`` block-scaled, ``kind::mxf8f6f4``), warp 5
+    TMA loads of A, B and both scale tiles.  Pipelines: ``PipelineTmaUmma`` over ``ab_stages`` shared-memory
+    stages (TMA -> MMA), ``PipelineUmmaAsync`` over ``acc_stages`` TMEM accumulators (MMA -> epilogue; 2 for
+    N = 128, so a tile's epilogue overlaps the next tile's mainloop), ``PipelineTmaStore`` for D.  Tiles are
+    walked by ``StaticPersistentTileScheduler`` over at most ``max_ctas`` CTAs.
+
+    Compile-time parameters: ``n_tile`` (128 or 256), the A/B element types, ``out_dtype`` and ``max_ctas``.
+    Constraints (:meth:`can_implement`): K % 32 == 0 and 16-byte aligned rows (K % 16 for fp8; N % 8 for bf16
+    D, N % 4 for fp32 D); M, N, K of any size otherwise (TMA zero-fills partial tiles, and the blocked scale
+    buffers are zero-padded to whole 128 x 4 tiles).
+    """
+
+    EPI_WARPS = (0, 1, 2, 3)
+    MMA_WARP = 4
+    TMA_WARP = 5
+    THREADS = 32 * 6
+    TILE_M = 128
+    K_STAGE_BLOCKS = 4  # MMA instructions (K = 32 each) per pipeline stage: a 128-deep K tile
+
+    def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
+                 max_ctas: int = 148):
+        from .mx_math import ELEM_DTYPES
+
+        if a_elem not in ELEM_DTYPES or b_elem not in ELEM_DTYPES:
+            raise ValueError(f"A/B element types must be in {sorted(ELEM_DTYPES)}, got {a_elem!r}, {b_elem!r}")
+        if out_dtype not in _OUT_DTYPES:
+            raise ValueError(f"out_dtype must be one of {sorted(_OUT_DTYPES)}, got {out_dtype!r}")
+        if n_tile not in (128, 256):
+            raise ValueError(f"n_tile must be 128 or 256, got {n_tile}")
+        self.a_dtype, self.b_dtype = ELEM_DTYPES[a_elem][0], ELEM_DTYPES[b_elem][0]
+        self.d_dtype = _OUT_DTYPES[out_dtype]
+        self.n_tile, self.max_ctas = n_tile, max_ctas
+        self.acc_stages = 2 if n_tile == 128 else 1  # 2 x 256 accumulator columns would leave none for scales
+        self.epi_sync = pipeline.NamedBarrier(barrier_id=1, num_threads=32 * len(self.EPI_WARPS))
+        self.tmem_sync = pipeline.NamedBarrier(barrier_id=2, num_threads=32 * (len(self.EPI_WARPS) + 1))
+
+    @staticmethod
+    def can_implement(m: int, n: int, k: int, out_dtype: str = "bfloat16") -> str | None:
+        """None if the kernel takes this problem, else the reason (the ops layer falls back or raises)."""
+        if min(m, n, k) <= 0:
+            return "M, N and K must be positive"
+        if k % SF_VEC:
+            return f"K = {k} must be a multiple of {SF_VEC} (the MX block)"
+        if n % (16 // (2 if out_dtype == "bfloat16" else 4)):
+            return f"N = {n} must give 16-byte aligned rows of D ({out_dtype})"
+        return None
+
+    # ---- host side ---------------------------------------------------------------------------------------------
+
+    def _configure(self):
+        """Tiled MMA, shared-memory layouts and stage counts (static: they depend only on the compile key)."""
+        self.tiled_mma = sm100.make_blockscaled_trivial_tiled_mma(
+            self.a_dtype, self.b_dtype, _K_MAJOR, _K_MAJOR, _SF_DTYPE, SF_VEC, tcgen05.CtaGroup.ONE,
+            (self.TILE_M, self.n_tile))
+        k_tile = cute.size(self.tiled_mma.shape_mnk, mode=[2]) * self.K_STAGE_BLOCKS
+        self.mma_tiler = (self.TILE_M, self.n_tile, k_tile)
+        self.epi_tile = sm100.compute_epilogue_tile_shape(self.mma_tiler, False, _ROW_MAJOR,
+                                                          self.d_dtype)
+        one = self._smem_layouts(1)
+        stage_bytes = (cute.size_in_bytes(self.a_dtype, one[0]) + cute.size_in_bytes(self.b_dtype, one[1])
+                       + cute.size_in_bytes(_SF_DTYPE, one[2]) + cute.size_in_bytes(_SF_DTYPE, one[3]))
+        self.d_stages = 2
+        d_bytes = cute.size_in_bytes(self.d_dtype, sm100.make_smem_layout_epi(
+            self.d_dtype, _ROW_MAJOR, self.epi_tile, 1)) * self.d_stages
+        capacity = cutlass.memory.get_smem_capacity_in_bytes("sm_100")
+        self.ab_stages = (capacity - 1024 - d_bytes) // stage_bytes  # 1 KB: barriers and the TMEM address
+        self.a_smem, self.b_smem, self.sfa_smem, self.sfb_smem = self._smem_layouts(self.ab_stages)
+        self.d_smem = sm100.make_smem_layout_epi(self.d_dtype, _ROW_MAJOR, self.epi_tile,
+                                                 self.d_stages)
+        self.sfa_tmem_cols = (self.TILE_M // 32) * self.K_STAGE_BLOCKS
+        self.sfb_tmem_cols = (self.n_tile // 32) * self.K_STAGE_BLOCKS
+        self.acc_tmem_cols = self.n_tile * self.acc_stages
+
+    def _smem_layouts(self, stages: int):
+        return (sm100.make_smem_layout_a(self.tiled_mma, self.mma_tiler, self.a_dtype, stages),
+                sm100.make_smem_layout_b(self.tiled_mma, self.mma_tiler, self.b_dtype, stages),
+                bsl.make_smem_layout_sfa(self.tiled_mma, self.mma_tiler, SF_VEC, stages),
+                bsl.make_smem_layout_sfb(self.tiled_mma, self.mma_tiler, SF_VEC, stages))
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor,
+                 stream: cuda.CUstream):
+        """``a`` (M, K), ``b`` (N, K) fp8 K-major; ``sfa``/``sfb`` the 1-D blocked E8M0 scale buffers (bytes);
+        ``d`` (M, N) row-major."""
+        self._configure()
+        m, k = a.shape
+        n = b.shape[0]
+        # (rows, K, batch) views, K-major; the scales as their blocked layout over element coordinates
+        a3 = cute.make_tensor(a.iterator, cute.make_ordered_layout((m, k, 1), order=(1, 0, 2)))
+        b3 = cute.make_tensor(b.iterator, cute.make_ordered_layout((n, k, 1), order=(1, 0, 2)))
+        d3 = cute.make_tensor(d.iterator, cute.make_ordered_layout((m, n, 1), order=(1, 0, 2)))
+        sfa3 = cute.make_tensor(cute.recast_ptr(sfa.iterator, dtype=_SF_DTYPE), scale_layout(m, k))
+        sfb3 = cute.make_tensor(cute.recast_ptr(sfb.iterator, dtype=_SF_DTYPE), scale_layout(n, k))
+
+        mma = self.tiled_mma
+        cluster = cute.tiled_divide(cute.make_layout((1, 1, 1)), (mma.thr_id.shape,))
+        load_a = sm100.cluster_shape_to_tma_atom_A((1, 1), mma.thr_id)
+        load_b = sm100.cluster_shape_to_tma_atom_B((1, 1), mma.thr_id)
+        stage = (None, None, None, 0)
+        tma_a, ga = cute.nvgpu.make_tiled_tma_atom_A(load_a, a3, cute.slice_(self.a_smem, stage), self.mma_tiler,
+                                                     mma, cluster.shape)
+        tma_b, gb = cute.nvgpu.make_tiled_tma_atom_B(load_b, b3, cute.slice_(self.b_smem, stage), self.mma_tiler,
+                                                     mma, cluster.shape)
+        tma_sfa, gsfa = cute.nvgpu.make_tiled_tma_atom_A(load_a, sfa3, cute.slice_(self.sfa_smem, stage),
+                                                         self.mma_tiler, mma, cluster.shape,
+                                                         internal_type=cutlass.Int16)
+        tma_sfb, gsfb = cute.nvgpu.make_tiled_tma_atom_B(load_b, sfb3, cute.slice_(self.sfb_smem, stage),
+                                                         self.mma_tiler, mma, cluster.shape,
+                                                         internal_type=cutlass.Int16)
+        self.tma_bytes = (cute.size_in_bytes(self.a_dtype, cute.slice_(self.a_smem, stage))
+                          + cute.size_in_bytes(self.b_dtype, cute.slice_(self.b_smem, stage))
+                          + cute.size_in_bytes(_SF_DTYPE, cute.slice_(self.sfa_smem, stage))
+                          + cute.size_in_bytes(_SF_DTYPE, cute.slice_(self.sfb_smem, stage)))
+        tma_d, gd = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), d3,
+                                                cute.slice_(self.d_smem, (None, None, 0)), self.epi_tile)
+
+        tiles = cute.zipped_divide(d3, tiler=self.mma_tiler[:2])[(0, (None, None, None))].shape
+        sched = utils.PersistentTileSchedulerParams(tiles, (1, 1, 1))
+        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.max_ctas)
+
+        @cute.struct
+        class Shared:
+            ab_full: cute.struct.MemRange[cutlass.Int64, self.ab_stages]
+            ab_empty: cute.struct.MemRange[cutlass.Int64, self.ab_stages]
+            acc_full: cute.struct.MemRange[cutlass.Int64, self.acc_stages]
+            acc_empty: cute.struct.MemRange[cutlass.Int64, self.acc_stages]
+            tmem_addr: cutlass.Int32
+            sd: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(self.d_smem.outer)], 1024]
+            sa: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem.outer)], 1024]
+            sb: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem.outer)], 1024]
+            ssfa: cute.struct.Align[cute.struct.MemRange[_SF_DTYPE, cute.cosize(self.sfa_smem)], 1024]
+            ssfb: cute.struct.Align[cute.struct.MemRange[_SF_DTYPE, cute.cosize(self.sfb_smem)], 1024]
+
+        self.shared = Shared
+        self.kernel(mma, tma_a, ga, tma_b, gb, tma_sfa, gsfa, tma_sfb, gsfb, tma_d, gd, cluster, sched,
+                    self.a_smem, self.b_smem, self.sfa_smem, self.sfb_smem, self.d_smem, self.epi_tile).launch(
+            grid=grid, block=[self.THREADS, 1, 1], cluster=(1, 1, 1), smem=Shared.size_in_bytes(), stream=stream)
+
+    # ---- device side -------------------------------------------------------------------------------------------
+
+    @cute.kernel
+    def kernel(self, mma: cute.TiledMma, tma_a: cute.CopyAtom, ga: cute.Tensor, tma_b: cute.CopyAtom,
+               gb: cute.Tensor, tma_sfa: cute.CopyAtom, gsfa: cute.Tensor, tma_sfb: cute.CopyAtom,
+               gsfb: cute.Tensor, tma_d: cute.CopyAtom, gd: cute.Tensor, cluster: cute.Layout,
+               sched: utils.PersistentTileSchedulerParams, a_smem: cute.ComposedLayout,
+               b_smem: cute.ComposedLayout, sfa_smem: cute.Layout, sfb_smem: cute.Layout,
+               d_smem: cute.ComposedLayout, epi_tile: cute.Tile):
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        if warp == self.TMA_WARP:
+            for atom in (tma_a, tma_b, tma_sfa, tma_sfb, tma_d):
+                cpasync.prefetch_descriptor(atom)
+
+        st = cutlass.memory.SmemAllocator().allocate(self.shared)
+        ab_pipe = pipeline.PipelineTmaUmma.create(
+            barrier_storage=st.ab_full.data_ptr(), num_stages=self.ab_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            tx_count=self.tma_bytes, cta_layout_vmnk=cluster, defer_sync=True)
+        acc_pipe = pipeline.PipelineUmmaAsync.create(
+            barrier_storage=st.acc_full.data_ptr(), num_stages=self.acc_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * len(self.EPI_WARPS)),
+            cta_layout_vmnk=cluster, defer_sync=True)
+        tmem = cutlass.memory.TmemAllocator(st.tmem_addr, barrier_for_retrieve=self.tmem_sync,
+                                   allocator_warp_id=self.EPI_WARPS[0])
+
+        sa = st.sa.get_tensor(a_smem.outer, swizzle=a_smem.inner)
+        sb = st.sb.get_tensor(b_smem.outer, swizzle=b_smem.inner)
+        ssfa = st.ssfa.get_tensor(sfa_smem)
+        ssfb = st.ssfb.get_tensor(sfb_smem)
+        sd = st.sd.get_tensor(d_smem.outer, swizzle=d_smem.inner)
+
+        # global tiles: (bM, bK, RestM, RestK, RestL) etc., partitioned for the MMA and for TMA
+        tile_mk = cute.slice_(self.mma_tiler, (None, 0, None))
+        tile_nk = cute.slice_(self.mma_tiler, (0, None, None))
+        thr = mma.get_slice(0)
+        tcga = thr.partition_A(cute.local_tile(ga, tile_mk, (None, None, None)))
+        tcgb = thr.partition_B(cute.local_tile(gb, tile_nk, (None, None, None)))
+        tcgsfa = thr.partition_A(cute.local_tile(gsfa, tile_mk, (None, None, None)))
+        tcgsfb = thr.partition_B(cute.local_tile(gsfb, tile_nk, (None, None, None)))
+        tcgd = thr.partition_C(cute.local_tile(gd, cute.slice_(self.mma_tiler, (None, None, 0)),
+                                               (None, None, None)))
+        k_tiles = cute.size(tcga, mode=[4])
+        one = cute.make_layout(1)
+        tas, tag = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sa, 0, 3), cute.group_modes(tcga, 0, 3))
+        tbs, tbg = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(sb, 0, 3), cute.group_modes(tcgb, 0, 3))
+        tsfas, tsfag = cpasync.tma_partition(tma_sfa, 0, one, cute.group_modes(ssfa, 0, 3),
+                                             cute.group_modes(tcgsfa, 0, 3))
+        tsfbs, tsfbg = cpasync.tma_partition(tma_sfb, 0, one, cute.group_modes(ssfb, 0, 3),
+                                             cute.group_modes(tcgsfb, 0, 3))
+        tsfas, tsfag = cute.filter_zeros(tsfas), cute.filter_zeros(tsfag)
+        tsfbs, tsfbg = cute.filter_zeros(tsfbs), cute.filter_zeros(tsfbg)
+
+        acc_layout = mma.make_fragment_C(cute.append(mma.partition_shape_C(self.mma_tiler[:2]),
+                                                     self.acc_stages)).layout
+        # one fence + CTA sync for both pipelines' barrier initialisation, before any role touches them
+        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1))
+        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        if warp == self.TMA_WARP:
+            self._load_role(ab_pipe, sched, tma_a, tas, tag, tma_b, tbs, tbg, tma_sfa, tsfas, tsfag, tma_sfb,
+                            tsfbs, tsfbg, k_tiles)
+        if warp == self.MMA_WARP:
+            self._mma_role(mma, ab_pipe, acc_pipe, tmem, sched, sa, sb, ssfa, ssfb, sfa_smem, sfb_smem, acc_layout,
+                           k_tiles)
+        if warp < self.MMA_WARP:
+            self._epilogue_role(acc_pipe, tmem, sched, tma_d, tcgd, sd, acc_layout, epi_tile, tidx, warp)
+
+    @cute.jit
+    def _load_role(self, ab_pipe, sched, tma_a, tas, tag, tma_b, tbs, tbg, tma_sfa, tsfas, tsfag, tma_sfb, tsfbs,
+                   tsfbg, k_tiles):
+        """TMA warp: for each scheduled tile, stream its K tiles of A, B and both scales into the stages."""
+        tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = tiles.initial_work_tile_info()
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
+        while work.is_valid_tile:
+            mt, nt, lt = work.tile_idx
+            for kt in cutlass.range(0, k_tiles, 1, unroll=1):
+                ab_pipe.producer_acquire(state)
+                bar = ab_pipe.producer_get_barrier(state)
+                cute.copy(tma_a, tag[(None, mt, kt, lt)], tas[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_b, tbg[(None, nt, kt, lt)], tbs[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_sfa, tsfag[(None, mt, kt, lt)], tsfas[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_sfb, tsfbg[(None, nt, kt, lt)], tsfbs[(None, state.index)], tma_bar_ptr=bar)
+                state.advance()
+            tiles.advance_to_next_work()
+            work = tiles.get_current_work()
+        ab_pipe.producer_tail(state)
+
+    @cute.jit
+    def _mma_role(self, mma, ab_pipe, acc_pipe, tmem, sched, sa, sb, ssfa, ssfb, sfa_smem, sfb_smem, acc_layout,
+                  k_tiles):
+        """MMA warp: per K tile, copy the scales into TMEM (``tcgen05.cp``) and issue the block-scaled MMAs
+        into the tile's accumulator stage; hand the stage to the epilogue when the tile is done."""
+        tmem.wait_for_alloc()
+        acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
+        acc = cute.make_tensor(acc_ptr, acc_layout)
+        sfa_ptr = cute.recast_ptr(acc_ptr + self.acc_tmem_cols, dtype=_SF_DTYPE)
+        sfb_ptr = cute.recast_ptr(acc_ptr + self.acc_tmem_cols + self.sfa_tmem_cols, dtype=_SF_DTYPE)
+        tsfa = cute.make_tensor(sfa_ptr, bsl.make_tmem_layout_sfa(
+            mma, self.mma_tiler, SF_VEC, cute.slice_(sfa_smem, (None, None, None, 0))))
+        tsfb = cute.make_tensor(sfb_ptr, bsl.make_tmem_layout_sfb(
+            mma, self.mma_tiler, SF_VEC, cute.slice_(sfb_smem, (None, None, None, 0))))
+        cp_sfa, src_sfa, dst_sfa = self._scale_copy(ssfa, tsfa)
+        cp_sfb, src_sfb, dst_sfb = self._scale_copy(ssfb, tsfb)
+        fa, fb = mma.make_fragment_A(sa), mma.make_fragment_B(sb)
+
+        tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = tiles.initial_work_tile_info()
+        ab_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+        acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.acc_stages)
+        while work.is_valid_tile:
+            acc_pipe.producer_acquire(acc_state)
+            tile_acc = acc[(None, None, None, acc_state.index)]
+            mma.set(tcgen05.Field.ACCUMULATE, False)
+            for kt in cutlass.range(0, k_tiles, 1, unroll=1):
+                ab_pipe.consumer_wait(ab_state)
+                cute.copy(cp_sfa, src_sfa[(None, None, None, None, ab_state.index)], dst_sfa)
+                cute.copy(cp_sfb, src_sfb[(None, None, None, None, ab_state.index)], dst_sfb)
+                for kb in cutlass.range(cute.size(fa, mode=[2]), unroll_full=True):
+                    mma.set(tcgen05.Field.SFA, tsfa[(None, None, kb)].iterator)
+                    mma.set(tcgen05.Field.SFB, tsfb[(None, None, kb)].iterator)
+                    cute.gemm(mma, tile_acc, fa[(None, None, kb, ab_state.index)],
+                              fb[(None, None, kb, ab_state.index)], tile_acc)
+                    mma.set(tcgen05.Field.ACCUMULATE, True)
+                ab_pipe.consumer_release(ab_state)
+                ab_state.advance()
+            acc_pipe.producer_commit(acc_state)
+            acc_state.advance()
+            tiles.advance_to_next_work()
+            work = tiles.get_current_work()
+        acc_pipe.producer_tail(acc_state)
+
+    def _scale_copy(self, sf_smem: cute.Tensor, sf_tmem: cute.Tensor):
+        """``tcgen05.cp`` (4 x 32 x 128-bit) of one stage's scale tile from shared memory into TMEM."""
+        atom = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(tcgen05.CtaGroup.ONE), _SF_DTYPE)
+        dst = cute.filter_zeros(sf_tmem)
+        tiled = tcgen05.make_s2t_copy(atom, dst)
+        thr = tiled.get_slice(0)
+        src = tcgen05.get_s2t_smem_desc_tensor(tiled, thr.partition_S(cute.filter_zeros(sf_smem)))
+        return tiled, src, thr.partition_D(dst)
+
+    @cute.jit
+    def _epilogue_role(self, acc_pipe, tmem, sched, tma_d, tcgd, sd, acc_layout, epi_tile, tidx, warp):
+        """Epilogue warps: allocate TMEM, then per tile and per epilogue sub-tile: ``tcgen05.ld`` the fp32
+        accumulator, convert, stage in shared memory and TMA-store D; release the accumulator stage."""
+        tmem.allocate(cute.arch.get_max_tmem_alloc_cols("sm_100"))
+        tmem.wait_for_alloc()
+        acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
+        acc = cute.make_tensor(acc_ptr, acc_layout)
+
+        # TMEM -> registers
+        acc_epi = cute.flat_divide(acc[((None, None), 0, 0, None)], epi_tile)
+        t2r = tcgen05.make_tmem_copy(sm100.get_tmem_load_op(self.mma_tiler, _ROW_MAJOR,
+                                                            self.d_dtype, cutlass.Float32, epi_tile, False),
+                                     acc_epi[(None, None, 0, 0, 0)])
+        t2r_thr = t2r.get_slice(tidx)
+        t_acc = t2r_thr.partition_S(acc_epi)
+        gd_epi = cute.flat_divide(tcgd[((None, None), 0, 0, None, None, None)], epi_tile)
+        r_acc = cute.make_rmem_tensor(t2r_thr.partition_D(gd_epi)[(None, None, None, 0, 0, 0, 0, 0)].shape,
+                                      cutlass.Float32)
+        r_d = cute.make_rmem_tensor(r_acc.shape, self.d_dtype)
+        # registers -> shared memory
+        r2s = cute.make_tiled_copy_D(sm100.get_smem_store_op(_ROW_MAJOR, self.d_dtype,
+                                                             cutlass.Float32, t2r), t2r)
+        r2s_thr = r2s.get_slice(tidx)
+        s_d = r2s_thr.partition_D(sd)
+        r_d_view = r2s.retile(r_d)
+        # shared memory -> global (TMA)
+        sdt, gdt = cpasync.tma_partition(tma_d, 0, cute.make_layout(1), cute.group_modes(sd, 0, 2),
+                                         cute.group_modes(gd_epi, 0, 2))
+        store_pipe = pipeline.PipelineTmaStore.create(
+            num_stages=self.d_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * len(self.EPI_WARPS)))
+
+        tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = tiles.initial_work_tile_info()
+        acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.acc_stages)
+        stored = cutlass.Int32(0)
+        while work.is_valid_tile:
+            mt, nt, lt = work.tile_idx
+            tile_gd = cute.group_modes(gdt[(None, None, None, mt, nt, lt)], 1, 3)
+            acc_pipe.consumer_wait(acc_state)
+            tile_acc = cute.group_modes(t_acc[(None, None, None, None, None, acc_state.index)], 3, 5)
+            for sub in cutlass.range(cute.size(tile_acc, mode=[3])):
+                cute.copy(t2r, tile_acc[(None, None, None, sub)], r_acc)
+                r_d_view.store(r2s.retile(r_acc).load().to(self.d_dtype))
+                buf = stored % self.d_stages
+                cute.copy(r2s, r_d_view, s_d[(None, None, None, buf)])
+                cute.arch.fence_proxy("async.shared", space="cta")
+                self.epi_sync.arrive_and_wait()
+                if warp == self.EPI_WARPS[0]:
+                    cute.copy(tma_d, sdt[(None, buf)], tile_gd[(None, sub)])
+                    store_pipe.producer_commit()
+                    store_pipe.producer_acquire()
+                self.epi_sync.arrive_and_wait()
+                stored += 1
+            acc_pipe.consumer_release(acc_state)
+            acc_state.advance()
+            tiles.advance_to_next_work()
+            work = tiles.get_current_work()
+        tmem.relinquish_alloc_permit()
+        self.epi_sync.arrive_and_wait()
+        tmem.free(acc_ptr)
+        store_pipe.producer_tail()
