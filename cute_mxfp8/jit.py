@@ -210,8 +210,10 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
                        arch: str = "sm_100a", keep_ptx: bool = False, max_ctas: int = 148):
     """Compiled SM100 MXFP8 GEMM (:class:`~cute_mxfp8.kernels.gemm_sm100.MXGemmSm100`):
     ``fn(a, b, sfa, sfb, d)`` with a (M, K) and b (N, K) fp8 (``a_elem`` / ``b_elem``) K-major, sfa / sfb the
-    1-D blocked E8M0 scale buffers (uint8 view), d (M, N) ``out_dtype`` row-major.  ``max_ctas`` bounds the
-    persistent grid (148: the SMs of a B200)."""
+    1-D blocked E8M0 scale buffers (uint8 view, 16-byte aligned), d (M, N) ``out_dtype`` row-major.
+    ``max_ctas`` bounds the persistent grid (148: the SMs of a B200).  The compiled function trusts its
+    arguments: b's K, d's shape and the scale buffers' sizes (``blocked_scales_numel``) are not checked against
+    a's, so a caller must check them (the ops layer will, when it selects this kernel)."""
     if arch != "sm_100a":
         raise ValueError(f"the tcgen05 GEMM needs arch sm_100a, got {arch!r}")
     cutlass, _ = _cutlass()
@@ -220,7 +222,11 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
     kernel = MXGemmSm100(a_elem, b_elem, out_dtype, n_tile, max_ctas)
     fake, sym = _fake, _sym
     d_dtype = cutlass.BFloat16 if out_dtype == "bfloat16" else cutlass.Float32
-    args = (fake(kernel.a_dtype, (sym(), sym(32))), fake(kernel.b_dtype, (sym(), sym(32))),
-            fake(cutlass.Uint8, (sym(),)), fake(cutlass.Uint8, (sym(),)),
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    def scales():  # TMA reads them: the buffer must be 16-byte aligned (fresh blocked buffers are)
+        return make_fake_compact_tensor(cutlass.Uint8, (sym(),), assumed_align=16)
+
+    args = (fake(kernel.a_dtype, (sym(), sym(32))), fake(kernel.b_dtype, (sym(), sym(32))), scales(), scales(),
             fake(d_dtype, (sym(), sym(16 // (d_dtype.width // 8)))))
     return _compile(kernel, args, arch, keep_ptx)

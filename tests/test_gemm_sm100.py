@@ -56,9 +56,11 @@ def test_can_implement_names_the_constraint():
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 10),
                     reason="needs an SM100 (B200/GB200) GPU; none is available to this project yet")
 @pytest.mark.parametrize("m,n,k", [(256, 256, 256), (300, 136, 96), (1024, 2048, 4096)])
-def test_gemm_matches_reference_on_sm100(m, n, k, rng):
+@pytest.mark.parametrize("n_tile,out", [(128, torch.bfloat16), (256, torch.bfloat16), (128, torch.float32)])
+def test_gemm_matches_reference_on_sm100(m, n, k, n_tile, out, rng):
     """Against the fp32 emulation of the same quantized operands: fp32 accumulation in another order, then
-    rounding to bf16, so within one bf16 ulp plus K fp32 ulps of sum |a b|."""
+    rounding to the output dtype, so within one bf16 ulp (also allowed for fp32 out) plus K fp32 ulps of
+    sum |a b|."""
     from cute_mxfp8 import formats as F
     from cute_mxfp8 import ops
     from cute_mxfp8.jit import compile_gemm_sm100
@@ -67,8 +69,9 @@ def test_gemm_matches_reference_on_sm100(m, n, k, rng):
     b = torch.randn(n, k, generator=rng).cuda()
     qa, sa = ops.quantize_rowwise(a)
     qb, sb = ops.quantize_rowwise(b)
-    d = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-    compile_gemm_sm100("e4m3", "e4m3", "bfloat16", 128)(qa, qb, sa.view(torch.uint8), sb.view(torch.uint8), d)
+    d = torch.empty(m, n, dtype=out, device="cuda")
+    name = "bfloat16" if out == torch.bfloat16 else "float32"
+    compile_gemm_sm100("e4m3", "e4m3", name, n_tile)(qa, qb, sa.view(torch.uint8), sb.view(torch.uint8), d)
     da = F.dequantize_mxfp8(qa, F.from_blocked_scales(sa, m, k // 32))
     db = F.dequantize_mxfp8(qb, F.from_blocked_scales(sb, n, k // 32))
     ref = da @ db.t()

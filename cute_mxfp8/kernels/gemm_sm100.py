@@ -197,7 +197,7 @@ class MXGemmSm100:
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * len(self.EPI_WARPS)),
             cta_layout_vmnk=cluster, defer_sync=True)
-        tmem = cutlass.memory.TmemAllocator(st.tmem_addr, barrier_for_retrieve=self.tmem_sync,
+        tmem = cutlass.memory.TmemAllocator(st.tmem_addr.ptr, barrier_for_retrieve=self.tmem_sync,
                                    allocator_warp_id=self.EPI_WARPS[0])
 
         sa = st.sa.get_tensor(a_smem.outer, swizzle=a_smem.inner)
