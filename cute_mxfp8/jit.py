@@ -40,16 +40,23 @@ def _sym(divisibility: int = 1):
     return cute.sym_int(divisibility=divisibility) if divisibility > 1 else cute.sym_int()
 
 
-def _fake(dtype, shape):
-    """Row-major fake tensor for compiling.  Data (fp8 / bf16 / fp32) is 16-byte aligned (the ops layer checks
-    inputs and allocates outputs so); 8-bit scales and int32 offsets assume only their element alignment (a view
-    such as ``s[row0:]`` of plain scales or a slice of ``offs`` may start anywhere)."""
+def _fake(dtype, shape, align: int | None = None):
+    """Row-major fake tensor for compiling.  By default data (fp8 / bf16 / fp32) is 16-byte aligned (the ops layer
+    checks inputs and allocates outputs so); 8-bit scales and int32 offsets assume only their element alignment (a
+    view such as ``s[row0:]`` of plain scales or a slice of ``offs`` may start anywhere).  ``align`` overrides."""
     cutlass, _ = _cutlass()
     from cutlass.cute.runtime import make_fake_compact_tensor
 
-    align = dtype.width // 8 if dtype in (cutlass.Uint8, cutlass.Int32) else 16
+    if align is None:
+        align = dtype.width // 8 if dtype in (cutlass.Uint8, cutlass.Int32) else 16
     return make_fake_compact_tensor(dtype, shape, stride_order=tuple(range(len(shape) - 1, -1, -1)),
                                     assumed_align=align)
+
+
+def _tile_scales(blocked: bool):
+    """Fake scales of a tile-kernel output: (E, blocked numel) or plain (E, rows, cols), uint8."""
+    cutlass, _ = _cutlass()
+    return _fake(cutlass.Uint8, (_sym(), _sym()) if blocked else (_sym(), _sym(), _sym()))
 
 
 def _compile(kernel, args, arch: str, keep_ptx: bool):
@@ -154,14 +161,11 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
                              colwise=direction != "rowwise", grouped=grouped)
     # Every tensor gets its own symbols: the kernel takes its shapes from x, and an unused output slot may hold
     # another tensor (TVM-FFI checks that tensors sharing a symbol agree in that dimension).
-    def scales():
-        return fake(cutlass.Uint8, (sym(), sym()) if blocked else (sym(), sym(), sym()))
-
     x = fake(x_dtype, (sym(), sym(), k))
     q = fake(kernel.elem_dtype, (sym(), sym(), sym(32)))
     qt = fake(kernel.elem_dtype, (sym(), sym(32), sym(1 if grouped else 32)))
-    return _compile(kernel.launch, (x, q, scales(), qt, scales(), i32, fake(cutlass.Int32, (sym(),))), arch,
-                    keep_ptx)
+    return _compile(kernel.launch, (x, q, _tile_scales(blocked), qt, _tile_scales(blocked), i32,
+                                    fake(cutlass.Int32, (sym(),))), arch, keep_ptx)
 
 
 @functools.lru_cache(maxsize=None)
@@ -189,10 +193,7 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
     x_dtype = cutlass.BFloat16 if in_dtype == "bfloat16" else cutlass.Float32
 
     fake, sym = _fake, _sym
-
-    def scales():
-        return fake(cutlass.Uint8, (sym(), sym()) if blocked else (sym(), sym(), sym()))
-
+    scales = functools.partial(_tile_scales, blocked)
     h13 = fake(x_dtype, (sym(), sym(), sym(64)))
     q = fake(kernel.elem_dtype, (sym(), sym(), sym(32)))
     qt = fake(kernel.elem_dtype, (sym(), sym(32), sym(1 if grouped else 32)))
@@ -221,12 +222,11 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
 
     kernel = MXGemmSm100(a_elem, b_elem, out_dtype, n_tile, max_ctas)
     fake, sym = _fake, _sym
-    d_dtype = cutlass.BFloat16 if out_dtype == "bfloat16" else cutlass.Float32
-    from cutlass.cute.runtime import make_fake_compact_tensor
 
     def scales():  # TMA reads them: the buffer must be 16-byte aligned (fresh blocked buffers are)
-        return make_fake_compact_tensor(cutlass.Uint8, (sym(),), assumed_align=16)
+        return fake(cutlass.Uint8, (sym(),), align=16)
 
+    d = kernel.d_dtype
     args = (fake(kernel.a_dtype, (sym(), sym(32))), fake(kernel.b_dtype, (sym(), sym(32))), scales(), scales(),
-            fake(d_dtype, (sym(), sym(16 // (d_dtype.width // 8)))))
+            fake(d, (sym(), sym(16 // (d.width // 8)))))
     return _compile(kernel, args, arch, keep_ptx)

@@ -99,6 +99,7 @@ class MXGemmSm100:
             self.d_dtype, _ROW_MAJOR, self.epi_tile, 1)) * self.d_stages
         capacity = cutlass.memory.get_smem_capacity_in_bytes("sm_100")
         self.ab_stages = (capacity - 1024 - d_bytes) // stage_bytes  # 1 KB: barriers and the TMEM address
+        self.tma_bytes = stage_bytes  # what one stage's TMA loads deliver (1-CTA: no multicast share)
         self.a_smem, self.b_smem, self.sfa_smem, self.sfb_smem = self._smem_layouts(self.ab_stages)
         self.d_smem = sm100.make_smem_layout_epi(self.d_dtype, _ROW_MAJOR, self.epi_tile,
                                                  self.d_stages)
@@ -142,10 +143,6 @@ class MXGemmSm100:
         tma_sfb, gsfb = cute.nvgpu.make_tiled_tma_atom_B(load_b, sfb3, cute.slice_(self.sfb_smem, stage),
                                                          self.mma_tiler, mma, cluster.shape,
                                                          internal_type=cutlass.Int16)
-        self.tma_bytes = (cute.size_in_bytes(self.a_dtype, cute.slice_(self.a_smem, stage))
-                          + cute.size_in_bytes(self.b_dtype, cute.slice_(self.b_smem, stage))
-                          + cute.size_in_bytes(_SF_DTYPE, cute.slice_(self.sfa_smem, stage))
-                          + cute.size_in_bytes(_SF_DTYPE, cute.slice_(self.sfb_smem, stage)))
         tma_d, gd = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), d3,
                                                 cute.slice_(self.d_smem, (None, None, 0)), self.epi_tile)
 

@@ -32,7 +32,7 @@ E4M3 = torch.float8_e4m3fn
 
 
 def _direct(*tensors) -> bool:
-    """Whether a quantize call may skip the custom-op dispatcher and run the op's own implementation: eager mode
+    """Whether a quantize or SwiGLU call may skip the custom-op dispatcher and run the op's own implementation: eager mode
     with plain tensors and no torch function / dispatch mode active.  The result is the same (the custom op calls
     that implementation); only the dispatcher's host time (tens of microseconds) is saved.  Under torch.compile,
     fake tensors, subclasses, modes or inputs that require grad the call goes through ``torch.ops.cute_mxfp8`` as

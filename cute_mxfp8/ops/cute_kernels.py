@@ -125,6 +125,14 @@ def _placeholder(device: torch.device, dtype: torch.dtype, shape: tuple) -> torc
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
+def _group_args(device: torch.device, offs) -> tuple:
+    """The tile kernels' (offs, tile_starts) arguments: the groups, or one placeholder for both without groups."""
+    if offs is None:
+        none = _placeholder(device, torch.int32, (1,))
+        return none, none
+    return offs, F.group_tile_starts(offs)
+
+
 def _e8m0(*ts):
     return tuple(t.view(torch.float8_e8m0fnu) if t.dtype == torch.uint8 else t for t in ts)
 
@@ -141,10 +149,8 @@ def _ops(arch: str) -> dict:
         q, s, qt, st = (_batch(t, three_d) if t is not None else
                         _placeholder(x.device, torch.uint8 if i % 2 else elem_dtype, scales if i % 2 else data)
                         for i, t in enumerate((q, s, qt, st)))
-        groups = _placeholder(x.device, torch.int32, (1,)) if offs is None else offs
-        tile_starts = groups if offs is None else F.group_tile_starts(offs)
         kernel(direction, x, scale_mode, elem_dtype, blocked, offs is not None, three_d and direction == "rowwise")(
-            _batch(x, three_d), q, s, qt, st, groups, tile_starts)
+            _batch(x, three_d), q, s, qt, st, *_group_args(x.device, offs))
 
     def rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked):
         """Rows at or past offs[-1] belong to no group: their rowwise data (and plain scales) still exist."""
@@ -249,10 +255,8 @@ def _swiglu_ops(arch: str) -> dict:
             fn = compile_swiglu_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False,
                                       offs is not None, emit_hp)
             hp_arg = hp.unsqueeze(0) if emit_hp else _placeholder(dev, x.dtype, (1, 32, 32))
-            groups = _placeholder(dev, torch.int32, (1,)) if offs is None else offs
-            tile_starts = groups if offs is None else F.group_tile_starts(offs)
             fn(*(t.unsqueeze(0) for t in inputs), q.unsqueeze(0), _batch(s, False), qt.unsqueeze(0),
-               _batch(st, False), hp_arg, groups, tile_starts)
+               _batch(st, False), hp_arg, *_group_args(dev, offs))
         return (*_e8m0(q, s, qt, st), hp)
 
     def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None):
@@ -264,7 +268,6 @@ def _swiglu_ops(arch: str) -> dict:
     return {"swiglu_quant": swiglu_quant, "dswiglu_quant": dswiglu_quant}
 
 
-SWIGLU_KERNEL_OPS = {name: _swiglu_ops(arch) for name, (_, arch, _) in _ARCHS.items()}
 _QUANT_LIMITS = {"quantize_rowwise": _limits, "quantize_colwise": _limits, "quantize_dual": _limits}
 _SWIGLU_LIMITS = {"swiglu_quant": _swiglu_limits, "dswiglu_quant": _swiglu_limits}
 
@@ -273,6 +276,6 @@ for _name, (_, _arch, _) in _ARCHS.items():
         name=_name,
         priority=10,
         unavailable_reason=_unavailable(_name),
-        ops={**_ops(_arch), **SWIGLU_KERNEL_OPS[_name]},
+        ops={**_ops(_arch), **_swiglu_ops(_arch)},
         limits={**_QUANT_LIMITS, **_SWIGLU_LIMITS},
     ))
