@@ -208,25 +208,61 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
 @functools.lru_cache(maxsize=None)
 @disk_cached(skip_if="keep_ptx")
 def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
-                       arch: str = "sm_100a", keep_ptx: bool = False, max_ctas: int = 148):
-    """Compiled SM100 MXFP8 GEMM (:class:`~cute_mxfp8.kernels.gemm_sm100.MXGemmSm100`):
-    ``fn(a, b, sfa, sfb, d)`` with a (M, K) and b (N, K) fp8 (``a_elem`` / ``b_elem``) K-major, sfa / sfb the
-    1-D blocked E8M0 scale buffers (uint8 view, 16-byte aligned), d (M, N) ``out_dtype`` row-major.
-    ``max_ctas`` bounds the persistent grid (148: the SMs of a B200).  The compiled function trusts its
-    arguments: b's K, d's shape and the scale buffers' sizes (``blocked_scales_numel``) are not checked against
-    a's, so a caller must check them (the ops layer will, when it selects this kernel)."""
+                       arch: str = "sm_100a", keep_ptx: bool = False, max_ctas: int = 148, epilogue: str = "plain",
+                       cast_elem: str = "e4m3", scale_mode: str = "rceil", emit_hp: bool = False):
+    """Compiled SM100 MXFP8 GEMM (:class:`~cute_mxfp8.kernels.gemm_sm100.MXGemmSm100`), a (M, K) and b (N, K)
+    fp8 (``a_elem`` / ``b_elem``) K-major, sfa / sfb their 1-D blocked E8M0 scale buffers (uint8 view, 16-byte
+    aligned).  ``max_ctas`` bounds the persistent grid (148: the SMs of a B200).  By ``epilogue``:
+
+    * ``"plain"``: ``fn(a, b, sfa, sfb, d)``, d (M, N) ``out_dtype`` row-major.
+    * ``"swiglu"`` (N = 2I, b in the interleaved gate/up layout): ``fn(a, b, sfa, sfb, h13, q, qs, qt, qts, hp)``
+      with h13 (M, 2I) ``out_dtype``, h cast to ``cast_elem`` / ``scale_mode``: q (M, I), qt (I, Mp), qs / qts
+      blocked uint8 (zero-filled), hp (M, I) ``out_dtype`` (``emit_hp``; else any placeholder).
+    * ``"dswiglu"`` (N = I): same arguments, h13 (M, 2I) ``out_dtype`` read, dh13 cast: q (M, 2I), qt (2I, Mp),
+      hp (M, 2I).
+
+    The compiled function trusts its arguments: shapes and scale buffer sizes (``blocked_scales_numel``) are not
+    checked against a's, so a caller must check them (the ops layer does, :mod:`cute_mxfp8.ops.gemm_sm100`)."""
     if arch != "sm_100a":
         raise ValueError(f"the tcgen05 GEMM needs arch sm_100a, got {arch!r}")
     cutlass, _ = _cutlass()
     from .kernels.gemm_sm100 import MXGemmSm100
 
-    kernel = MXGemmSm100(a_elem, b_elem, out_dtype, n_tile, max_ctas)
+    kernel = MXGemmSm100(a_elem, b_elem, out_dtype, n_tile, max_ctas, epilogue, cast_elem, scale_mode, emit_hp)
     fake, sym = _fake, _sym
 
     def scales():  # TMA reads them: the buffer must be 16-byte aligned (fresh blocked buffers are)
         return fake(cutlass.Uint8, (sym(),), align=16)
 
     d = kernel.d_dtype
-    args = (fake(kernel.a_dtype, (sym(), sym(32))), fake(kernel.b_dtype, (sym(), sym(32))), scales(), scales(),
-            fake(d, (sym(), sym(16 // (d.width // 8)))))
+    ab = (fake(kernel.a_dtype, (sym(), sym(32))), fake(kernel.b_dtype, (sym(), sym(32))), scales(), scales())
+    if epilogue == "plain":
+        return _compile(kernel, (*ab, fake(d, (sym(), sym(16 // (d.width // 8))))), arch, keep_ptx)
+    q = kernel.cast.elem_dtype
+    fused = (fake(d, (sym(), sym(128))), fake(q, (sym(), sym(32))), fake(cutlass.Uint8, (sym(),)),
+             fake(q, (sym(32), sym(32))), fake(cutlass.Uint8, (sym(),)), fake(d, (sym(), sym(32))))
+    entry = kernel.call_swiglu if epilogue == "swiglu" else kernel.call_dswiglu
+    return _compile(entry, (*ab, *fused), arch, keep_ptx)
+
+
+@functools.lru_cache(maxsize=None)
+@disk_cached(skip_if="keep_ptx")
+def compile_epilogue_check(mode: str, hp_dtype: str, elem: str, scale_mode: str, emit_hp: bool, arch: str,
+                           keep_ptx: bool = False):
+    """Compiled :class:`~cute_mxfp8.kernels.gemm_epilogue.EpilogueCheckKernel`: the SM100 GEMM's fused epilogue
+    code fed from a global fp32 accumulator, for checking that code on any GPU.  ``fn(acc, h13, q, qs, qt, qts,
+    hp)``: acc fp32 (M, 2I) (``"swiglu"``) or (M, I) (``"dswiglu"``); h13 (M, 2I) ``hp_dtype`` (read by
+    dswiglu); q (M, n) fp8, qt (n, Mp) fp8 and hp (M, n) ``hp_dtype`` with n = I (swiglu) or 2I (dswiglu);
+    qs / qts 1-D blocked uint8, zero-filled."""
+    if hp_dtype not in _IN_DTYPES:
+        raise ValueError(f"hp_dtype must be one of {_IN_DTYPES}, got {hp_dtype!r}")
+    cutlass, _ = _cutlass()
+    from .kernels.gemm_epilogue import EpilogueCheckKernel
+
+    kernel = EpilogueCheckKernel(mode, elem, scale_mode, emit_hp)
+    hp = cutlass.BFloat16 if hp_dtype == "bfloat16" else cutlass.Float32
+    fake, sym = _fake, _sym
+    args = (fake(cutlass.Float32, (sym(), sym(32))), fake(hp, (sym(), sym(64))),
+            fake(kernel.elem_dtype, (sym(), sym(32))), fake(cutlass.Uint8, (sym(),)),
+            fake(kernel.elem_dtype, (sym(32), sym(32))), fake(cutlass.Uint8, (sym(),)), fake(hp, (sym(), sym(32))))
     return _compile(kernel, args, arch, keep_ptx)

@@ -10,6 +10,7 @@ from torch.library import opcheck
 from cute_mxfp8 import formats as F
 from cute_mxfp8 import ops
 from cute_mxfp8.ops import library as L
+from cute_mxfp8.swiglu import pack_gate_up
 from cute_mxfp8.ops.backends import Backend, BackendUnavailableError, register_backend, resolve_backend
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -83,8 +84,9 @@ def test_gemm_ops_opcheck_and_fakes(rng):
     opcheck(L._grouped_mm_wgrad, (wa, wa_s, wb, wb_s, o, torch.float32, ""), test_utils=FP8_INPUT_CHECKS)
     _fake_matches(L._grouped_mm_wgrad, (wa, wa_s, wb, wb_s, o, torch.float32, ""))
     w1, w3 = torch.randn(2, 64, 96, generator=rng), torch.randn(2, 64, 96, generator=rng)
-    opcheck(L._quantize_gate_up, (w1, w3, "rceil", E4M3, True, ""))
-    _fake_matches(L._quantize_gate_up, (w1, w3, "rceil", E4M3, True, ""))
+    for tile in (0, 32):
+        opcheck(L._quantize_gate_up, (w1, w3, "rceil", E4M3, True, tile, ""))
+        _fake_matches(L._quantize_gate_up, (w1, w3, "rceil", E4M3, True, tile, ""))
 
 
 def test_no_input_mutation(rng):
@@ -136,6 +138,21 @@ def test_quantize_gate_up_is_packed_quantization(rng):
     cd, cs = F.quantize_mxfp8(w13.t().contiguous())
     assert torch.equal(_u8(row), _u8(rd)) and torch.equal(_u8(row_s), _u8(rs))
     assert torch.equal(_u8(col), _u8(cd)) and torch.equal(_u8(col_s), _u8(cs))
+
+
+@pytest.mark.parametrize("tile", [32, 64])
+def test_quantize_gate_up_interleaved_is_quantization_of_the_interleaved_w13(rng, tile):
+    # Interleaving moves whole MX blocks, so it equals quantizing the interleaved bf16 W13 itself, per expert.
+    w1, w3 = torch.randn(2, 192, 96, generator=rng), torch.randn(2, 192, 96, generator=rng)
+    row, row_s, col, col_s = ops.quantize_gate_up(w1, w3, blocked=False, gate_up_tile=tile)
+    w13 = pack_gate_up(w1, w3, dim=-2, tile=tile)
+    assert torch.equal(w13[0, tile:2 * tile], w3[0, :tile])  # gate run, then the matching up run
+    rd, rs = F.quantize_mxfp8(w13)
+    cd, cs = F.quantize_mxfp8(w13, dim=-2)
+    assert torch.equal(_u8(row), _u8(rd)) and torch.equal(_u8(row_s), _u8(rs))
+    assert torch.equal(_u8(col), _u8(cd.transpose(-1, -2))) and torch.equal(_u8(col_s), _u8(cs.transpose(-1, -2)))
+    with pytest.raises(ValueError, match="multiple of 32 dividing I"):
+        ops.quantize_gate_up(w1, w3, gate_up_tile=128)
 
 
 def _sqnr(ref, x):

@@ -17,11 +17,13 @@ import cutlass.utils.blockscaled_layout as bsl
 from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from .blockscaled import SF_VEC, scale_layout
+from .gemm_epilogue import TRANSPOSE_BYTES, dswiglu_block, swiglu_block
 
 _K_MAJOR = cute.nvgpu.OperandMajorMode.K
 _SF_DTYPE = cutlass.Float8E8M0FNU
 _ROW_MAJOR = cutlass.tensor_utils.LayoutEnum.ROW_MAJOR
 _OUT_DTYPES = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
+EPILOGUES = ("plain", "swiglu", "dswiglu")
 
 
 class MXGemmSm100:
@@ -53,8 +55,9 @@ class MXGemmSm100:
     K_STAGE_BLOCKS = 4  # MMA instructions (K = 32 each) per pipeline stage: a 128-deep K tile
 
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
-                 max_ctas: int = 148):
-        from .mx_math import ELEM_DTYPES
+                 max_ctas: int = 148, epilogue: str = "plain", cast_elem: str = "e4m3", scale_mode: str = "rceil",
+                 emit_hp: bool = False):
+        from .mx_math import ELEM_DTYPES, MXCastParams
 
         if a_elem not in ELEM_DTYPES or b_elem not in ELEM_DTYPES:
             raise ValueError(f"A/B element types must be in {sorted(ELEM_DTYPES)}, got {a_elem!r}, {b_elem!r}")
@@ -65,6 +68,10 @@ class MXGemmSm100:
         self.a_dtype, self.b_dtype = ELEM_DTYPES[a_elem][0], ELEM_DTYPES[b_elem][0]
         self.d_dtype = _OUT_DTYPES[out_dtype]
         self.n_tile, self.max_ctas = n_tile, max_ctas
+        if epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue must be one of {EPILOGUES}, got {epilogue!r}")
+        self.epilogue, self.emit_hp = epilogue, emit_hp
+        self.cast = MXCastParams(cast_elem, scale_mode, blocked=True)  # the fused epilogues' output cast
         self.acc_stages = 2 if n_tile == 128 else 1  # 2 x 256 accumulator columns would leave none for scales
         self.epi_sync = pipeline.NamedBarrier(barrier_id=1, num_threads=32 * len(self.EPI_WARPS))
         self.tmem_sync = pipeline.NamedBarrier(barrier_id=2, num_threads=32 * (len(self.EPI_WARPS) + 1))
@@ -95,10 +102,12 @@ class MXGemmSm100:
         stage_bytes = (cute.size_in_bytes(self.a_dtype, one[0]) + cute.size_in_bytes(self.b_dtype, one[1])
                        + cute.size_in_bytes(_SF_DTYPE, one[2]) + cute.size_in_bytes(_SF_DTYPE, one[3]))
         self.d_stages = 2
+        # fused epilogues: each epilogue warp transposes its colwise blocks through a 32 x 32 fp8 tile
+        self.tr_bytes = TRANSPOSE_BYTES * len(self.EPI_WARPS) if self.epilogue != "plain" else 16
         d_bytes = cute.size_in_bytes(self.d_dtype, sm100.make_smem_layout_epi(
             self.d_dtype, _ROW_MAJOR, self.epi_tile, 1)) * self.d_stages
         capacity = cutlass.memory.get_smem_capacity_in_bytes("sm_100")
-        self.ab_stages = (capacity - 1024 - d_bytes) // stage_bytes  # 1 KB: barriers and the TMEM address
+        self.ab_stages = (capacity - 1024 - d_bytes - self.tr_bytes) // stage_bytes  # 1 KB: barriers and the TMEM address
         self.tma_bytes = stage_bytes  # what one stage's TMA loads deliver (1-CTA: no multicast share)
         self.a_smem, self.b_smem, self.sfa_smem, self.sfb_smem = self._smem_layouts(self.ab_stages)
         self.d_smem = sm100.make_smem_layout_epi(self.d_dtype, _ROW_MAJOR, self.epi_tile,
@@ -116,15 +125,37 @@ class MXGemmSm100:
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor,
                  stream: cuda.CUstream):
-        """``a`` (M, K), ``b`` (N, K) fp8 K-major; ``sfa``/``sfb`` the 1-D blocked E8M0 scale buffers (bytes);
-        ``d`` (M, N) row-major."""
+        """Plain epilogue: ``a`` (M, K), ``b`` (N, K) fp8 K-major; ``sfa``/``sfb`` the 1-D blocked E8M0 scale
+        buffers (bytes); ``d`` (M, N) row-major."""
+        self._launch(a, b, sfa, sfb, d, None, (), stream)
+
+    @cute.jit
+    def call_swiglu(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, h13: cute.Tensor,
+                    q: cute.Tensor, qs: cute.Tensor, qt: cute.Tensor, qts: cute.Tensor, hp: cute.Tensor,
+                    stream: cuda.CUstream):
+        """SwiGLU epilogue (GEMM1): ``b`` = W13 in the interleaved gate/up layout (N = 2I); writes ``h13``
+        (M, 2I) and h's dual MXFP8 cast: ``q`` (M, I), ``qt`` (I, Mp), blocked scales ``qs``/``qts``
+        (zero-filled), ``hp`` (M, I) h itself when ``emit_hp`` (:func:`.gemm_epilogue.dual_quantize_block`)."""
+        self._launch(a, b, sfa, sfb, h13, None, (q, qs, qt, qts, hp), stream)
+
+    @cute.jit
+    def call_dswiglu(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor,
+                     h13: cute.Tensor, q: cute.Tensor, qs: cute.Tensor, qt: cute.Tensor, qts: cute.Tensor,
+                     hp: cute.Tensor, stream: cuda.CUstream):
+        """dSwiGLU epilogue (GEMM3): the accumulator is dh (M, I); reads the saved ``h13`` (M, 2I) and writes
+        dh13's dual MXFP8 cast: ``q`` (M, 2I), ``qt`` (2I, Mp), blocked scales (zero-filled), ``hp`` (M, 2I)
+        dh13 itself when ``emit_hp``.  No D is stored."""
+        self._launch(a, b, sfa, sfb, None, h13, (q, qs, qt, qts, hp), stream)
+
+    @cute.jit
+    def _launch(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d, h13, fused: tuple,
+                stream: cuda.CUstream):
         self._configure()
         m, k = a.shape
         n = b.shape[0]
         # (rows, K, batch) views, K-major; the scales as their blocked layout over element coordinates
         a3 = cute.make_tensor(a.iterator, cute.make_ordered_layout((m, k, 1), order=(1, 0, 2)))
         b3 = cute.make_tensor(b.iterator, cute.make_ordered_layout((n, k, 1), order=(1, 0, 2)))
-        d3 = cute.make_tensor(d.iterator, cute.make_ordered_layout((m, n, 1), order=(1, 0, 2)))
         sfa3 = cute.make_tensor(cute.recast_ptr(sfa.iterator, dtype=_SF_DTYPE), scale_layout(m, k))
         sfb3 = cute.make_tensor(cute.recast_ptr(sfb.iterator, dtype=_SF_DTYPE), scale_layout(n, k))
 
@@ -143,10 +174,13 @@ class MXGemmSm100:
         tma_sfb, gsfb = cute.nvgpu.make_tiled_tma_atom_B(load_b, sfb3, cute.slice_(self.sfb_smem, stage),
                                                          self.mma_tiler, mma, cluster.shape,
                                                          internal_type=cutlass.Int16)
-        tma_d, gd = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), d3,
-                                                cute.slice_(self.d_smem, (None, None, 0)), self.epi_tile)
+        tma_d, gd = None, None
+        if cutlass.const_expr(d is not None):
+            d3 = cute.make_tensor(d.iterator, cute.make_ordered_layout((m, n, 1), order=(1, 0, 2)))
+            tma_d, gd = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), d3,
+                                                    cute.slice_(self.d_smem, (None, None, 0)), self.epi_tile)
 
-        tiles = cute.zipped_divide(d3, tiler=self.mma_tiler[:2])[(0, (None, None, None))].shape
+        tiles = (cute.ceil_div(m, self.TILE_M), cute.ceil_div(n, self.n_tile), 1)
         sched = utils.PersistentTileSchedulerParams(tiles, (1, 1, 1))
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.max_ctas)
 
@@ -162,26 +196,30 @@ class MXGemmSm100:
             sb: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem.outer)], 1024]
             ssfa: cute.struct.Align[cute.struct.MemRange[_SF_DTYPE, cute.cosize(self.sfa_smem)], 1024]
             ssfb: cute.struct.Align[cute.struct.MemRange[_SF_DTYPE, cute.cosize(self.sfb_smem)], 1024]
+            tr: cute.struct.Align[cute.struct.MemRange[self.cast.elem_dtype, self.tr_bytes], 16]
 
         self.shared = Shared
-        self.kernel(mma, tma_a, ga, tma_b, gb, tma_sfa, gsfa, tma_sfb, gsfb, tma_d, gd, cluster, sched,
-                    self.a_smem, self.b_smem, self.sfa_smem, self.sfb_smem, self.d_smem, self.epi_tile).launch(
-            grid=grid, block=[self.THREADS, 1, 1], cluster=(1, 1, 1), smem=Shared.size_in_bytes(), stream=stream)
+        self.kernel(mma, tma_a, ga, tma_b, gb, tma_sfa, gsfa, tma_sfb, gsfb, tma_d, gd, h13, fused, m, n, cluster,
+                    sched, self.a_smem, self.b_smem, self.sfa_smem, self.sfb_smem, self.d_smem,
+                    self.epi_tile).launch(grid=grid, block=[self.THREADS, 1, 1], cluster=(1, 1, 1),
+                                          smem=Shared.size_in_bytes(), stream=stream)
 
     # ---- device side -------------------------------------------------------------------------------------------
 
     @cute.kernel
     def kernel(self, mma: cute.TiledMma, tma_a: cute.CopyAtom, ga: cute.Tensor, tma_b: cute.CopyAtom,
                gb: cute.Tensor, tma_sfa: cute.CopyAtom, gsfa: cute.Tensor, tma_sfb: cute.CopyAtom,
-               gsfb: cute.Tensor, tma_d: cute.CopyAtom, gd: cute.Tensor, cluster: cute.Layout,
-               sched: utils.PersistentTileSchedulerParams, a_smem: cute.ComposedLayout,
+               gsfb: cute.Tensor, tma_d, gd, h13, fused: tuple, rows: cutlass.Int32, cols: cutlass.Int32,
+               cluster: cute.Layout, sched: utils.PersistentTileSchedulerParams, a_smem: cute.ComposedLayout,
                b_smem: cute.ComposedLayout, sfa_smem: cute.Layout, sfb_smem: cute.Layout,
                d_smem: cute.ComposedLayout, epi_tile: cute.Tile):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if warp == self.TMA_WARP:
-            for atom in (tma_a, tma_b, tma_sfa, tma_sfb, tma_d):
+            for atom in (tma_a, tma_b, tma_sfa, tma_sfb):
                 cpasync.prefetch_descriptor(atom)
+            if cutlass.const_expr(tma_d is not None):
+                cpasync.prefetch_descriptor(tma_d)
 
         st = cutlass.memory.SmemAllocator().allocate(self.shared)
         ab_pipe = pipeline.PipelineTmaUmma.create(
@@ -202,6 +240,7 @@ class MXGemmSm100:
         ssfa = st.ssfa.get_tensor(sfa_smem)
         ssfb = st.ssfb.get_tensor(sfb_smem)
         sd = st.sd.get_tensor(d_smem.outer, swizzle=d_smem.inner)
+        tr = st.tr.get_tensor(cute.make_layout((32, 32, len(self.EPI_WARPS)), stride=(32, 1, 1024)))
 
         # global tiles: (bM, bK, RestM, RestK, RestL) etc., partitioned for the MMA and for TMA
         tile_mk = cute.slice_(self.mma_tiler, (None, 0, None))
@@ -211,8 +250,10 @@ class MXGemmSm100:
         tcgb = thr.partition_B(cute.local_tile(gb, tile_nk, (None, None, None)))
         tcgsfa = thr.partition_A(cute.local_tile(gsfa, tile_mk, (None, None, None)))
         tcgsfb = thr.partition_B(cute.local_tile(gsfb, tile_nk, (None, None, None)))
-        tcgd = thr.partition_C(cute.local_tile(gd, cute.slice_(self.mma_tiler, (None, None, 0)),
-                                               (None, None, None)))
+        tcgd = None
+        if cutlass.const_expr(gd is not None):
+            tcgd = thr.partition_C(cute.local_tile(gd, cute.slice_(self.mma_tiler, (None, None, 0)),
+                                                   (None, None, None)))
         k_tiles = cute.size(tcga, mode=[4])
         one = cute.make_layout(1)
         tas, tag = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sa, 0, 3), cute.group_modes(tcga, 0, 3))
@@ -237,7 +278,8 @@ class MXGemmSm100:
             self._mma_role(mma, ab_pipe, acc_pipe, tmem, sched, sa, sb, ssfa, ssfb, sfa_smem, sfb_smem, acc_layout,
                            k_tiles)
         if warp < self.MMA_WARP:
-            self._epilogue_role(acc_pipe, tmem, sched, tma_d, tcgd, sd, acc_layout, epi_tile, tidx, warp)
+            self._epilogue_role(acc_pipe, tmem, sched, tma_d, tcgd, sd, acc_layout, epi_tile, tidx, warp, h13,
+                                fused, tr[(None, None, warp)], rows, cols)
 
     @cute.jit
     def _load_role(self, ab_pipe, sched, tma_a, tas, tag, tma_b, tbs, tbg, tma_sfa, tsfas, tsfag, tma_sfb, tsfbs,
@@ -314,9 +356,17 @@ class MXGemmSm100:
         return tiled, src, thr.partition_D(dst)
 
     @cute.jit
-    def _epilogue_role(self, acc_pipe, tmem, sched, tma_d, tcgd, sd, acc_layout, epi_tile, tidx, warp):
-        """Epilogue warps: allocate TMEM, then per tile and per epilogue sub-tile: ``tcgen05.ld`` the fp32
-        accumulator, convert, stage in shared memory and TMA-store D; release the accumulator stage."""
+    def _epilogue_role(self, acc_pipe, tmem, sched, tma_d, tcgd, sd, acc_layout, epi_tile, tidx, warp, h13, fused,
+                       tr, rows, cols):
+        """Epilogue warps: allocate TMEM, then per tile walk the 128 x 32 accumulator sub-tiles (``tcgen05.ld``:
+        thread ``tidx`` gets row ``tidx`` of the tile, 32 columns, in fp32) and, by ``self.epilogue``:
+
+        * plain: convert, stage in shared memory, TMA-store D;
+        * swiglu: per 32 h columns, the gate and up sub-tiles (64 columns apart, the interleaved layout) are
+          TMA-stored as h13 and fed to :func:`.gemm_epilogue.swiglu_block`;
+        * dswiglu: each dh sub-tile goes to :func:`.gemm_epilogue.dswiglu_block` (which reads h13).
+
+        Then release the accumulator stage to the MMA warp."""
         tmem.allocate(cute.arch.get_max_tmem_alloc_cols("sm_100"))
         tmem.wait_for_alloc()
         acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
@@ -329,22 +379,25 @@ class MXGemmSm100:
                                      acc_epi[(None, None, 0, 0, 0)])
         t2r_thr = t2r.get_slice(tidx)
         t_acc = t2r_thr.partition_S(acc_epi)
-        gd_epi = cute.flat_divide(tcgd[((None, None), 0, 0, None, None, None)], epi_tile)
-        r_acc = cute.make_rmem_tensor(t2r_thr.partition_D(gd_epi)[(None, None, None, 0, 0, 0, 0, 0)].shape,
-                                      cutlass.Float32)
+        id_epi = cute.flat_divide(cute.make_identity_tensor(self.mma_tiler[:2]), epi_tile)
+        r_acc = cute.make_rmem_tensor(t2r_thr.partition_D(id_epi)[(None, None, None, 0, 0)].shape, cutlass.Float32)
+        frag = cute.make_tensor(r_acc.iterator, cute.make_layout(cute.size(r_acc)))  # the row's 32 values
+        r_up = cute.make_rmem_tensor(r_acc.shape, cutlass.Float32)
         r_d = cute.make_rmem_tensor(r_acc.shape, self.d_dtype)
-        # registers -> shared memory
-        r2s = cute.make_tiled_copy_D(sm100.get_smem_store_op(_ROW_MAJOR, self.d_dtype,
-                                                             cutlass.Float32, t2r), t2r)
-        r2s_thr = r2s.get_slice(tidx)
-        s_d = r2s_thr.partition_D(sd)
-        r_d_view = r2s.retile(r_d)
-        # shared memory -> global (TMA)
-        sdt, gdt = cpasync.tma_partition(tma_d, 0, cute.make_layout(1), cute.group_modes(sd, 0, 2),
-                                         cute.group_modes(gd_epi, 0, 2))
-        store_pipe = pipeline.PipelineTmaStore.create(
-            num_stages=self.d_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * len(self.EPI_WARPS)))
+        store = None
+        if cutlass.const_expr(tma_d is not None):
+            # registers -> shared memory -> global (TMA)
+            r2s = cute.make_tiled_copy_D(sm100.get_smem_store_op(_ROW_MAJOR, self.d_dtype,
+                                                                 cutlass.Float32, t2r), t2r)
+            r2s_thr = r2s.get_slice(tidx)
+            gd_epi = cute.flat_divide(tcgd[((None, None), 0, 0, None, None, None)], epi_tile)
+            sdt, gdt = cpasync.tma_partition(tma_d, 0, cute.make_layout(1), cute.group_modes(sd, 0, 2),
+                                             cute.group_modes(gd_epi, 0, 2))
+            store_pipe = pipeline.PipelineTmaStore.create(
+                num_stages=self.d_stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * len(self.EPI_WARPS)))
+            store = (r2s, r2s_thr.partition_D(sd), r2s.retile(r_d), sdt, gdt, store_pipe, tma_d)
+        lane = tidx % 32
 
         tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
         work = tiles.initial_work_tile_info()
@@ -352,22 +405,29 @@ class MXGemmSm100:
         stored = cutlass.Int32(0)
         while work.is_valid_tile:
             mt, nt, lt = work.tile_idx
-            tile_gd = cute.group_modes(gdt[(None, None, None, mt, nt, lt)], 1, 3)
+            row = mt * self.TILE_M + tidx
             acc_pipe.consumer_wait(acc_state)
             tile_acc = cute.group_modes(t_acc[(None, None, None, None, None, acc_state.index)], 3, 5)
-            for sub in cutlass.range(cute.size(tile_acc, mode=[3])):
-                cute.copy(t2r, tile_acc[(None, None, None, sub)], r_acc)
-                r_d_view.store(r2s.retile(r_acc).load().to(self.d_dtype))
-                buf = stored % self.d_stages
-                cute.copy(r2s, r_d_view, s_d[(None, None, None, buf)])
-                cute.arch.fence_proxy("async.shared", space="cta")
-                self.epi_sync.arrive_and_wait()
-                if warp == self.EPI_WARPS[0]:
-                    cute.copy(tma_d, sdt[(None, buf)], tile_gd[(None, sub)])
-                    store_pipe.producer_commit()
-                    store_pipe.producer_acquire()
-                self.epi_sync.arrive_and_wait()
-                stored += 1
+            if cutlass.const_expr(self.epilogue == "plain"):
+                for sub in cutlass.range(cute.size(tile_acc, mode=[3])):
+                    cute.copy(t2r, tile_acc[(None, None, None, sub)], r_acc)
+                    stored = self._store_d(store, r_acc, (mt, nt, lt), sub, stored, warp)
+            if cutlass.const_expr(self.epilogue == "swiglu"):
+                for hb in cutlass.range(self.n_tile // 64, unroll=1):  # 32 h columns: gate and up sub-tiles
+                    sub = 4 * (hb // 2) + hb % 2
+                    cute.copy(t2r, tile_acc[(None, None, None, sub)], r_acc)
+                    cute.copy(t2r, tile_acc[(None, None, None, sub + 2)], r_up)
+                    stored = self._store_d(store, r_acc, (mt, nt, lt), sub, stored, warp)
+                    stored = self._store_d(store, r_up, (mt, nt, lt), sub + 2, stored, warp)
+                    up = cute.make_tensor(r_up.iterator, frag.layout)
+                    swiglu_block(frag.load(), up.load(), fused, tr, row, nt * (self.n_tile // 2) + hb * 32, lane,
+                                 rows, cols // 2, self.cast, self.emit_hp)
+            if cutlass.const_expr(self.epilogue == "dswiglu"):
+                for sub in cutlass.range(self.n_tile // 32, unroll=1):
+                    cute.copy(t2r, tile_acc[(None, None, None, sub)], r_acc)
+                    dswiglu_block(frag.load(), h13, fused, tr, row, nt * self.n_tile + sub * 32, lane, rows, cols,
+                                  self.cast, self.emit_hp)
+            cute.arch.fence_view_async_tmem_load()
             acc_pipe.consumer_release(acc_state)
             acc_state.advance()
             tiles.advance_to_next_work()
@@ -375,4 +435,24 @@ class MXGemmSm100:
         tmem.relinquish_alloc_permit()
         self.epi_sync.arrive_and_wait()
         tmem.free(acc_ptr)
-        store_pipe.producer_tail()
+        if cutlass.const_expr(store is not None):
+            store[5].producer_tail()
+
+    @cute.jit
+    def _store_d(self, store, r_acc, tile, sub, stored, warp):
+        """Convert one accumulator sub-tile to D's dtype, stage it in shared memory and TMA-store it (warp 0
+        issues; ``d_stages`` buffers rotate).  Returns the updated count of stored sub-tiles."""
+        r2s, s_d, r_d_view, sdt, gdt, store_pipe, tma_d = store
+        mt, nt, lt = tile
+        tile_gd = cute.group_modes(gdt[(None, None, None, mt, nt, lt)], 1, 3)
+        r_d_view.store(r2s.retile(r_acc).load().to(self.d_dtype))
+        buf = stored % self.d_stages
+        cute.copy(r2s, r_d_view, s_d[(None, None, None, buf)])
+        cute.arch.fence_proxy("async.shared", space="cta")
+        self.epi_sync.arrive_and_wait()
+        if warp == self.EPI_WARPS[0]:
+            cute.copy(tma_d, sdt[(None, buf)], tile_gd[(None, sub)])
+            store_pipe.producer_commit()
+            store_pipe.producer_acquire()
+        self.epi_sync.arrive_and_wait()
+        return stored + 1

@@ -104,17 +104,19 @@ def quantize_dual(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dty
 
 
 def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
-                     blocked: bool = True, backend: str | None = None):
+                     blocked: bool = True, gate_up_tile: int = 0, backend: str | None = None):
     """Quantize the gate (``w1``) and up (``w3``) projections straight into the fused W13 layout
     (:mod:`cute_mxfp8.swiglu`), with no high-precision copy of W13.
 
     Args:
         w1, w3: (I, D) or (E, I, D), bf16/fp32, ``I % 32 == 0`` and ``D % 32 == 0``.
+        gate_up_tile: 0 for the concatenated ``[w1; w3]`` layout; T (a multiple of 32 dividing I; the SM100
+            fused epilogues use :data:`cute_mxfp8.swiglu.GATE_UP_TILE`) for runs of T gate then T up features.
     Returns:
         ``(row, row_scales, col, col_scales)``: ``row`` (2I, D) / (E, 2I, D) blocked along D (GEMM1's ``b``);
         ``col`` (D, 2I) / (E, D, 2I) blocked along 2I (the w13 dgrad ``b``); scales as :func:`quantize_dual`.
     """
-    return L._quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, backend or "")
+    return L._quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend or "")
 
 
 def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: torch.dtype = torch.bfloat16,

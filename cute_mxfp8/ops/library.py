@@ -100,7 +100,7 @@ def _(x, scale_mode, elem_dtype, blocked, offs, backend):
     return _dual_fake(tuple(x.shape), x, elem_dtype, blocked, _num_groups(offs))
 
 
-def _check_gate_up(w1: Tensor, w3: Tensor) -> tuple:
+def _check_gate_up(w1: Tensor, w3: Tensor, gate_up_tile: int = 0) -> tuple:
     S.check_hp("w1", w1, ranks=(2, 3))
     S.check_hp("w3", w3, ranks=(2, 3))
     if w1.shape != w3.shape or w1.dtype != w3.dtype:
@@ -109,6 +109,9 @@ def _check_gate_up(w1: Tensor, w3: Tensor) -> tuple:
     S.check_same_device(w1, w3)
     S.check_mult32("I (w1.shape[-2])", w1.shape[-2])
     S.check_mult32("D (w1.shape[-1])", w1.shape[-1])
+    if gate_up_tile and (gate_up_tile % 32 or w1.shape[-2] % gate_up_tile):
+        raise ValueError(f"gate_up_tile = {gate_up_tile} must be a multiple of 32 dividing I = {w1.shape[-2]} "
+                         f"(pad w1/w3 to a multiple of {gate_up_tile} rows, or pass gate_up_tile=0)")
     packed = list(w1.shape)
     packed[-2] *= 2
     return tuple(packed)
@@ -116,16 +119,16 @@ def _check_gate_up(w1: Tensor, w3: Tensor) -> tuple:
 
 @torch.library.custom_op(f"{_NS}::quantize_gate_up", mutates_args=())
 def _quantize_gate_up(w1: Tensor, w3: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
-                      backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                      gate_up_tile: int, backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype)
-    _check_gate_up(w1, w3)
-    return _call("quantize_gate_up", w1.device, backend, w1, w3, scale_mode, elem_dtype, blocked)
+    _check_gate_up(w1, w3, gate_up_tile)
+    return _call("quantize_gate_up", w1.device, backend, w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile)
 
 
 @_quantize_gate_up.register_fake
-def _(w1, w3, scale_mode, elem_dtype, blocked, backend):
+def _(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend):
     S.check_quant_args(scale_mode, elem_dtype)
-    return _dual_fake(_check_gate_up(w1, w3), w1, elem_dtype, blocked, None)
+    return _dual_fake(_check_gate_up(w1, w3, gate_up_tile), w1, elem_dtype, blocked, None)
 
 
 # ---- GEMMs ----------------------------------------------------------------------------------------------

@@ -52,17 +52,21 @@ def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None):
             *quantize_colwise(x, scale_mode, elem_dtype, blocked, offs))
 
 
-def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked):
+def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0):
     # Quantize each projection on its own and pack the fp8 results: no high-precision copy of W13 is made.
-    # Rowwise blocks run along D and colwise blocks along I (I % 32 == 0), so no block straddles w1 and w3.
+    # Rowwise blocks run along D and colwise blocks along I (I % 32 == 0), so no block straddles w1 and w3; the
+    # interleaved layout (tile T, a multiple of 32) moves whole colwise blocks, T // 32 scale columns per run.
+    tile = gate_up_tile or None
+    stile = tile and tile // _B
     r1, rs1 = F.quantize_mxfp8(w1, dim=-1, scale_mode=scale_mode, elem_dtype=elem_dtype)
     r3, rs3 = F.quantize_mxfp8(w3, dim=-1, scale_mode=scale_mode, elem_dtype=elem_dtype)
     c1, cs1 = F.quantize_mxfp8(w1, dim=-2, scale_mode=scale_mode, elem_dtype=elem_dtype)
     c3, cs3 = F.quantize_mxfp8(w3, dim=-2, scale_mode=scale_mode, elem_dtype=elem_dtype)
-    row = pack_gate_up(r1, r3, dim=-2)
-    row_s = pack_gate_up(rs1.view(torch.uint8), rs3.view(torch.uint8), dim=-2).view(torch.float8_e8m0fnu)
-    col = pack_gate_up(c1.transpose(-1, -2), c3.transpose(-1, -2), dim=-1).contiguous()
-    col_s = pack_gate_up(cs1.view(torch.uint8).transpose(-1, -2), cs3.view(torch.uint8).transpose(-1, -2), dim=-1)
+    u8 = torch.uint8
+    row = pack_gate_up(r1, r3, dim=-2, tile=tile)
+    row_s = pack_gate_up(rs1.view(u8), rs3.view(u8), dim=-2, tile=tile).view(torch.float8_e8m0fnu)
+    col = pack_gate_up(c1.transpose(-1, -2), c3.transpose(-1, -2), dim=-1, tile=tile).contiguous()
+    col_s = pack_gate_up(cs1.view(u8).transpose(-1, -2), cs3.view(u8).transpose(-1, -2), dim=-1, tile=stile)
     col_s = col_s.contiguous().view(torch.float8_e8m0fnu)
     return row, _block(row_s, blocked), col, _block(col_s, blocked)
 

@@ -1,0 +1,181 @@
+"""The fused GEMM epilogues' math on one thread's fragment: SwiGLU or dSwiGLU, then dual MXFP8 quantization.
+
+An SM100 epilogue warp reads its accumulator sub-tile with ``tcgen05.ld`` (32 data paths x 32 bits, 32 columns):
+thread ``lane`` of warp ``w`` holds row ``32 w + lane`` of the tile, 32 consecutive columns, in fp32.  So one
+thread holds a whole rowwise MX block (no shuffles) and the 32 lanes of a warp hold a whole colwise block of each
+of the 32 columns (:func:`~.mx_math.reduce_scatter_max` over the lanes).  The functions here take such a fragment
+(a 32-element fp32 ``TensorSSA``) with its coordinates and write every output of the block; they do not care how
+the fragment got into registers, so :class:`EpilogueCheckKernel` runs the very same code on any GPU from a global
+fp32 "accumulator" (the H200 check of the SM100 epilogue, ``design.md`` section 5).
+
+The SwiGLU and cast math are :mod:`.mx_math`'s device functions, the ones the standalone fused kernels use.
+
+Gate/up layout: the interleaved one of :mod:`cute_mxfp8.swiglu` with runs of ``GATE_UP_TILE`` = 64 features:
+h column ``c`` has its gate at h13 column ``128 (c // 64) + c % 64`` and its up 64 columns later.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+
+from .mx_math import (BLOCK, MXCastParams, block_scale, blocked_scale_offset, quantize_block, reduce_scatter_max,
+                      swiglu_bwd, swiglu_fwd)
+
+GATE_UP_TILE = 64  # equals cute_mxfp8.swiglu.GATE_UP_TILE (a test checks)
+MODES = ("swiglu", "dswiglu")
+
+
+TRANSPOSE_BYTES = BLOCK * BLOCK  # per epilogue warp: one fp8 colwise block, transposed through shared memory
+
+
+def transpose_tiles(smem, elem_dtype, warps: int) -> cute.Tensor:
+    """Allocate the epilogue warps' (32, 32, warps) fp8 transpose tiles from ``smem`` (a ``SmemAllocator``)."""
+    return smem.allocate_tensor(elem_dtype, cute.make_layout((BLOCK, BLOCK, warps), stride=(BLOCK, 1, BLOCK * BLOCK)),
+                                byte_alignment=16)
+
+
+def gate_column(c):
+    """h13 column of the gate of h column ``c`` (its up is ``GATE_UP_TILE`` columns later)."""
+    return (c // GATE_UP_TILE) * (2 * GATE_UP_TILE) + c % GATE_UP_TILE
+
+
+@cute.jit
+def _row_slice(t: cute.Tensor, m, c0):
+    """The 32 elements ``t[m, c0:c0 + 32]`` of a row-major 2-D tensor (c0 a multiple of 32)."""
+    return cute.zipped_divide(t, (1, BLOCK))[(0, None), (m, c0 // BLOCK)]
+
+
+@cute.jit
+def dual_quantize_block(v: cute.TensorSSA, out: tuple, tr: cute.Tensor, m, c0, lane, valid, rows, cols,
+                        cast: MXCastParams, emit_hp: cutlass.Constexpr[bool]):
+    """Rowwise and colwise MXFP8 quantization of one 32 x 32 block held by a warp, row ``m`` in this thread.
+
+    ``v``: this thread's 32 fp32 values, columns ``[c0, c0 + 32)`` of row ``m``; lane ``l`` of the warp holds row
+    ``m - lane + l``, and ``m - lane`` is a multiple of 32.  ``valid``: the block lies inside the ``cols``
+    columns (warp-uniform; an invalid block writes nothing).  Rows ``>= rows`` must hold zeros (they pad the last
+    colwise block, as the reference's zero padding does) and get no rowwise output.
+
+    ``out = (q, qs, qt, qts, hp)``: ``q`` (rows, cols) fp8 rowwise data, ``qs`` its 1-D blocked scales
+    ((rows, cols / 32) blocked), ``qt`` (cols, rows_p) fp8 colwise data stored transposed (rows_p = rows rounded
+    up to 32; pad rows get the zeros they quantize to), ``qts`` its 1-D blocked scales ((cols, rows_p / 32)
+    blocked), ``hp`` (rows, cols) the values themselves in its dtype when ``emit_hp``.  Scale pads outside the
+    written blocks must be zero-filled by the caller.  ``tr``: this warp's (32, 32) fp8 shared-memory tile, where
+    the colwise block is transposed so each lane stores one 32-byte row of ``qt``."""
+    q, qs, qt, qts, hp = out
+    rows_p = (rows + BLOCK - 1) // BLOCK * BLOCK
+    row0 = m - lane
+    # rowwise: the thread's 32 values are one block
+    qv, byte = quantize_block(v, cast.emax, cast.rceil)
+    if valid and m < rows:
+        _row_slice(q, m, c0).store(qv.to(cast.elem_dtype))
+        qs[blocked_scale_offset(m, c0 // BLOCK, cols // BLOCK)] = cutlass.Uint8(byte)
+        if cutlass.const_expr(emit_hp):
+            _row_slice(hp, m, c0).store(v.to(hp.element_type))
+    # colwise: column c0 + j's block is element j of the 32 lanes; lane j ends up with its amax
+    mag = cute.make_rmem_tensor((BLOCK,), cutlass.Int32)
+    mag.store(v.bitcast(cutlass.Int32) & 0x7FFFFFFF)
+    reduce_scatter_max(mag, BLOCK, 0, lane)
+    cbyte, cfactor = block_scale(mag[0], cast.emax, cast.rceil)
+    if valid and row0 < rows:
+        qts[blocked_scale_offset(c0 + lane, row0 // BLOCK, rows_p // BLOCK)] = cutlass.Uint8(cbyte)
+    vals = cute.make_rmem_tensor((BLOCK,), cutlass.Float32)
+    vals.store(v)
+    for j in cutlass.range_constexpr(BLOCK):
+        vals[j] = vals[j] * cute.arch.shuffle_sync(cfactor, offset=j)  # column j's factor, from lane j
+    q8 = cute.make_rmem_tensor((BLOCK,), cast.elem_dtype)
+    q8.store(vals.load().to(cast.elem_dtype))
+    cute.arch.sync_warp()  # the previous block's reads of tr are done
+    for j in cutlass.range_constexpr(BLOCK):
+        tr[j, lane] = q8[j]
+    cute.arch.sync_warp()
+    if valid and row0 < rows:  # lane l: the 32 rows of column c0 + l (rows past M are zeros, the padding)
+        _row_slice(qt, c0 + lane, row0).store(_row_slice(tr, lane, 0).load())
+
+
+@cute.jit
+def swiglu_block(g: cute.TensorSSA, u: cute.TensorSSA, out: tuple, tr: cute.Tensor, m, c0, lane, rows, cols,
+                 cast: MXCastParams, emit_hp: cutlass.Constexpr[bool]):
+    """GEMM1's epilogue for h columns ``[c0, c0 + 32)`` of row ``m``: ``h = silu(g) * u`` from the fp32 gate and
+    up values, then :func:`dual_quantize_block` of h into ``out`` ((M, I) outputs; ``cols`` = I)."""
+    dual_quantize_block(swiglu_fwd(g, u), out, tr, m, c0, lane, c0 < cols, rows, cols, cast, emit_hp)
+
+
+@cute.jit
+def dswiglu_block(dh: cute.TensorSSA, h13: cute.Tensor, out: tuple, tr: cute.Tensor, m, c0, lane, rows, cols,
+                  cast: MXCastParams, emit_hp: cutlass.Constexpr[bool]):
+    """GEMM3's epilogue for dh columns ``[c0, c0 + 32)`` of row ``m`` (``cols`` = I): read g and u from the saved
+    ``h13`` (M, 2I) in the interleaved layout (zeros past ``rows``), ``(dg, du) = dswiglu(dh, g, u)``, and
+    :func:`dual_quantize_block` of dg and du into the dh13 outputs ``out`` ((M, 2I), same layout as h13)."""
+    pg = gate_column(c0)
+    g = cute.make_rmem_tensor((BLOCK,), cutlass.Float32)
+    u = cute.make_rmem_tensor((BLOCK,), cutlass.Float32)
+    g.fill(0.0)
+    u.fill(0.0)
+    valid = c0 < cols
+    if valid and m < rows:
+        g.store(_row_slice(h13, m, pg).load().to(cutlass.Float32))
+        u.store(_row_slice(h13, m, pg + GATE_UP_TILE).load().to(cutlass.Float32))
+    dg, du = swiglu_bwd(dh, g.load(), u.load())
+    dual_quantize_block(dg, out, tr, m, pg, lane, valid, rows, 2 * cols, cast, emit_hp)
+    dual_quantize_block(du, out, tr, m, pg + GATE_UP_TILE, lane, valid, rows, 2 * cols, cast, emit_hp)
+
+
+class EpilogueCheckKernel:
+    """The fused epilogues' code path on any GPU, fed from a global fp32 "accumulator" instead of TMEM.
+
+    Each CTA is 4 warps x 32 lanes = 128 rows (like the SM100 epilogue warps over a 128-row tile) and walks the
+    32-column blocks of one column tile; thread ``t`` holds row ``128 * blockIdx.x + t``.  Rows past M read
+    zeros, as a TMA zero-filled tile would give.  ``mode``:
+
+    * ``"swiglu"``: ``acc`` (M, 2I) fp32 = GEMM1's accumulator (interleaved gate/up); outputs (M, I).
+    * ``"dswiglu"``: ``acc`` (M, I) fp32 = GEMM3's accumulator dh, plus the saved ``h13`` (M, 2I); outputs
+      (M, 2I).
+
+    Launch: ``(acc, h13, q, qs, qt, qts, hp, stream)`` (``h13`` and ``hp`` placeholders where unused), the
+    outputs as :func:`dual_quantize_block` describes, scale buffers zero-filled.
+    """
+
+    THREADS = 128
+
+    def __init__(self, mode: str, elem: str, scale_mode: str, emit_hp: bool = False):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.mode, self.emit_hp = mode, emit_hp
+        self.cast = MXCastParams(elem, scale_mode, blocked=True)
+        self.elem_dtype = self.cast.elem_dtype
+
+    @cute.jit
+    def __call__(self, acc: cute.Tensor, h13: cute.Tensor, q: cute.Tensor, qs: cute.Tensor, qt: cute.Tensor,
+                 qts: cute.Tensor, hp: cute.Tensor, stream: cuda.CUstream):
+        m, n = acc.shape
+        h_cols = n // 2 if cutlass.const_expr(self.mode == "swiglu") else n
+        grid = [(m + self.THREADS - 1) // self.THREADS, (h_cols + BLOCK - 1) // BLOCK, 1]
+        self.kernel(acc, h13, (q, qs, qt, qts, hp), m, h_cols).launch(
+            grid=grid, block=[self.THREADS, 1, 1], smem=TRANSPOSE_BYTES * (self.THREADS // 32), stream=stream)
+
+    @cute.kernel
+    def kernel(self, acc: cute.Tensor, h13: cute.Tensor, out: tuple, rows: cutlass.Int32, cols: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, by, _ = cute.arch.block_idx()
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tr = transpose_tiles(cutlass.memory.SmemAllocator(), self.elem_dtype, self.THREADS // 32)[(None, None, warp)]
+        m = bx * self.THREADS + tidx
+        c0 = by * BLOCK
+        if cutlass.const_expr(self.mode == "swiglu"):
+            pg = gate_column(c0)
+            g, u = self._load(acc, m, pg, rows), self._load(acc, m, pg + GATE_UP_TILE, rows)
+            swiglu_block(g, u, out, tr, m, c0, lane, rows, cols, self.cast, self.emit_hp)
+        else:
+            dswiglu_block(self._load(acc, m, c0, rows), h13, out, tr, m, c0, lane, rows, cols, self.cast,
+                          self.emit_hp)
+
+    @cute.jit
+    def _load(self, acc: cute.Tensor, m, c0, rows):
+        frag = cute.make_rmem_tensor((BLOCK,), cutlass.Float32)
+        frag.fill(0.0)
+        if m < rows:
+            frag.store(_row_slice(acc, m, c0).load())
+        return frag.load()
