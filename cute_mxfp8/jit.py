@@ -249,7 +249,7 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
 @disk_cached(skip_if="keep_ptx")
 def compile_epilogue_check(mode: str, hp_dtype: str, elem: str, scale_mode: str, emit_hp: bool, arch: str,
                            keep_ptx: bool = False):
-    """Compiled :class:`~cute_mxfp8.kernels.gemm_epilogue.EpilogueCheckKernel`: the SM100 GEMM's fused epilogue
+    """Compiled :class:`~cute_mxfp8.kernels.gemm_checks.EpilogueCheckKernel`: the SM100 GEMM's fused epilogue
     code fed from a global fp32 accumulator, for checking that code on any GPU.  ``fn(acc, h13, q, qs, qt, qts,
     hp)``: acc fp32 (M, 2I) (``"swiglu"``) or (M, I) (``"dswiglu"``); h13 (M, 2I) ``hp_dtype`` (read by
     dswiglu); q (M, n) fp8, qt (n, Mp) fp8 and hp (M, n) ``hp_dtype`` with n = I (swiglu) or 2I (dswiglu);
@@ -257,7 +257,7 @@ def compile_epilogue_check(mode: str, hp_dtype: str, elem: str, scale_mode: str,
     if hp_dtype not in _IN_DTYPES:
         raise ValueError(f"hp_dtype must be one of {_IN_DTYPES}, got {hp_dtype!r}")
     cutlass, _ = _cutlass()
-    from .kernels.gemm_epilogue import EpilogueCheckKernel
+    from .kernels.gemm_checks import EpilogueCheckKernel
 
     kernel = EpilogueCheckKernel(mode, elem, scale_mode, emit_hp)
     hp = cutlass.BFloat16 if hp_dtype == "bfloat16" else cutlass.Float32
@@ -266,3 +266,28 @@ def compile_epilogue_check(mode: str, hp_dtype: str, elem: str, scale_mode: str,
             fake(kernel.elem_dtype, (sym(), sym(32))), fake(cutlass.Uint8, (sym(),)),
             fake(kernel.elem_dtype, (sym(32), sym(32))), fake(cutlass.Uint8, (sym(),)), fake(hp, (sym(), sym(32))))
     return _compile(kernel, args, arch, keep_ptx)
+
+
+@functools.lru_cache(maxsize=None)
+@disk_cached(skip_if="keep_ptx")
+def compile_scale_layout_probe(arch: str, keep_ptx: bool = False):
+    """Compiled :class:`~cute_mxfp8.kernels.gemm_checks.ScaleLayoutProbe`: ``fn(buf, plain)``, buf the 1-D
+    blocked uint8 scales of a (rows, K) operand, plain (rows, K / 32) uint8 (written)."""
+    cutlass, _ = _cutlass()
+    from .kernels.gemm_checks import ScaleLayoutProbe
+
+    fake, sym = _fake, _sym
+    return _compile(ScaleLayoutProbe(), (fake(cutlass.Uint8, (sym(),)), fake(cutlass.Uint8, (sym(), sym()))), arch,
+                    keep_ptx)
+
+
+@functools.lru_cache(maxsize=None)
+@disk_cached(skip_if="keep_ptx")
+def compile_tile_schedule_probe(n_tile: int, max_ctas: int, arch: str, keep_ptx: bool = False):
+    """Compiled :class:`~cute_mxfp8.kernels.gemm_checks.TileScheduleProbe`: ``fn(count, m, n)``, count
+    (ceil(M / 128), ceil(N / n_tile)) int32 zero-filled (incremented per visit)."""
+    cutlass, _ = _cutlass()
+    from .kernels.gemm_checks import TileScheduleProbe
+
+    count = _fake(cutlass.Int32, (_sym(), _sym()), align=4)
+    return _compile(TileScheduleProbe(n_tile, max_ctas), (count, cutlass.Int32(1), cutlass.Int32(1)), arch, keep_ptx)

@@ -5,8 +5,8 @@ thread ``lane`` of warp ``w`` holds row ``32 w + lane`` of the tile, 32 consecut
 thread holds a whole rowwise MX block (no shuffles) and the 32 lanes of a warp hold a whole colwise block of each
 of the 32 columns (:func:`~.mx_math.reduce_scatter_max` over the lanes).  The functions here take such a fragment
 (a 32-element fp32 ``TensorSSA``) with its coordinates and write every output of the block; they do not care how
-the fragment got into registers, so :class:`EpilogueCheckKernel` runs the very same code on any GPU from a global
-fp32 "accumulator" (the H200 check of the SM100 epilogue, ``design.md`` section 5).
+the fragment got into registers, so :class:`.gemm_checks.EpilogueCheckKernel` runs the very same code on any GPU
+from a global fp32 "accumulator" (the H200 check of the SM100 epilogue, ``design.md`` section 5).
 
 The SwiGLU and cast math are :mod:`.mx_math`'s device functions, the ones the standalone fused kernels use.
 
@@ -16,7 +16,6 @@ h column ``c`` has its gate at h13 column ``128 (c // 64) + c % 64`` and its up 
 
 from __future__ import annotations
 
-import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
@@ -120,62 +119,3 @@ def dswiglu_block(dh: cute.TensorSSA, h13: cute.Tensor, out: tuple, tr: cute.Ten
     dg, du = swiglu_bwd(dh, g.load(), u.load())
     dual_quantize_block(dg, out, tr, m, pg, lane, valid, rows, 2 * cols, cast, emit_hp)
     dual_quantize_block(du, out, tr, m, pg + GATE_UP_TILE, lane, valid, rows, 2 * cols, cast, emit_hp)
-
-
-class EpilogueCheckKernel:
-    """The fused epilogues' code path on any GPU, fed from a global fp32 "accumulator" instead of TMEM.
-
-    Each CTA is 4 warps x 32 lanes = 128 rows (like the SM100 epilogue warps over a 128-row tile) and walks the
-    32-column blocks of one column tile; thread ``t`` holds row ``128 * blockIdx.x + t``.  Rows past M read
-    zeros, as a TMA zero-filled tile would give.  ``mode``:
-
-    * ``"swiglu"``: ``acc`` (M, 2I) fp32 = GEMM1's accumulator (interleaved gate/up); outputs (M, I).
-    * ``"dswiglu"``: ``acc`` (M, I) fp32 = GEMM3's accumulator dh, plus the saved ``h13`` (M, 2I); outputs
-      (M, 2I).
-
-    Launch: ``(acc, h13, q, qs, qt, qts, hp, stream)`` (``h13`` and ``hp`` placeholders where unused), the
-    outputs as :func:`dual_quantize_block` describes, scale buffers zero-filled.
-    """
-
-    THREADS = 128
-
-    def __init__(self, mode: str, elem: str, scale_mode: str, emit_hp: bool = False):
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-        self.mode, self.emit_hp = mode, emit_hp
-        self.cast = MXCastParams(elem, scale_mode, blocked=True)
-        self.elem_dtype = self.cast.elem_dtype
-
-    @cute.jit
-    def __call__(self, acc: cute.Tensor, h13: cute.Tensor, q: cute.Tensor, qs: cute.Tensor, qt: cute.Tensor,
-                 qts: cute.Tensor, hp: cute.Tensor, stream: cuda.CUstream):
-        m, n = acc.shape
-        h_cols = n // 2 if cutlass.const_expr(self.mode == "swiglu") else n
-        grid = [(m + self.THREADS - 1) // self.THREADS, (h_cols + BLOCK - 1) // BLOCK, 1]
-        self.kernel(acc, h13, (q, qs, qt, qts, hp), m, h_cols).launch(
-            grid=grid, block=[self.THREADS, 1, 1], smem=TRANSPOSE_BYTES * (self.THREADS // 32), stream=stream)
-
-    @cute.kernel
-    def kernel(self, acc: cute.Tensor, h13: cute.Tensor, out: tuple, rows: cutlass.Int32, cols: cutlass.Int32):
-        tidx, _, _ = cute.arch.thread_idx()
-        bx, by, _ = cute.arch.block_idx()
-        lane = cute.arch.lane_idx()
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        tr = transpose_tiles(cutlass.memory.SmemAllocator(), self.elem_dtype, self.THREADS // 32)[(None, None, warp)]
-        m = bx * self.THREADS + tidx
-        c0 = by * BLOCK
-        if cutlass.const_expr(self.mode == "swiglu"):
-            pg = gate_column(c0)
-            g, u = self._load(acc, m, pg, rows), self._load(acc, m, pg + GATE_UP_TILE, rows)
-            swiglu_block(g, u, out, tr, m, c0, lane, rows, cols, self.cast, self.emit_hp)
-        else:
-            dswiglu_block(self._load(acc, m, c0, rows), h13, out, tr, m, c0, lane, rows, cols, self.cast,
-                          self.emit_hp)
-
-    @cute.jit
-    def _load(self, acc: cute.Tensor, m, c0, rows):
-        frag = cute.make_rmem_tensor((BLOCK,), cutlass.Float32)
-        frag.fill(0.0)
-        if m < rows:
-            frag.store(_row_slice(acc, m, c0).load())
-        return frag.load()

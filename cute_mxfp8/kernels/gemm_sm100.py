@@ -26,6 +26,15 @@ _OUT_DTYPES = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
 EPILOGUES = ("plain", "swiglu", "dswiglu")
 
 
+def tile_schedule(m, n, n_tile: int, max_ctas: int):
+    """The GEMM's persistent schedule of an (M, N) output in (128, ``n_tile``) tiles: (scheduler params, grid of
+    at most ``max_ctas`` CTAs).  Every role of every CTA walks the same sequence (``StaticPersistentTileScheduler``);
+    :class:`.gemm_checks.TileScheduleProbe` runs it on any GPU."""
+    tiles = (cute.ceil_div(m, MXGemmSm100.TILE_M), cute.ceil_div(n, n_tile), 1)
+    sched = utils.PersistentTileSchedulerParams(tiles, (1, 1, 1))
+    return sched, utils.StaticPersistentTileScheduler.get_grid_shape(sched, max_ctas)
+
+
 class MXGemmSm100:
     """Persistent, warp-specialized MXFP8 GEMM for SM100: ``D (M, N) = A (M, K) · B (N, K)ᵀ``, fp32 accumulation
     in tensor memory, output in bf16 or fp32.
@@ -180,9 +189,7 @@ class MXGemmSm100:
             tma_d, gd = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), d3,
                                                     cute.slice_(self.d_smem, (None, None, 0)), self.epi_tile)
 
-        tiles = (cute.ceil_div(m, self.TILE_M), cute.ceil_div(n, self.n_tile), 1)
-        sched = utils.PersistentTileSchedulerParams(tiles, (1, 1, 1))
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.max_ctas)
+        sched, grid = tile_schedule(m, n, self.n_tile, self.max_ctas)
 
         @cute.struct
         class Shared:

@@ -1,0 +1,135 @@
+"""The SM100 GEMM's architecture-independent parts as small kernels that run on any GPU (``design.md`` section 5:
+there is no SM100 here, so the H200 runs these and the tests compare them with the reference):
+
+* :class:`EpilogueCheckKernel`: the fused SwiGLU / dSwiGLU + dual-quant epilogue code of
+  :mod:`.gemm_epilogue`, fed from a global fp32 accumulator instead of tensor memory.
+* :class:`ScaleLayoutProbe`: the blocked scale layout the GEMM's TMA reads through (:func:`.blockscaled.scale_layout`
+  with run-time shapes, as the GEMM builds it), evaluated for every scale of an operand.
+* :class:`TileScheduleProbe`: the GEMM's persistent tile schedule (:func:`.gemm_sm100.tile_schedule`), every CTA
+  counting the output tiles it is given.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils as utils
+
+from .blockscaled import SF_VEC, scale_layout
+from .gemm_epilogue import (BLOCK, GATE_UP_TILE, MODES, TRANSPOSE_BYTES, _row_slice, dswiglu_block, gate_column,
+                            swiglu_block, transpose_tiles)
+from .mx_math import MXCastParams
+
+
+class EpilogueCheckKernel:
+    """The fused epilogues' code path on any GPU, fed from a global fp32 "accumulator" instead of TMEM.
+
+    Each CTA is 4 warps x 32 lanes = 128 rows (like the SM100 epilogue warps over a 128-row tile) and walks the
+    32-column blocks of one column tile; thread ``t`` holds row ``128 * blockIdx.x + t``.  Rows past M read
+    zeros, as a TMA zero-filled tile would give.  ``mode``:
+
+    * ``"swiglu"``: ``acc`` (M, 2I) fp32 = GEMM1's accumulator (interleaved gate/up); outputs (M, I).
+    * ``"dswiglu"``: ``acc`` (M, I) fp32 = GEMM3's accumulator dh, plus the saved ``h13`` (M, 2I); outputs
+      (M, 2I).
+
+    Launch: ``(acc, h13, q, qs, qt, qts, hp, stream)`` (``h13`` and ``hp`` placeholders where unused), the
+    outputs as :func:`dual_quantize_block` describes, scale buffers zero-filled.
+    """
+
+    THREADS = 128
+
+    def __init__(self, mode: str, elem: str, scale_mode: str, emit_hp: bool = False):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.mode, self.emit_hp = mode, emit_hp
+        self.cast = MXCastParams(elem, scale_mode, blocked=True)
+        self.elem_dtype = self.cast.elem_dtype
+
+    @cute.jit
+    def __call__(self, acc: cute.Tensor, h13: cute.Tensor, q: cute.Tensor, qs: cute.Tensor, qt: cute.Tensor,
+                 qts: cute.Tensor, hp: cute.Tensor, stream: cuda.CUstream):
+        m, n = acc.shape
+        h_cols = n // 2 if cutlass.const_expr(self.mode == "swiglu") else n
+        grid = [(m + self.THREADS - 1) // self.THREADS, (h_cols + BLOCK - 1) // BLOCK, 1]
+        self.kernel(acc, h13, (q, qs, qt, qts, hp), m, h_cols).launch(
+            grid=grid, block=[self.THREADS, 1, 1], smem=TRANSPOSE_BYTES * (self.THREADS // 32), stream=stream)
+
+    @cute.kernel
+    def kernel(self, acc: cute.Tensor, h13: cute.Tensor, out: tuple, rows: cutlass.Int32, cols: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, by, _ = cute.arch.block_idx()
+        lane = cute.arch.lane_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tr = transpose_tiles(cutlass.memory.SmemAllocator(), self.elem_dtype, self.THREADS // 32)[(None, None, warp)]
+        m = bx * self.THREADS + tidx
+        c0 = by * BLOCK
+        if cutlass.const_expr(self.mode == "swiglu"):
+            pg = gate_column(c0)
+            g, u = self._load(acc, m, pg, rows), self._load(acc, m, pg + GATE_UP_TILE, rows)
+            swiglu_block(g, u, out, tr, m, c0, lane, rows, cols, self.cast, self.emit_hp)
+        else:
+            dswiglu_block(self._load(acc, m, c0, rows), h13, out, tr, m, c0, lane, rows, cols, self.cast,
+                          self.emit_hp)
+
+    @cute.jit
+    def _load(self, acc: cute.Tensor, m, c0, rows):
+        frag = cute.make_rmem_tensor((BLOCK,), cutlass.Float32)
+        frag.fill(0.0)
+        if m < rows:
+            frag.store(_row_slice(acc, m, c0).load())
+        return frag.load()
+
+
+class ScaleLayoutProbe:
+    """Gathers an operand's scales through the GEMM's blocked layout: ``(buf, plain, k)`` with ``buf`` the 1-D
+    blocked uint8 buffer of a (rows, K) operand and ``plain`` (rows, K / 32) uint8; thread (r, b) writes
+    ``plain[r, b] = buf[scale_layout(rows, K)(r, 32 b + 31, 0)]`` (the last element of the block, with the
+    layout's run-time shape).  Equal to the scales that were blocked <=> the layout is ``to_blocked_scales``."""
+
+    THREADS = 128
+
+    @cute.jit
+    def __call__(self, buf: cute.Tensor, plain: cute.Tensor, stream: cuda.CUstream):
+        rows, blocks = plain.shape
+        n = rows * blocks
+        self.kernel(buf, plain, scale_layout(rows, blocks * SF_VEC)).launch(
+            grid=[(n + self.THREADS - 1) // self.THREADS, 1, 1], block=[self.THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, buf: cute.Tensor, plain: cute.Tensor, layout: cute.Layout):
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, _, _ = cute.arch.block_idx()
+        rows, blocks = plain.shape
+        i = bx * self.THREADS + tidx
+        if i < rows * blocks:
+            r, b = i // blocks, i % blocks
+            plain[r, b] = buf[cute.crd2idx((r, b * SF_VEC + SF_VEC - 1, 0), layout)]
+
+
+class TileScheduleProbe:
+    """Runs the GEMM's persistent tile schedule for an (M, N) output: ``(count, m, n)`` with ``count`` (M tiles,
+    N tiles) int32 zero-filled; every CTA's thread 0 walks the tiles it is given (as all roles of the GEMM do) and
+    adds 1 to each.  Compile-time: ``n_tile`` and ``max_ctas`` as the GEMM's."""
+
+    def __init__(self, n_tile: int, max_ctas: int):
+        self.n_tile, self.max_ctas = n_tile, max_ctas
+
+    @cute.jit
+    def __call__(self, count: cute.Tensor, m: cutlass.Int32, n: cutlass.Int32, stream: cuda.CUstream):
+        from .gemm_sm100 import tile_schedule
+
+        sched, grid = tile_schedule(m, n, self.n_tile, self.max_ctas)
+        self.kernel(count, sched).launch(grid=grid, block=[32, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, count: cute.Tensor, sched: utils.PersistentTileSchedulerParams):
+        tidx, _, _ = cute.arch.thread_idx()
+        tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = tiles.initial_work_tile_info()
+        while work.is_valid_tile:
+            mt, nt, _ = work.tile_idx
+            if tidx == 0:
+                cute.arch.atomic_add(count.iterator + cute.crd2idx((mt, nt), count.layout), cutlass.Int32(1))
+            tiles.advance_to_next_work()
+            work = tiles.get_current_work()
