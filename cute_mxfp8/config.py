@@ -21,6 +21,12 @@ class MXFP8Config:
         wgrad_with_hp: compute weight gradients in high precision from saved bf16/fp32 tensors instead of
             MXFP8 (costs memory for the saved activations; the two other GEMMs stay MXFP8).
         backend: force one backend (``"reference"``, ``"sm90"``, ``"sm100"``); None chooses by device.
+        fused_epilogues: how the dense SwiGLU MLP runs GEMM1 and the w2 dgrad GEMM: True, with their SwiGLU /
+            dSwiGLU + dual-quant epilogues fused into the GEMM (``ops.mm_swiglu_quant`` / ``mm_dswiglu_quant``,
+            W13 in the interleaved gate/up layout; needs I % 64 == 0, raises ValueError otherwise or with
+            ``offs``); False, as a GEMM with an fp32 output and the standalone fused SwiGLU kernels; None (default),
+            fused when the backend running the GEMMs fuses by default (``sm100``) and the MLP is dense with
+            I % 64 == 0.  Both give the same math (up to the fp32 summation order of the GEMMs).
     """
 
     scale_mode: str = "rceil"
@@ -28,12 +34,15 @@ class MXFP8Config:
     grad_elem_dtype: torch.dtype = torch.float8_e4m3fn
     wgrad_with_hp: bool = False
     backend: str | None = None
+    fused_epilogues: bool | None = None
 
     def __post_init__(self):
         if self.scale_mode not in SCALE_MODES:
             raise ValueError(f"scale_mode must be one of {SCALE_MODES}, got {self.scale_mode!r}")
         if not isinstance(self.wgrad_with_hp, bool):
             raise ValueError(f"wgrad_with_hp must be a bool, got {self.wgrad_with_hp!r}")
+        if self.fused_epilogues is not None and not isinstance(self.fused_epilogues, bool):
+            raise ValueError(f"fused_epilogues must be True, False or None, got {self.fused_epilogues!r}")
         if self.backend is not None and not isinstance(self.backend, str):
             raise ValueError(f"backend must be a backend name (str) or None, got {self.backend!r}")
         for name in ("elem_dtype", "grad_elem_dtype"):

@@ -106,6 +106,43 @@ def test_swiglu_mlp_sqnr(hp, rng):
         assert sqnr(a, b) >= 20
 
 
+@pytest.mark.parametrize("hp", [False, True])
+def test_fused_epilogue_mlp_equals_unfused(hp, rng):
+    """The GEMM-fused data flow (interleaved W13 / h13 / dh13, mm_swiglu_quant, mm_dswiglu_quant) on the reference
+    backend gives the unfused flow's output and weight gradients bit for bit (same casts of the same values, the
+    GEMMs summing the same products per output element); dx sums over 2I in another order, so to fp32 rounding."""
+    m, d, i = 200, 96, 192  # I % 64 == 0 but not % 128: three gate/up runs
+    x = torch.randn(m, d, generator=rng, requires_grad=True)
+    ws = [(torch.randn(*s, generator=rng) / 10).requires_grad_() for s in ((i, d), (d, i), (i, d))]
+    dy = torch.randn(m, d, generator=rng)
+    got = {}
+    for fused in (False, True):
+        cfg = MXFP8Config(wgrad_with_hp=hp, fused_epilogues=fused, backend="reference")
+        for t in (x, *ws):
+            t.grad = None
+        y = mxfp8_swiglu_mlp(x, *ws, config=cfg)
+        y.backward(dy)
+        got[fused] = [y.detach(), x.grad.clone(), *(w.grad.clone() for w in ws)]
+    (y0, dx0, *dw0), (y1, dx1, *dw1) = got[False], got[True]
+    assert torch.equal(y0, y1) and all(torch.equal(a, b) for a, b in zip(dw0, dw1))
+    torch.testing.assert_close(dx1, dx0, rtol=1e-5, atol=1e-6 * float(dx0.abs().max()))
+
+
+def test_fused_epilogues_default_follows_the_gemm_backend(monkeypatch):
+    from cute_mxfp8.ops import autograd as A
+
+    x = torch.randn(4, 64)
+    assert not A._fused_mlp(None, x, 128, grouped=False)  # the reference runs the GEMMs here: unfused
+    monkeypatch.setattr(A, "fuses_mlp", lambda device, backend: True)  # as on an SM100 GPU
+    assert A._fused_mlp(None, x, 128, grouped=False)
+    assert not A._fused_mlp(None, x, 96, grouped=False) and not A._fused_mlp(None, x, 128, grouped=True)
+    assert not A._fused_mlp(MXFP8Config(fused_epilogues=False), x, 128, grouped=False)
+    with pytest.raises(ValueError, match="dense only"):
+        A._fused_mlp(MXFP8Config(fused_epilogues=True), x, 128, grouped=True)
+    with pytest.raises(ValueError, match="I % 64 == 0"):
+        A._fused_mlp(MXFP8Config(fused_epilogues=True), x, 96, grouped=False)
+
+
 def test_grouped_swiglu_mlp_sqnr(rng):
     offs = torch.tensor([5, 5, 42, 170], dtype=torch.int32)
     e, d, i = 4, 128, 256
@@ -165,6 +202,7 @@ def test_autocast_output_dtype(rng):
     (lambda: mxfp8_grouped_mm(torch.randn(2, 8, 64), torch.randn(2, 96, 64), torch.tensor([4, 8], dtype=torch.int32)),
      ValueError, r"expected \(tokens, 64\)"),
     (lambda: MXFP8Config(wgrad_with_hp="no"), ValueError, "wgrad_with_hp"),
+    (lambda: MXFP8Config(fused_epilogues=1), ValueError, "fused_epilogues"),
 ])
 def test_bad_arguments_name_the_argument(call, exc, match):
     with pytest.raises(exc, match=match):

@@ -41,6 +41,41 @@ def test_gemm_compiles_for_sm100_with_tcgen05(elems, n_tile, out):
     assert count("LDL") == count("STL") == 0
 
 
+FUSED = list(itertools.product(["swiglu", "dswiglu"], [128, 256], [("e4m3", "rceil"), ("e5m2", "floor")],
+                               [False, True])) + [("swiglu", 128, ("e4m3", "rceil"), False, "float32"),
+                                                  ("dswiglu", 256, ("e4m3", "floor"), True, "float32")]
+
+
+@needs_sass
+@pytest.mark.parametrize("variant", FUSED, ids=str)
+def test_fused_epilogue_gemm_compiles_for_sm100(variant):
+    from cute_mxfp8.jit import compile_gemm_sm100
+
+    epilogue, n_tile, (elem, mode), emit_hp, *out = variant
+    out = out[0] if out else "bfloat16"
+    fn = compile_gemm_sm100("e4m3", "e4m3", out, n_tile, "sm_100a", True, 148, epilogue, elem, mode, emit_hp)
+    ptx = fn.__ptx__
+    assert "tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.block32" in ptx
+    assert f"cvt.rn.satfinite.{elem}x2.f32" in ptx  # the epilogue's MXFP8 cast
+    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
+    assert res["local_frame"] == 0 and fn.launch_smem[0] <= 232448
+    ops = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
+
+    def count(prefix):
+        return sum(v for k, v in ops.items() if k.startswith(prefix))
+
+    assert count("UTCQMMA") == 4 and count("UTCCP") >= 2 and count("UTMALDG") >= 4
+    assert count("LDL") == count("STL") == 0
+    blocks = 1 if epilogue == "swiglu" else 2  # 32-column blocks quantized per loop step (dg and du)
+    # colwise amax: a 31-shuffle reduce-scatter over the warp and 32 factor broadcasts per block
+    assert count("SHFL.BFLY") == 31 * blocks and count("SHFL.IDX") == 32 * blocks
+    assert count("LDTM") >= 1  # tcgen05.ld of the accumulator
+    if epilogue == "swiglu":
+        assert count("UTMASTG") >= 2  # h13's gate and up sub-tiles
+    else:
+        assert count("UTMASTG") == 0 and count("LDG.E.128") >= 8  # no D; the saved h13 is read
+
+
 def test_can_implement_names_the_constraint():
     from cute_mxfp8.kernels.gemm_sm100 import MXGemmSm100
 
@@ -77,3 +112,84 @@ def test_gemm_matches_reference_on_sm100(m, n, k, n_tile, out, rng):
     ref = da @ db.t()
     bound = 2.0 ** -8 * ref.abs() + k * 2.0 ** -23 * (da.abs() @ db.abs().t())
     assert bool(((d.float() - ref).abs() <= bound).all())
+
+
+sm100 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 10),
+                           reason="needs an SM100 (B200/GB200) GPU; none is available to this project yet")
+
+
+def _codes_close(got, ref, what):
+    """fp8 bytes equal except at most max(1, 1e-5 n) one code apart (the fp32 exp of the epilogue vs torch's)."""
+    a, b = got.view(torch.uint8).int(), ref.view(torch.uint8).int()
+    diff = a != b
+    assert int(diff.sum()) <= max(1, int(1e-5 * a.numel())), what
+    assert bool(((a - b).abs() <= 1)[diff].all()), what
+
+
+@pytest.mark.sm100
+@sm100
+@pytest.mark.parametrize("m,n,k", [(256, 256, 256), (300, 136, 96), (8192, 8192, 8192)])
+@pytest.mark.parametrize("out", [torch.float32, torch.bfloat16])
+def test_mm_bit_exact_vs_cublas_on_sm100(m, n, k, out, rng):
+    """The plain epilogue against cuBLAS's MXFP8 GEMM (``torch._scaled_mm`` with blocked E8M0 scales): both run
+    the same block-scaled MMAs over K in order with fp32 accumulation, so the results agree bit for bit."""
+    from cute_mxfp8 import ops
+
+    qa, sa = ops.quantize_rowwise(torch.randn(m, k, generator=rng).cuda())
+    qb, sb = ops.quantize_rowwise(torch.randn(n, k, generator=rng).cuda())
+    got = ops.mm(qa, sa, qb, sb, out_dtype=out, backend="sm100")
+    want = torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, out_dtype=out)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.sm100
+@sm100
+@pytest.mark.parametrize("m,d,i", [(300, 256, 192), (4096, 2048, 1536)])
+@pytest.mark.parametrize("emit_hp", [False, True])
+def test_fused_epilogues_match_reference_math_on_sm100(m, d, i, emit_hp, rng):
+    """GEMM1 + SwiGLU epilogue and GEMM3 + dSwiGLU epilogue against the reference SwiGLU casts of the same
+    accumulators (the fp32 h13 the kernel stores, and the plain kernel's dh: same MMAs, same order)."""
+    from cute_mxfp8 import ops
+    from cute_mxfp8.swiglu import GATE_UP_TILE as T, pack_gate_up, split_gate_up
+
+    qx, sx = ops.quantize_rowwise(torch.randn(m, d, generator=rng).cuda())
+    w13, w13_s, _, _ = ops.quantize_gate_up(torch.randn(i, d, generator=rng).cuda() / 8,
+                                            torch.randn(i, d, generator=rng).cuda() / 8, gate_up_tile=T)
+    h13, *h = ops.mm_swiglu_quant(qx, sx, w13, w13_s, emit_hp=emit_hp, out_dtype=torch.float32, backend="sm100")
+    ref = ops.swiglu_quant(pack_gate_up(*split_gate_up(h13, tile=T)), emit_hp=emit_hp, backend="reference")
+    assert torch.equal(h[1].view(torch.uint8), ref[1].view(torch.uint8))  # rowwise scales
+    assert torch.equal(h[3].view(torch.uint8), ref[3].view(torch.uint8))  # colwise scales
+    _codes_close(h[0], ref[0], "h rowwise")
+    _codes_close(h[2], ref[2], "h colwise")
+    w2c, w2c_s = ops.quantize_rowwise(torch.randn(i, d, generator=rng).cuda())
+    got = ops.mm_dswiglu_quant(qx, sx, w2c, w2c_s, h13, emit_hp=emit_hp, backend="sm100")
+    dh = ops.mm(qx, sx, w2c, w2c_s, out_dtype=torch.float32, backend="sm100")
+    want = ops.mm_dswiglu_quant(qx, sx, w2c, w2c_s, h13, emit_hp=emit_hp, backend="reference")
+    assert torch.equal(dh, ops.mm(qx, sx, w2c, w2c_s, out_dtype=torch.float32, backend="sm100"))
+    _codes_close(got[0], want[0], "dh13 rowwise")
+    _codes_close(got[2], want[2], "dh13 colwise")
+
+
+@pytest.mark.sm100
+@sm100
+def test_swiglu_mlp_on_sm100_matches_reference_backend(rng):
+    """The whole MLP forward and backward on the sm100 backend (fused epilogues) against the reference backend's
+    unfused flow: the same MXFP8 math, GEMMs summing in another order, so the two agree to far better than
+    either does to bf16 (SQNR >= 35 dB against each other)."""
+    from cute_mxfp8 import MXFP8Config
+    from cute_mxfp8.ops import mxfp8_swiglu_mlp
+
+    m, d, i = 1000, 512, 1536
+    x = torch.randn(m, d, generator=rng).cuda().bfloat16().requires_grad_()
+    ws = [(torch.randn(*s, generator=rng) / s[1] ** 0.5).cuda().bfloat16().requires_grad_()
+          for s in ((i, d), (d, i), (i, d))]
+    dy = torch.randn(m, d, generator=rng).cuda().bfloat16()
+    outs = []
+    for backend in ("sm100", "reference"):
+        for t in (x, *ws):
+            t.grad = None
+        y = mxfp8_swiglu_mlp(x, *ws, config=MXFP8Config(backend=backend))
+        y.backward(dy)
+        outs.append([y.detach().float(), *(t.grad.float() for t in (x, *ws))])
+    for a, b in zip(*outs):
+        assert float(10 * torch.log10(b.pow(2).sum() / (a - b).pow(2).sum())) >= 35

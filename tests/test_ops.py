@@ -87,6 +87,18 @@ def test_gemm_ops_opcheck_and_fakes(rng):
     for tile in (0, 32):
         opcheck(L._quantize_gate_up, (w1, w3, "rceil", E4M3, True, tile, ""))
         _fake_matches(L._quantize_gate_up, (w1, w3, "rceil", E4M3, True, tile, ""))
+    xa, xa_s = ops.quantize_rowwise(torch.randn(70, 96, generator=rng))
+    w13, w13_s, _, _ = ops.quantize_gate_up(torch.randn(128, 96, generator=rng), torch.randn(128, 96, generator=rng),
+                                            gate_up_tile=64)
+    for hp in (False, True):
+        args = (xa, xa_s, w13, w13_s, "rceil", E4M3, hp, torch.bfloat16, "")
+        opcheck(L._mm_swiglu_quant, args, test_utils=FP8_INPUT_CHECKS)
+        _fake_matches(L._mm_swiglu_quant, args)
+        w2c, w2c_s = ops.quantize_rowwise(torch.randn(128, 96, generator=rng))
+        h13 = torch.randn(70, 256, generator=rng).to(torch.bfloat16)
+        args = (xa, xa_s, w2c, w2c_s, h13, "floor", torch.float8_e5m2, hp, "")
+        opcheck(L._mm_dswiglu_quant, args, test_utils=FP8_INPUT_CHECKS)
+        _fake_matches(L._mm_dswiglu_quant, args)
 
 
 def test_no_input_mutation(rng):
@@ -153,6 +165,55 @@ def test_quantize_gate_up_interleaved_is_quantization_of_the_interleaved_w13(rng
     assert torch.equal(_u8(col), _u8(cd.transpose(-1, -2))) and torch.equal(_u8(col_s), _u8(cs.transpose(-1, -2)))
     with pytest.raises(ValueError, match="multiple of 32 dividing I"):
         ops.quantize_gate_up(w1, w3, gate_up_tile=128)
+
+
+def test_fused_gemm_ops_are_the_gemm_then_the_swiglu_cast(rng):
+    """mm_swiglu_quant / mm_dswiglu_quant (reference) = mm to fp32, then the SwiGLU / dSwiGLU dual cast of the
+    accumulator, with the interleaved gate/up layout undone: bit for bit."""
+    from cute_mxfp8.swiglu import GATE_UP_TILE as T, split_gate_up
+
+    m, d, i = 77, 96, 192
+    xa, xa_s = ops.quantize_rowwise(torch.randn(m, d, generator=rng))
+    w1, w3 = torch.randn(i, d, generator=rng), torch.randn(i, d, generator=rng)
+    w13, w13_s, _, _ = ops.quantize_gate_up(w1, w3, gate_up_tile=T)
+    h13, *h = ops.mm_swiglu_quant(xa, xa_s, w13, w13_s, emit_hp=True, out_dtype=torch.float32)
+    acc = ops.mm(xa, xa_s, w13, w13_s, out_dtype=torch.float32)
+    assert torch.equal(h13, acc)
+    want = ops.swiglu_quant(pack_gate_up(*split_gate_up(acc, tile=T)), emit_hp=True)
+    for a, b in zip(h, want):
+        assert torch.equal(_u8(a) if a.dtype != torch.float32 else a, _u8(b) if b.dtype != torch.float32 else b)
+    w2c, w2c_s = ops.quantize_rowwise(torch.randn(i, d, generator=rng))
+    dh13 = ops.mm_dswiglu_quant(xa, xa_s, w2c, w2c_s, h13, elem_dtype=torch.float8_e5m2)
+    dh = ops.mm(xa, xa_s, w2c, w2c_s, out_dtype=torch.float32)
+    ref = ops.dswiglu_quant(dh, pack_gate_up(*split_gate_up(h13, tile=T)), elem_dtype=torch.float8_e5m2,
+                            blocked=False)
+    row, row_s, col, col_s, _ = dh13
+    unblock = lambda s, r, c: _u8(F.from_blocked_scales(s, r, c))  # noqa: E731
+    inter = lambda t, dim, tile=T: pack_gate_up(*split_gate_up(t, dim=dim, tile=tile), dim=dim)  # noqa: E731
+    assert torch.equal(inter(_u8(row), -1), _u8(ref[0])) and torch.equal(inter(_u8(col), 0), _u8(ref[2]))
+    assert torch.equal(inter(unblock(row_s, m, 2 * i // 32), -1, T // 32), _u8(ref[1]))
+    assert torch.equal(inter(unblock(col_s, 2 * i, 96 // 32), 0), _u8(ref[3]))
+    with pytest.raises(ValueError, match="multiple of the gate/up tile"):
+        ops.mm_swiglu_quant(xa, xa_s, *ops.quantize_rowwise(torch.randn(96, d, generator=rng)))
+    with pytest.raises(ValueError, match=r"h13 must be \(M, 2I\)"):
+        ops.mm_dswiglu_quant(xa, xa_s, w2c, w2c_s, h13[:, :128])
+
+
+def test_sm100_gemm_limits_name_the_fix(rng):
+    from cute_mxfp8.ops import gemm_sm100 as G
+    from cute_mxfp8.ops.backends import _BACKENDS
+
+    sm100 = _BACKENDS["sm100"]
+    assert sm100.fuses_mlp and not _BACKENDS["sm90"].fuses_mlp and not _BACKENDS["reference"].fuses_mlp
+    assert {"mm", "mm_swiglu_quant", "mm_dswiglu_quant"} <= set(sm100.ops) and "mm" not in _BACKENDS["sm90"].ops
+    a, a_s = ops.quantize_rowwise(torch.randn(64, 96, generator=rng))
+    b, b_s = ops.quantize_rowwise(torch.randn(136, 96, generator=rng))
+    assert G.LIMITS["mm"](a, a_s, b, b_s, torch.bfloat16) is None
+    assert "16-byte" in G.LIMITS["mm"](a, a_s, *ops.quantize_rowwise(torch.randn(100, 96)), torch.bfloat16)
+    assert "contiguous" in G.LIMITS["mm"](a, a_s, torch.cat([b, b], 1)[:, ::2], b_s, torch.bfloat16)
+    h13 = torch.zeros(64, 2 * 136, dtype=torch.bfloat16)
+    assert "contiguous" in G.LIMITS["mm_dswiglu_quant"](a, a_s, b, b_s, h13.t().contiguous().t(), "rceil",
+                                                        torch.float8_e4m3fn, False)
 
 
 def _sqnr(ref, x):

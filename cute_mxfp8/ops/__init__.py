@@ -11,6 +11,8 @@ from .api import (  # noqa: F401
     grouped_mm,
     grouped_mm_wgrad,
     mm,
+    mm_dswiglu_quant,
+    mm_swiglu_quant,
     quantize_colwise,
     quantize_dual,
     quantize_gate_up,

@@ -9,6 +9,9 @@ Every GEMM operand is quantized along that GEMM's contraction dim (``design.md``
   GEMM2 against w2.  Backward: dy dual-quantized; w2 dgrad; dSwiGLU from the saved h13 + dual quantization of
   dh13; w13 dgrad; w2 and w13 wgrads (2d-2d grouped when grouped).
 * ``wgrad_with_hp``: the weight gradients use the saved high-precision tensors instead (x, h, dy, dh13).
+* Fused epilogues (``MXFP8Config.fused_epilogues``, default on the ``sm100`` backend for dense MLPs): GEMM1 is
+  ``mm_swiglu_quant`` and the w2 dgrad ``mm_dswiglu_quant``, with W13, h13 and dh13 in the interleaved gate/up
+  layout (:mod:`cute_mxfp8.swiglu`); the other GEMMs are unchanged.
 
 Non-tensor arguments are passed as plain values (str / dtype / bool) so that torch.compile treats them as
 constants.  Gradients are returned in each input's dtype.  Under ``torch.autocast`` the activation is cast to the
@@ -22,8 +25,9 @@ from torch import Tensor
 
 from ..config import resolve_config
 from ..formats import group_bounds
-from ..swiglu import split_gate_up
+from ..swiglu import GATE_UP_TILE, split_gate_up
 from . import api
+from .backends import fuses_mlp
 
 __all__ = ["mxfp8_linear", "mxfp8_grouped_mm", "mxfp8_swiglu_mlp"]
 
@@ -127,35 +131,43 @@ class _GroupedMMFn(torch.autograd.Function):
 
 class _SwiGLUMLPFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w1, w2, w3, offs, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend):
+    def forward(ctx, x, w1, w2, w3, offs, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, fused):
         d = x.shape[-1]
         x2 = x.reshape(-1, d)
         qw = dict(scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend)
+        tile = GATE_UP_TILE if fused else None  # the fused epilogues want W13 (and so h13, dh13) interleaved
         x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp)
-        w13_row, w13_row_s, w13_col, w13_col_s = api.quantize_gate_up(w1, w3, **qw)
+        w13_row, w13_row_s, w13_col, w13_col_s = api.quantize_gate_up(w1, w3, gate_up_tile=tile or 0, **qw)
         w2_row, w2_row_s, w2_col, w2_col_s = api.quantize_dual(w2, **qw)
-        # GEMM1 -> fp32 accumulator; h13 is saved in the activation dtype, h comes from the accumulator.
-        acc = _gemm(x_row, x_row_s, w13_row, w13_row_s, offs, torch.float32, backend)
-        h13 = acc.to(x.dtype)
-        h_row, h_row_s, h_col, h_col_s, h_hp = api.swiglu_quant(acc, emit_hp=wgrad_with_hp, offs=offs, **qw)
+        if fused:  # GEMM1 with the SwiGLU + dual-quant epilogue
+            h13, h_row, h_row_s, h_col, h_col_s, h_hp = api.mm_swiglu_quant(
+                x_row, x_row_s, w13_row, w13_row_s, emit_hp=wgrad_with_hp, out_dtype=x.dtype, **qw)
+        else:  # GEMM1 -> fp32 accumulator; h13 is saved in the activation dtype, h comes from the accumulator
+            acc = _gemm(x_row, x_row_s, w13_row, w13_row_s, offs, torch.float32, backend)
+            h13 = acc.to(x.dtype)
+            h_row, h_row_s, h_col, h_col_s, h_hp = api.swiglu_quant(acc, emit_hp=wgrad_with_hp, offs=offs, **qw)
         y = _gemm(h_row, h_row_s, w2_row, w2_row_s, offs, x.dtype, backend)
         ctx.save_for_backward(x2 if wgrad_with_hp else x_col, x_col_s, h13, h_hp if wgrad_with_hp else h_col,
                               h_col_s, w13_col, w13_col_s, w2_col, w2_col_s, offs)
-        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend)
+        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, tile)
         ctx.meta = (x.shape, x.dtype, w1.dtype, w2.dtype)
         return y.reshape(x.shape)
 
     @staticmethod
     def backward(ctx, dy):
         x_saved, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s, w2_col, w2_col_s, offs = ctx.saved_tensors
-        scale_mode, gdt, hp, backend = ctx.cfg
+        scale_mode, gdt, hp, backend, tile = ctx.cfg
         x_shape, x_dtype, w13_dtype, w2_dtype = ctx.meta
         dy2 = dy.reshape(-1, x_shape[-1])
         need_w = any(ctx.needs_input_grad[1:4])
         dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, offs, need_w and not hp)
-        dh = _gemm(dy_row, dy_row_s, w2_col, w2_col_s, offs, torch.float32, backend)  # w2 dgrad, (M, I)
-        dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.dswiglu_quant(
-            dh, h13, scale_mode=scale_mode, elem_dtype=gdt, emit_hp=hp, offs=offs, backend=backend)
+        qg = dict(scale_mode=scale_mode, elem_dtype=gdt, emit_hp=hp, backend=backend)
+        if tile:  # w2 dgrad with the dSwiGLU + dual-quant epilogue
+            dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.mm_dswiglu_quant(
+                dy_row, dy_row_s, w2_col, w2_col_s, h13, **qg)
+        else:
+            dh = _gemm(dy_row, dy_row_s, w2_col, w2_col_s, offs, torch.float32, backend)  # w2 dgrad, (M, I)
+            dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.dswiglu_quant(dh, h13, offs=offs, **qg)
         dx = dw1 = dw2 = dw3 = None
         if ctx.needs_input_grad[0]:
             dx = _gemm(dh13_row, dh13_row_s, w13_col, w13_col_s, offs, x_dtype, backend).reshape(x_shape)
@@ -166,9 +178,9 @@ class _SwiGLUMLPFn(torch.autograd.Function):
             else:
                 dw2 = _wgrad(dy_col, dy_col_s, h_saved, h_col_s, offs, backend)
                 dw13 = _wgrad(dh13_col, dh13_col_s, x_saved, x_col_s, offs, backend)
-            dw1, dw3 = (t.to(w13_dtype) for t in split_gate_up(dw13, dim=-2))
+            dw1, dw3 = (t.to(w13_dtype) for t in split_gate_up(dw13, dim=-2, tile=tile))
             dw2 = dw2.to(w2_dtype)
-        return dx, dw1, dw2, dw3, None, None, None, None, None, None
+        return dx, dw1, dw2, dw3, None, None, None, None, None, None, None
 
 
 def _autocast(x: Tensor) -> Tensor:
@@ -183,6 +195,20 @@ def _autocast(x: Tensor) -> Tensor:
 def _cfg_args(config):
     c = resolve_config(config)
     return c.scale_mode, c.elem_dtype, c.grad_elem_dtype, c.wgrad_with_hp, c.backend
+
+
+def _fused_mlp(config, x: Tensor, i: int, grouped: bool) -> bool:
+    """Whether the SwiGLU MLP runs with the GEMM-fused epilogues (:attr:`MXFP8Config.fused_epilogues`)."""
+    c = resolve_config(config)
+    if c.fused_epilogues is None:
+        return not grouped and i % GATE_UP_TILE == 0 and fuses_mlp(x.device, c.backend)
+    if c.fused_epilogues and grouped:
+        raise ValueError("fused_epilogues=True: the GEMM-fused SwiGLU epilogues are dense only; with offs (grouped "
+                         "experts) use fused_epilogues=None or False")
+    if c.fused_epilogues and i % GATE_UP_TILE:
+        raise ValueError(f"fused_epilogues=True needs I % {GATE_UP_TILE} == 0 (the interleaved gate/up layout), got "
+                         f"I = {i}: pad w1 and w3 EACH (and w2's columns) to a multiple of {GATE_UP_TILE}")
+    return c.fused_epilogues
 
 
 def _check_weight(name: str, w: Tensor, shape: tuple) -> None:
@@ -250,4 +276,4 @@ def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor
     _check_weight("w3", w3, (*e, i, d))
     _check_weight("w2", w2, (*e, d, i))
     _check_input(x, d, rank2=grouped)
-    return _SwiGLUMLPFn.apply(_autocast(x), w1, w2, w3, offs, *_cfg_args(config))
+    return _SwiGLUMLPFn.apply(_autocast(x), w1, w2, w3, offs, *_cfg_args(config), _fused_mlp(config, x, i, grouped))

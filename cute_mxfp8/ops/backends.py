@@ -26,6 +26,7 @@ __all__ = [
     "register_backend",
     "registered_backends",
     "resolve_backend",
+    "fuses_mlp",
     "get_impl",
 ]
 
@@ -51,6 +52,10 @@ class Backend:
     # op name -> ``limits(*op_args) -> None or the reason this backend cannot take these arguments``; ops without
     # an entry take every valid input.  Automatic selection passes over a backend whose limits refuse the call.
     limits: dict[str, Callable[..., str | None]] = field(default_factory=dict)
+    # The SwiGLU MLP runs GEMM1 / GEMM3 as this backend's fused ``mm_swiglu_quant`` / ``mm_dswiglu_quant`` by
+    # default when this backend runs its GEMMs (the reference implements those ops too, as their oracle, but the
+    # MLP fuses there only when asked: ``MXFP8Config(fused_epilogues=True)``).
+    fuses_mlp: bool = False
 
     def refusal(self, op: str, device: torch.device, args: tuple | None) -> str | None:
         """Why this backend cannot run ``op`` on ``device`` with ``args`` (None: it can)."""
@@ -122,3 +127,9 @@ def resolve_backend(device, requested: str | None = None, op: str | None = None,
 def get_impl(op: str, device, requested: str | None = None, args: tuple | None = None) -> Callable:
     """The callable that implements ``op`` on ``device`` for ``args`` under the selection rules above."""
     return _BACKENDS[resolve_backend(device, requested, op, args)].ops[op]
+
+
+def fuses_mlp(device, requested: str | None = None) -> bool:
+    """Whether the backend that runs the GEMMs on ``device`` (``requested`` or automatic) fuses the SwiGLU MLP's
+    epilogues by default (:attr:`Backend.fuses_mlp`)."""
+    return _BACKENDS[resolve_backend(device, requested, "mm")].fuses_mlp

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import formats as F
-from ..swiglu import dswiglu, pack_gate_up, split_gate_up, swiglu
+from ..swiglu import GATE_UP_TILE, dswiglu, pack_gate_up, split_gate_up, swiglu
 from .backends import Backend, register_backend
 from .shapes import ceil_div
 
@@ -130,6 +130,22 @@ def dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None):
     return (*quantize_dual(dh13, scale_mode, elem_dtype, blocked, offs), _hp_out(dh13, dh.dtype, emit_hp))
 
 
+# ---- GEMM + fused SwiGLU epilogues (what the SM100 GEMM's epilogues compute) ----------------------------------
+
+def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
+    acc = mm(a, a_scales, b13, b13_scales, torch.float32)  # (M, 2I), gate/up interleaved like b13
+    g, u = split_gate_up(acc, tile=GATE_UP_TILE)
+    h = swiglu(g, u)  # from the fp32 accumulator, as the epilogue does
+    return (acc.to(out_dtype), *quantize_dual(h, scale_mode, elem_dtype, True), _hp_out(h, out_dtype, emit_hp))
+
+
+def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp):
+    dh = mm(a, a_scales, b, b_scales, torch.float32)  # (M, I)
+    dg, du = dswiglu(dh, *split_gate_up(h13, tile=GATE_UP_TILE))
+    dh13 = pack_gate_up(dg, du, tile=GATE_UP_TILE)
+    return (*quantize_dual(dh13, scale_mode, elem_dtype, True), _hp_out(dh13, h13.dtype, emit_hp))
+
+
 def _zero_rows_past_end(t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     end = int(offs[-1]) if offs.numel() else 0
     if end < t.shape[0]:
@@ -152,5 +168,7 @@ register_backend(Backend(
         "grouped_mm_wgrad": grouped_mm_wgrad,
         "swiglu_quant": swiglu_quant,
         "dswiglu_quant": dswiglu_quant,
+        "mm_swiglu_quant": mm_swiglu_quant,
+        "mm_dswiglu_quant": mm_dswiglu_quant,
     },
 ))

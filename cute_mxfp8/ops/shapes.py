@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import BLOCK_SIZE, ELEM_DTYPES, SCALE_MODES, blocked_scales_numel, grouped_scale_tiles
+from ..swiglu import GATE_UP_TILE
 
 _HP_DTYPES = (torch.bfloat16, torch.float32)
 _OUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -197,4 +198,30 @@ def check_swiglu(h13: torch.Tensor, offs, dh: torch.Tensor | None = None) -> int
             raise ValueError(f"dh must be (M, I) = {(m, i)} to match h13 {tuple(h13.shape)}, got {tuple(dh.shape)}")
         check_same_device(dh, h13)
     check_offs(offs, h13.device)
+    return i
+
+
+# ---- GEMM + fused SwiGLU epilogues ------------------------------------------------------------------------
+
+def check_mm_swiglu(a, a_scales, b13, b13_scales, out_dtype) -> int:
+    """GEMM1 with the SwiGLU epilogue: a (M, K), b13 (2I, K) interleaved gate/up; returns I."""
+    m, two_i = check_mm(a, a_scales, b13, b13_scales, out_dtype)
+    if two_i % (2 * GATE_UP_TILE):
+        raise ValueError(f"b13 must be (2I, K) with I a multiple of the gate/up tile {GATE_UP_TILE} (the fused "
+                         f"epilogue's interleaved layout), got 2I = {two_i}: pad w1 and w3 EACH to a multiple of "
+                         f"{GATE_UP_TILE} rows, or use the unfused path")
+    return two_i // 2
+
+
+def check_mm_dswiglu(a, a_scales, b, b_scales, h13) -> int:
+    """GEMM3 with the dSwiGLU epilogue: a (M, K), b (I, K), h13 (M, 2I) interleaved; returns I."""
+    m, i = check_mm(a, a_scales, b, b_scales, torch.float32)
+    check_hp("h13", h13)
+    check_same_device(a, h13)
+    if tuple(h13.shape) != (m, 2 * i):
+        raise ValueError(f"h13 must be (M, 2I) = {(m, 2 * i)} to match a {tuple(a.shape)} and b {tuple(b.shape)}, "
+                         f"got {tuple(h13.shape)}")
+    if i % GATE_UP_TILE:
+        raise ValueError(f"I = {i} must be a multiple of the gate/up tile {GATE_UP_TILE} (the interleaved layout "
+                         f"of h13): pad w1 and w3 EACH to a multiple of {GATE_UP_TILE} rows, or use the unfused path")
     return i

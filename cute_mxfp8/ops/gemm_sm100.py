@@ -1,0 +1,127 @@
+"""The ``sm100`` backend's GEMM ops on the tcgen05 kernel (:class:`cute_mxfp8.kernels.gemm_sm100.MXGemmSm100`):
+``mm``, ``mm_swiglu_quant`` and ``mm_dswiglu_quant``, same signatures and outputs as the reference backend's.
+
+Inputs arrive checked by :mod:`cute_mxfp8.ops.library` (shapes, dtypes, devices); :data:`LIMITS` adds what the
+kernel needs beyond that (contiguous 16-byte aligned operands for TMA, D's row alignment, K > 0, 32-bit indexing)
+and refuses the call with the reason otherwise.  The compiled kernel trusts its arguments, so nothing reaches it
+unchecked.  No SM100 GPU has run these yet (``tests/test_gemm_sm100.py`` has the tests for the day one does).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .. import formats as F
+from ..jit import compile_gemm_sm100
+
+_ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+_OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
+_MAX_ELEMENTS = 2**31 - 1  # the kernel's coordinates and scale offsets are 32-bit
+N_TILE = 128  # two TMEM accumulator stages: each tile's epilogue overlaps the next tile's mainloop
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _device(t: torch.Tensor) -> torch.device:
+    return t.device if t.device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+def _u8(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8)
+
+
+def _kernel(a, b, out_dtype, epilogue="plain", elem_dtype=torch.float8_e4m3fn, scale_mode="rceil", emit_hp=False):
+    return compile_gemm_sm100(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], N_TILE, "sm_100a", False,
+                              _num_sms(_device(a)), epilogue, _ELEM[elem_dtype], scale_mode, emit_hp)
+
+
+def _dual_outputs(like: torch.Tensor, m: int, n: int, elem_dtype, emit_hp: bool, hp_dtype):
+    """Outputs of a dual cast of an (m, n) tensor: data, zero-filled blocked scales (the epilogue writes only the
+    real ones) and the high-precision copy (or an empty one)."""
+    mp = -(-m // 32) * 32
+    dev = like.device
+    q = torch.empty(m, n, dtype=elem_dtype, device=dev)
+    qs = torch.zeros(F.blocked_scales_numel(m, n // 32), dtype=torch.uint8, device=dev)
+    qt = torch.empty(n, mp, dtype=elem_dtype, device=dev)
+    qts = torch.zeros(F.blocked_scales_numel(n, mp // 32), dtype=torch.uint8, device=dev)
+    hp = torch.empty((m, n) if emit_hp else (0,), dtype=hp_dtype, device=dev)
+    return q, qs, qt, qts, hp
+
+
+def _hp_arg(hp: torch.Tensor) -> torch.Tensor:
+    return hp if hp.numel() else torch.zeros(1, 32, dtype=hp.dtype, device=hp.device)  # unused by the build
+
+
+def _e8m0(q, qs, qt, qts, hp):
+    return q, qs.view(torch.float8_e8m0fnu), qt, qts.view(torch.float8_e8m0fnu), hp
+
+
+def mm(a, a_scales, b, b_scales, out_dtype):
+    d = torch.empty(a.shape[0], b.shape[0], dtype=out_dtype, device=a.device)
+    if d.numel():
+        _kernel(a, b, out_dtype)(a, b, _u8(a_scales), _u8(b_scales), d)
+    return d
+
+
+def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
+    m, i = a.shape[0], b13.shape[0] // 2
+    h13 = torch.empty(m, 2 * i, dtype=out_dtype, device=a.device)
+    out = _dual_outputs(a, m, i, elem_dtype, emit_hp, out_dtype)
+    if h13.numel():
+        q, qs, qt, qts, hp = out
+        _kernel(a, b13, out_dtype, "swiglu", elem_dtype, scale_mode, emit_hp)(
+            a, b13, _u8(a_scales), _u8(b13_scales), h13, q, qs, qt, qts, _hp_arg(hp))
+    return (h13, *_e8m0(*out))
+
+
+def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp):
+    m, i = a.shape[0], b.shape[0]
+    out = _dual_outputs(a, m, 2 * i, elem_dtype, emit_hp, h13.dtype)
+    if m and i:
+        q, qs, qt, qts, hp = out
+        _kernel(a, b, h13.dtype, "dswiglu", elem_dtype, scale_mode, emit_hp)(
+            a, b, _u8(a_scales), _u8(b_scales), h13, q, qs, qt, qts, _hp_arg(hp))
+    return _e8m0(*out)
+
+
+def _operand_limits(a, a_scales, b, b_scales) -> str | None:
+    for name, t in (("a", a), ("b", b), ("a_scales", a_scales), ("b_scales", b_scales)):
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            return f"{name} must be contiguous with a 16-byte aligned data pointer for TMA (call .contiguous())"
+        if t.numel() > _MAX_ELEMENTS:
+            return f"{name} has {t.numel()} elements; the kernel indexes with int32 (at most {_MAX_ELEMENTS})"
+    if a.shape[1] == 0:
+        return "K = 0: nothing to multiply (the reference backend returns zeros)"
+    return None
+
+
+def _mm_limits(a, a_scales, b, b_scales, out_dtype):
+    from ..kernels.gemm_sm100 import MXGemmSm100
+
+    return (_operand_limits(a, a_scales, b, b_scales)
+            or MXGemmSm100.can_implement(max(a.shape[0], 1), max(b.shape[0], 1), a.shape[1], _OUT[out_dtype]))
+
+
+def _mm_swiglu_limits(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
+    why = _mm_limits(a, a_scales, b13, b13_scales, out_dtype)
+    if why is None and a.shape[0] * b13.shape[0] > _MAX_ELEMENTS:
+        return f"h13 would have {a.shape[0] * b13.shape[0]} elements; the kernel indexes with int32: split M"
+    return why
+
+
+def _mm_dswiglu_limits(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp):
+    why = _mm_limits(a, a_scales, b, b_scales, h13.dtype)
+    if why is None and (not h13.is_contiguous() or h13.data_ptr() % 16):
+        return "h13 must be contiguous with a 16-byte aligned data pointer (call .contiguous())"
+    if why is None and h13.numel() > _MAX_ELEMENTS:
+        return f"h13 has {h13.numel()} elements; the kernel indexes with int32: split M"
+    return why
+
+
+OPS = {"mm": mm, "mm_swiglu_quant": mm_swiglu_quant, "mm_dswiglu_quant": mm_dswiglu_quant}
+LIMITS = {"mm": _mm_limits, "mm_swiglu_quant": _mm_swiglu_limits, "mm_dswiglu_quant": _mm_dswiglu_limits}
