@@ -209,10 +209,13 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
 @disk_cached(skip_if="keep_ptx")
 def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
                        arch: str = "sm_100a", keep_ptx: bool = False, max_ctas: int = 148, epilogue: str = "plain",
-                       cast_elem: str = "e4m3", scale_mode: str = "rceil", emit_hp: bool = False):
+                       cast_elem: str = "e4m3", scale_mode: str = "rceil", emit_hp: bool = False,
+                       cta_pair: bool = False, cluster_mn: tuple = (1, 1)):
     """Compiled SM100 MXFP8 GEMM (:class:`~cute_mxfp8.kernels.gemm_sm100.MXGemmSm100`), a (M, K) and b (N, K)
     fp8 (``a_elem`` / ``b_elem``) K-major, sfa / sfb their 1-D blocked E8M0 scale buffers (uint8 view, 16-byte
-    aligned).  ``max_ctas`` bounds the persistent grid (148: the SMs of a B200).  By ``epilogue``:
+    aligned).  ``max_ctas`` bounds the persistent grid (148: the SMs of a B200); ``cta_pair`` selects the 2-CTA
+    (M = 256) MMA and ``cluster_mn`` the cluster (TMA multicast beyond the MMA's CTAs; ``gemm_sm100.CLUSTERS``).
+    By ``epilogue``:
 
     * ``"plain"``: ``fn(a, b, sfa, sfb, d)``, d (M, N) ``out_dtype`` row-major.
     * ``"swiglu"`` (N = 2I, b in the interleaved gate/up layout): ``fn(a, b, sfa, sfb, h13, q, qs, qt, qts, hp)``
@@ -228,7 +231,8 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
     cutlass, _ = _cutlass()
     from .kernels.gemm_sm100 import MXGemmSm100
 
-    kernel = MXGemmSm100(a_elem, b_elem, out_dtype, n_tile, max_ctas, epilogue, cast_elem, scale_mode, emit_hp)
+    kernel = MXGemmSm100(a_elem, b_elem, out_dtype, n_tile, max_ctas, epilogue, cast_elem, scale_mode, emit_hp,
+                         cta_pair, tuple(cluster_mn))
     fake, sym = _fake, _sym
 
     def scales():  # TMA reads them: the buffer must be 16-byte aligned (fresh blocked buffers are)
@@ -283,11 +287,13 @@ def compile_scale_layout_probe(arch: str, keep_ptx: bool = False):
 
 @functools.lru_cache(maxsize=None)
 @disk_cached(skip_if="keep_ptx")
-def compile_tile_schedule_probe(n_tile: int, max_ctas: int, arch: str, keep_ptx: bool = False):
+def compile_tile_schedule_probe(n_tile: int, max_ctas: int, arch: str, keep_ptx: bool = False,
+                                cluster_mn: tuple = (1, 1)):
     """Compiled :class:`~cute_mxfp8.kernels.gemm_checks.TileScheduleProbe`: ``fn(count, m, n)``, count
     (ceil(M / 128), ceil(N / n_tile)) int32 zero-filled (incremented per visit)."""
     cutlass, _ = _cutlass()
     from .kernels.gemm_checks import TileScheduleProbe
 
     count = _fake(cutlass.Int32, (_sym(), _sym()), align=4)
-    return _compile(TileScheduleProbe(n_tile, max_ctas), (count, cutlass.Int32(1), cutlass.Int32(1)), arch, keep_ptx)
+    return _compile(TileScheduleProbe(n_tile, max_ctas, tuple(cluster_mn)), (count, cutlass.Int32(1), cutlass.Int32(1)),
+                    arch, keep_ptx)

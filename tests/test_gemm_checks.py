@@ -131,11 +131,12 @@ def test_gemm_scale_layout_gathers_to_blocked_scales(rows, k):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("n_tile,max_ctas", [(128, 148), (256, 148), (128, 7)])
+@pytest.mark.parametrize("n_tile,max_ctas,cluster", [(128, 148, (1, 1)), (256, 148, (1, 1)), (128, 7, (1, 1)),
+                                                     (128, 132, (2, 1)), (256, 132, (4, 1)), (128, 8, (2, 2))])
 @pytest.mark.parametrize("m,n", [(1, 8), (129, 200), (1000, 4104), (8192, 8192), (16384, 7168)])
-def test_gemm_tile_schedule_covers_every_tile_once(n_tile, max_ctas, m, n):
+def test_gemm_tile_schedule_covers_every_tile_once(n_tile, max_ctas, cluster, m, n):
     from cute_mxfp8.jit import compile_tile_schedule_probe
 
     count = torch.zeros(-(-m // 128), -(-n // n_tile), dtype=torch.int32, device="cuda")
-    compile_tile_schedule_probe(n_tile, max_ctas, "sm_90a")(count, m, n)
+    compile_tile_schedule_probe(n_tile, max_ctas, "sm_90a", False, cluster)(count, m, n)
     assert bool((count == 1).all()), f"tiles visited {count.unique().tolist()} times"

@@ -14,21 +14,31 @@ pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is a dependency; insta
 
 from cute_mxfp8.cli import sass_facts  # noqa: E402
 
-VARIANTS = list(itertools.product([("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e4m3", "e5m2")], [128, 256],
-                                  ["bfloat16", "float32"]))
+VARIANTS = [(*v, False, (1, 1)) for v in itertools.product([("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e4m3", "e5m2")],
+                                                            [128, 256], ["bfloat16", "float32"])]
+# 2-CTA MMAs and clusters (TMA multicast): (cta_pair, cluster_mn)
+VARIANTS += [(("e4m3", "e4m3"), n, "bfloat16", True, (2, 1)) for n in (128, 256)]
+VARIANTS += [(("e4m3", "e4m3"), 128, "bfloat16", *c) for c in ((True, (2, 2)), (True, (4, 1)), (False, (1, 2)),
+                                                              (False, (2, 1)))]
 needs_sass = pytest.mark.skipif(sass_facts.find_nvdisasm() is None, reason="nvdisasm not installed (test extra)")
 
 
+def _multicasts(pair: bool, cluster: tuple) -> bool:
+    return cluster[0] * cluster[1] > (2 if pair else 1)
+
+
 @needs_sass
-@pytest.mark.parametrize("elems,n_tile,out", VARIANTS)
-def test_gemm_compiles_for_sm100_with_tcgen05(elems, n_tile, out):
+@pytest.mark.parametrize("elems,n_tile,out,pair,cluster", VARIANTS, ids=str)
+def test_gemm_compiles_for_sm100_with_tcgen05(elems, n_tile, out, pair, cluster):
     from cute_mxfp8.jit import compile_gemm_sm100
 
-    fn = compile_gemm_sm100(*elems, out, n_tile, "sm_100a", True)
+    fn = compile_gemm_sm100(*elems, out, n_tile, "sm_100a", True, 148, cta_pair=pair, cluster_mn=cluster)
     ptx = fn.__ptx__
+    group = 2 if pair else 1
     assert re.search(r"\.target\s+sm_100a\b", ptx)
-    assert "tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.block32" in ptx  # MX: E8M0 per 32 along K
-    assert "tcgen05.cp.cta_group::1.32x128b.warpx4" in ptx  # scales shared memory -> TMEM
+    # MX: E8M0 per 32 along K; the scales go shared memory -> TMEM
+    assert f"tcgen05.mma.cta_group::{group}.kind::mxf8f6f4.block_scale.block32" in ptx
+    assert f"tcgen05.cp.cta_group::{group}.32x128b.warpx4" in ptx
     (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
     assert res["local_frame"] == 0 and fn.launch_smem[0] <= 232448  # B200: 227 KB of shared memory per CTA
     ops = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
@@ -39,11 +49,18 @@ def test_gemm_compiles_for_sm100_with_tcgen05(elems, n_tile, out):
     assert count("UTCQMMA") == 4  # one block-scaled MMA per K = 32 of the 128-deep stage, unrolled
     assert count("UTCCP") >= 2 and count("UTMALDG") >= 4 and count("UTMASTG") >= 1  # SFA+SFB; A, B, SFA, SFB; D
     assert count("LDL") == count("STL") == 0
+    assert (count("UTCQMMA.2CTA") == 4) == pair  # the pair's MMA, issued by the leader CTA
+    # A or B data (2-D TMA) multicast to the cluster's CTAs that share the tile, exactly when the cluster is larger
+    # than the MMA
+    assert (count("UTMALDG.2D.MULTICAST") > 0) == _multicasts(pair, cluster)
 
 
-FUSED = list(itertools.product(["swiglu", "dswiglu"], [128, 256], [("e4m3", "rceil"), ("e5m2", "floor")],
-                               [False, True])) + [("swiglu", 128, ("e4m3", "rceil"), False, "float32"),
-                                                  ("dswiglu", 256, ("e4m3", "floor"), True, "float32")]
+FUSED = [(*v, "bfloat16", False) for v in itertools.product(["swiglu", "dswiglu"], [128, 256],
+                                                             [("e4m3", "rceil"), ("e5m2", "floor")], [False, True])]
+FUSED += [("swiglu", 128, ("e4m3", "rceil"), False, "float32", False),
+          ("dswiglu", 256, ("e4m3", "floor"), True, "float32", False)]
+FUSED += [(e, n, ("e4m3", "rceil"), hp, "bfloat16", True) for e in ("swiglu", "dswiglu") for n, hp in
+          ((128, True), (256, False))]  # on the 2-CTA MMA
 
 
 @needs_sass
@@ -51,11 +68,11 @@ FUSED = list(itertools.product(["swiglu", "dswiglu"], [128, 256], [("e4m3", "rce
 def test_fused_epilogue_gemm_compiles_for_sm100(variant):
     from cute_mxfp8.jit import compile_gemm_sm100
 
-    epilogue, n_tile, (elem, mode), emit_hp, *out = variant
-    out = out[0] if out else "bfloat16"
-    fn = compile_gemm_sm100("e4m3", "e4m3", out, n_tile, "sm_100a", True, 148, epilogue, elem, mode, emit_hp)
+    epilogue, n_tile, (elem, mode), emit_hp, out, pair = variant
+    fn = compile_gemm_sm100("e4m3", "e4m3", out, n_tile, "sm_100a", True, 148, epilogue, elem, mode, emit_hp, pair,
+                            (2, 1) if pair else (1, 1))
     ptx = fn.__ptx__
-    assert "tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.block32" in ptx
+    assert f"tcgen05.mma.cta_group::{2 if pair else 1}.kind::mxf8f6f4.block_scale.block32" in ptx
     assert f"cvt.rn.satfinite.{elem}x2.f32" in ptx  # the epilogue's MXFP8 cast
     (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
     assert res["local_frame"] == 0 and fn.launch_smem[0] <= 232448
@@ -85,6 +102,8 @@ def test_can_implement_names_the_constraint():
     assert "positive" in MXGemmSm100.can_implement(0, 128, 64)
     with pytest.raises(ValueError, match="n_tile"):
         MXGemmSm100("e4m3", "e4m3", n_tile=64)
+    with pytest.raises(ValueError, match="cluster_mn"):
+        MXGemmSm100("e4m3", "e4m3", cta_pair=True, cluster_mn=(1, 1))  # a 2-CTA MMA needs an even cluster M
 
 
 @pytest.mark.sm100

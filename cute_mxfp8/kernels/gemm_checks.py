@@ -110,17 +110,18 @@ class ScaleLayoutProbe:
 class TileScheduleProbe:
     """Runs the GEMM's persistent tile schedule for an (M, N) output: ``(count, m, n)`` with ``count`` (M tiles,
     N tiles) int32 zero-filled; every CTA's thread 0 walks the tiles it is given (as all roles of the GEMM do) and
-    adds 1 to each.  Compile-time: ``n_tile`` and ``max_ctas`` as the GEMM's."""
+    adds 1 to each tile inside the output.  Compile-time: ``n_tile``, ``max_ctas`` and ``cluster_mn`` as the GEMM's (launched in
+    clusters of that shape, as the GEMM is)."""
 
-    def __init__(self, n_tile: int, max_ctas: int):
-        self.n_tile, self.max_ctas = n_tile, max_ctas
+    def __init__(self, n_tile: int, max_ctas: int, cluster_mn: tuple = (1, 1)):
+        self.n_tile, self.max_ctas, self.cluster_mn = n_tile, max_ctas, tuple(cluster_mn)
 
     @cute.jit
     def __call__(self, count: cute.Tensor, m: cutlass.Int32, n: cutlass.Int32, stream: cuda.CUstream):
         from .gemm_sm100 import tile_schedule
 
-        sched, grid = tile_schedule(m, n, self.n_tile, self.max_ctas)
-        self.kernel(count, sched).launch(grid=grid, block=[32, 1, 1], stream=stream)
+        sched, grid = tile_schedule(m, n, self.n_tile, self.max_ctas, self.cluster_mn)
+        self.kernel(count, sched).launch(grid=grid, block=[32, 1, 1], cluster=(*self.cluster_mn, 1), stream=stream)
 
     @cute.kernel
     def kernel(self, count: cute.Tensor, sched: utils.PersistentTileSchedulerParams):
@@ -129,7 +130,9 @@ class TileScheduleProbe:
         work = tiles.initial_work_tile_info()
         while work.is_valid_tile:
             mt, nt, _ = work.tile_idx
-            if tidx == 0:
+            # a cluster's CTAs take neighbouring tiles, so past the last tile row/column some get tiles outside
+            # the output (the GEMM's TMA clips them, its epilogue predicates them): not counted here
+            if tidx == 0 and mt < count.shape[0] and nt < count.shape[1]:
                 cute.arch.atomic_add(count.iterator + cute.crd2idx((mt, nt), count.layout), cutlass.Int32(1))
             tiles.advance_to_next_work()
             work = tiles.get_current_work()

@@ -7,6 +7,8 @@ SASS-checked on CPU machines; no SM100 GPU has run it yet.
 
 from __future__ import annotations
 
+import functools
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -24,15 +26,20 @@ _SF_DTYPE = cutlass.Float8E8M0FNU
 _ROW_MAJOR = cutlass.tensor_utils.LayoutEnum.ROW_MAJOR
 _OUT_DTYPES = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
 EPILOGUES = ("plain", "swiglu", "dswiglu")
+# cluster shapes (CTAs along M, N) by MMA kind: a 2-CTA MMA (M = 256) needs an even cluster M.  A cluster larger
+# than the MMA multicasts: A across its N CTAs, B across its M MMA-pairs (or CTAs).
+CLUSTERS = {False: ((1, 1), (2, 1), (1, 2)), True: ((2, 1), (4, 1), (2, 2))}
 
 
-def tile_schedule(m, n, n_tile: int, max_ctas: int):
-    """The GEMM's persistent schedule of an (M, N) output in (128, ``n_tile``) tiles: (scheduler params, grid of
-    at most ``max_ctas`` CTAs).  Every role of every CTA walks the same sequence (``StaticPersistentTileScheduler``);
+def tile_schedule(m, n, n_tile: int, max_ctas: int, cluster_mn: tuple = (1, 1)):
+    """The GEMM's persistent schedule of an (M, N) output in per-CTA (128, ``n_tile``) tiles, clusters of
+    ``cluster_mn`` CTAs taking neighbouring tiles: (scheduler params, grid of at most ``max_ctas`` CTAs).  Every
+    role of every CTA walks the same sequence (``StaticPersistentTileScheduler``);
     :class:`.gemm_checks.TileScheduleProbe` runs it on any GPU."""
     tiles = (cute.ceil_div(m, MXGemmSm100.TILE_M), cute.ceil_div(n, n_tile), 1)
-    sched = utils.PersistentTileSchedulerParams(tiles, (1, 1, 1))
-    return sched, utils.StaticPersistentTileScheduler.get_grid_shape(sched, max_ctas)
+    sched = utils.PersistentTileSchedulerParams(tiles, (*cluster_mn, 1))
+    clusters = max_ctas // (cluster_mn[0] * cluster_mn[1])
+    return sched, utils.StaticPersistentTileScheduler.get_grid_shape(sched, clusters)
 
 
 class MXGemmSm100:
@@ -65,7 +72,7 @@ class MXGemmSm100:
 
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
                  max_ctas: int = 148, epilogue: str = "plain", cast_elem: str = "e4m3", scale_mode: str = "rceil",
-                 emit_hp: bool = False):
+                 emit_hp: bool = False, cta_pair: bool = False, cluster_mn: tuple = (1, 1)):
         from .mx_math import ELEM_DTYPES, MXCastParams
 
         if a_elem not in ELEM_DTYPES or b_elem not in ELEM_DTYPES:
@@ -81,6 +88,11 @@ class MXGemmSm100:
             raise ValueError(f"epilogue must be one of {EPILOGUES}, got {epilogue!r}")
         self.epilogue, self.emit_hp = epilogue, emit_hp
         self.cast = MXCastParams(cast_elem, scale_mode, blocked=True)  # the fused epilogues' output cast
+        cluster_mn = tuple(cluster_mn)
+        if cluster_mn not in CLUSTERS[cta_pair]:
+            raise ValueError(f"cluster_mn must be one of {CLUSTERS[cta_pair]} with cta_pair={cta_pair}, "
+                             f"got {cluster_mn}")
+        self.cta_pair, self.cluster_mn = cta_pair, cluster_mn
         self.acc_stages = 2 if n_tile == 128 else 1  # 2 x 256 accumulator columns would leave none for scales
         self.epi_sync = pipeline.NamedBarrier(barrier_id=1, num_threads=32 * len(self.EPI_WARPS))
         self.tmem_sync = pipeline.NamedBarrier(barrier_id=2, num_threads=32 * (len(self.EPI_WARPS) + 1))
@@ -99,14 +111,25 @@ class MXGemmSm100:
     # ---- host side ---------------------------------------------------------------------------------------------
 
     def _configure(self):
-        """Tiled MMA, shared-memory layouts and stage counts (static: they depend only on the compile key)."""
-        self.tiled_mma = sm100.make_blockscaled_trivial_tiled_mma(
-            self.a_dtype, self.b_dtype, _K_MAJOR, _K_MAJOR, _SF_DTYPE, SF_VEC, tcgen05.CtaGroup.ONE,
-            (self.TILE_M, self.n_tile))
+        """Tiled MMAs, cluster layouts, shared-memory layouts and stage counts (static: they depend only on the
+        compile key)."""
+        group = tcgen05.CtaGroup.TWO if self.cta_pair else tcgen05.CtaGroup.ONE
+        mma_m = self.TILE_M * (2 if self.cta_pair else 1)
+        mma = functools.partial(sm100.make_blockscaled_trivial_tiled_mma, self.a_dtype, self.b_dtype, _K_MAJOR,
+                                _K_MAJOR, _SF_DTYPE, SF_VEC)
+        self.tiled_mma = mma(group, (mma_m, self.n_tile))
+        # SFB is loaded (and multicast) per CTA, whole N tile, rounded up to the 128-row scale atom
+        self.tiled_mma_sfb = mma(tcgen05.CtaGroup.ONE, (self.TILE_M, cute.round_up(self.n_tile, 128)))
         k_tile = cute.size(self.tiled_mma.shape_mnk, mode=[2]) * self.K_STAGE_BLOCKS
-        self.mma_tiler = (self.TILE_M, self.n_tile, k_tile)
-        self.epi_tile = sm100.compute_epilogue_tile_shape(self.mma_tiler, False, _ROW_MAJOR,
-                                                          self.d_dtype)
+        self.mma_tiler = (mma_m, self.n_tile, k_tile)
+        self.mma_tiler_sfb = (self.TILE_M, cute.round_up(self.n_tile, 128), k_tile)
+        self.cta_tile = (self.TILE_M, self.n_tile, k_tile)
+        cluster = cute.make_layout((*self.cluster_mn, 1))
+        self.cluster_vmnk = cute.tiled_divide(cluster, (self.tiled_mma.thr_id.shape,))
+        self.cluster_sfb_vmnk = cute.tiled_divide(cluster, (self.tiled_mma_sfb.thr_id.shape,))
+        self.mcast_a = cute.size(self.cluster_vmnk.shape[2])  # CTAs sharing an A tile (the cluster's N extent)
+        self.mcast_b = cute.size(self.cluster_vmnk.shape[1])  # MMA groups sharing a B tile (its M extent)
+        self.epi_tile = sm100.compute_epilogue_tile_shape(self.cta_tile, self.cta_pair, _ROW_MAJOR, self.d_dtype)
         one = self._smem_layouts(1)
         stage_bytes = (cute.size_in_bytes(self.a_dtype, one[0]) + cute.size_in_bytes(self.b_dtype, one[1])
                        + cute.size_in_bytes(_SF_DTYPE, one[2]) + cute.size_in_bytes(_SF_DTYPE, one[3]))
@@ -116,13 +139,15 @@ class MXGemmSm100:
         d_bytes = cute.size_in_bytes(self.d_dtype, sm100.make_smem_layout_epi(
             self.d_dtype, _ROW_MAJOR, self.epi_tile, 1)) * self.d_stages
         capacity = cutlass.memory.get_smem_capacity_in_bytes("sm_100")
-        self.ab_stages = (capacity - 1024 - d_bytes - self.tr_bytes) // stage_bytes  # 1 KB: barriers and the TMEM address
-        self.tma_bytes = stage_bytes  # what one stage's TMA loads deliver (1-CTA: no multicast share)
+        # 1 KB: barriers and the TMEM address
+        self.ab_stages = (capacity - 1024 - d_bytes - self.tr_bytes) // stage_bytes
+        # what one stage's TMA loads deliver to the barrier the MMA waits on (a 2-CTA MMA waits for both halves)
+        self.tma_bytes = stage_bytes * cute.size(self.tiled_mma.thr_id.shape)
         self.a_smem, self.b_smem, self.sfa_smem, self.sfb_smem = self._smem_layouts(self.ab_stages)
         self.d_smem = sm100.make_smem_layout_epi(self.d_dtype, _ROW_MAJOR, self.epi_tile,
                                                  self.d_stages)
         self.sfa_tmem_cols = (self.TILE_M // 32) * self.K_STAGE_BLOCKS
-        self.sfb_tmem_cols = (self.n_tile // 32) * self.K_STAGE_BLOCKS
+        self.sfb_tmem_cols = (self.mma_tiler_sfb[1] // 32) * self.K_STAGE_BLOCKS
         self.acc_tmem_cols = self.n_tile * self.acc_stages
 
     def _smem_layouts(self, stages: int):
@@ -168,28 +193,28 @@ class MXGemmSm100:
         sfa3 = cute.make_tensor(cute.recast_ptr(sfa.iterator, dtype=_SF_DTYPE), scale_layout(m, k))
         sfb3 = cute.make_tensor(cute.recast_ptr(sfb.iterator, dtype=_SF_DTYPE), scale_layout(n, k))
 
-        mma = self.tiled_mma
-        cluster = cute.tiled_divide(cute.make_layout((1, 1, 1)), (mma.thr_id.shape,))
-        load_a = sm100.cluster_shape_to_tma_atom_A((1, 1), mma.thr_id)
-        load_b = sm100.cluster_shape_to_tma_atom_B((1, 1), mma.thr_id)
+        mma, cl = self.tiled_mma, self.cluster_mn
+        load_a = sm100.cluster_shape_to_tma_atom_A(cl, mma.thr_id)
+        load_b = sm100.cluster_shape_to_tma_atom_B(cl, mma.thr_id)
+        load_sfb = sm100.cluster_shape_to_tma_atom_SFB(cl, mma.thr_id)
         stage = (None, None, None, 0)
+        vmnk = self.cluster_vmnk.shape
         tma_a, ga = cute.nvgpu.make_tiled_tma_atom_A(load_a, a3, cute.slice_(self.a_smem, stage), self.mma_tiler,
-                                                     mma, cluster.shape)
+                                                     mma, vmnk)
         tma_b, gb = cute.nvgpu.make_tiled_tma_atom_B(load_b, b3, cute.slice_(self.b_smem, stage), self.mma_tiler,
-                                                     mma, cluster.shape)
+                                                     mma, vmnk)
         tma_sfa, gsfa = cute.nvgpu.make_tiled_tma_atom_A(load_a, sfa3, cute.slice_(self.sfa_smem, stage),
-                                                         self.mma_tiler, mma, cluster.shape,
-                                                         internal_type=cutlass.Int16)
-        tma_sfb, gsfb = cute.nvgpu.make_tiled_tma_atom_B(load_b, sfb3, cute.slice_(self.sfb_smem, stage),
-                                                         self.mma_tiler, mma, cluster.shape,
-                                                         internal_type=cutlass.Int16)
+                                                         self.mma_tiler, mma, vmnk, internal_type=cutlass.Int16)
+        tma_sfb, gsfb = cute.nvgpu.make_tiled_tma_atom_B(load_sfb, sfb3, cute.slice_(self.sfb_smem, stage),
+                                                         self.mma_tiler_sfb, self.tiled_mma_sfb,
+                                                         self.cluster_sfb_vmnk.shape, internal_type=cutlass.Int16)
         tma_d, gd = None, None
         if cutlass.const_expr(d is not None):
             d3 = cute.make_tensor(d.iterator, cute.make_ordered_layout((m, n, 1), order=(1, 0, 2)))
             tma_d, gd = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), d3,
                                                     cute.slice_(self.d_smem, (None, None, 0)), self.epi_tile)
 
-        sched, grid = tile_schedule(m, n, self.n_tile, self.max_ctas)
+        sched, grid = tile_schedule(m, n, self.n_tile, self.max_ctas, cl)
 
         @cute.struct
         class Shared:
@@ -197,6 +222,7 @@ class MXGemmSm100:
             ab_empty: cute.struct.MemRange[cutlass.Int64, self.ab_stages]
             acc_full: cute.struct.MemRange[cutlass.Int64, self.acc_stages]
             acc_empty: cute.struct.MemRange[cutlass.Int64, self.acc_stages]
+            tmem_dealloc: cutlass.Int64  # a CTA pair frees its TMEM together
             tmem_addr: cutlass.Int32
             sd: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(self.d_smem.outer)], 1024]
             sa: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem.outer)], 1024]
@@ -206,18 +232,19 @@ class MXGemmSm100:
             tr: cute.struct.Align[cute.struct.MemRange[self.cast.elem_dtype, self.tr_bytes], 16]
 
         self.shared = Shared
-        self.kernel(mma, tma_a, ga, tma_b, gb, tma_sfa, gsfa, tma_sfb, gsfb, tma_d, gd, h13, fused, m, n, cluster,
-                    sched, self.a_smem, self.b_smem, self.sfa_smem, self.sfb_smem, self.d_smem,
-                    self.epi_tile).launch(grid=grid, block=[self.THREADS, 1, 1], cluster=(1, 1, 1),
-                                          smem=Shared.size_in_bytes(), stream=stream)
+        self.kernel(mma, self.tiled_mma_sfb, tma_a, ga, tma_b, gb, tma_sfa, gsfa, tma_sfb, gsfb, tma_d, gd, h13,
+                    fused, m, n, self.cluster_vmnk, self.cluster_sfb_vmnk, sched, self.a_smem, self.b_smem,
+                    self.sfa_smem, self.sfb_smem, self.d_smem, self.epi_tile).launch(
+            grid=grid, block=[self.THREADS, 1, 1], cluster=(*cl, 1), smem=Shared.size_in_bytes(), stream=stream)
 
     # ---- device side -------------------------------------------------------------------------------------------
 
     @cute.kernel
-    def kernel(self, mma: cute.TiledMma, tma_a: cute.CopyAtom, ga: cute.Tensor, tma_b: cute.CopyAtom,
-               gb: cute.Tensor, tma_sfa: cute.CopyAtom, gsfa: cute.Tensor, tma_sfb: cute.CopyAtom,
-               gsfb: cute.Tensor, tma_d, gd, h13, fused: tuple, rows: cutlass.Int32, cols: cutlass.Int32,
-               cluster: cute.Layout, sched: utils.PersistentTileSchedulerParams, a_smem: cute.ComposedLayout,
+    def kernel(self, mma: cute.TiledMma, mma_sfb: cute.TiledMma, tma_a: cute.CopyAtom, ga: cute.Tensor,
+               tma_b: cute.CopyAtom, gb: cute.Tensor, tma_sfa: cute.CopyAtom, gsfa: cute.Tensor,
+               tma_sfb: cute.CopyAtom, gsfb: cute.Tensor, tma_d, gd, h13, fused: tuple, rows: cutlass.Int32,
+               cols: cutlass.Int32, cluster: cute.Layout, cluster_sfb: cute.Layout,
+               sched: utils.PersistentTileSchedulerParams, a_smem: cute.ComposedLayout,
                b_smem: cute.ComposedLayout, sfa_smem: cute.Layout, sfb_smem: cute.Layout,
                d_smem: cute.ComposedLayout, epi_tile: cute.Tile):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -227,20 +254,30 @@ class MXGemmSm100:
                 cpasync.prefetch_descriptor(atom)
             if cutlass.const_expr(tma_d is not None):
                 cpasync.prefetch_descriptor(tma_d)
+        pair = cute.size(mma.thr_id.shape)  # CTAs per MMA: 1, or 2 for the 2-CTA (M = 256) MMA
+        bidx, _, _ = cute.arch.block_idx()
+        peer = bidx % pair  # this CTA's half of a 2-CTA MMA; the leader (0) issues the MMAs
+        leader = peer == 0
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        crd = cluster.get_flat_coord(rank)
+        crd_sfb = cluster_sfb.get_flat_coord(rank)
 
         st = cutlass.memory.SmemAllocator().allocate(self.shared)
         ab_pipe = pipeline.PipelineTmaUmma.create(
             barrier_storage=st.ab_full.data_ptr(), num_stages=self.ab_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.mcast_a + self.mcast_b - 1),
             tx_count=self.tma_bytes, cta_layout_vmnk=cluster, defer_sync=True)
         acc_pipe = pipeline.PipelineUmmaAsync.create(
             barrier_storage=st.acc_full.data_ptr(), num_stages=self.acc_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * len(self.EPI_WARPS)),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * len(self.EPI_WARPS) * pair),
             cta_layout_vmnk=cluster, defer_sync=True)
         tmem = cutlass.memory.TmemAllocator(st.tmem_addr.ptr, barrier_for_retrieve=self.tmem_sync,
-                                   allocator_warp_id=self.EPI_WARPS[0])
+                                            allocator_warp_id=self.EPI_WARPS[0], is_two_cta=self.cta_pair,
+                                            two_cta_tmem_dealloc_mbar_ptr=st.tmem_dealloc.ptr)
+        # one fence + cluster arrive for both pipelines' barrier initialisation; the wait comes before any role
+        pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster_mn, is_relaxed=True)
 
         sa = st.sa.get_tensor(a_smem.outer, swizzle=a_smem.inner)
         sb = st.sb.get_tensor(b_smem.outer, swizzle=b_smem.inner)
@@ -249,71 +286,92 @@ class MXGemmSm100:
         sd = st.sd.get_tensor(d_smem.outer, swizzle=d_smem.inner)
         tr = st.tr.get_tensor(cute.make_layout((32, 32, len(self.EPI_WARPS)), stride=(32, 1, 1024)))
 
+        # TMA multicast masks: the CTAs that share each tile (a 2-CTA MMA signals its peer's barrier too)
+        masks = (None, None, None, None)
+        if cutlass.const_expr(self.mcast_a > 1 or self.mcast_b > 1 or self.cta_pair):
+            masks = (cpasync.create_tma_multicast_mask(cluster, crd, mcast_mode=2),
+                     cpasync.create_tma_multicast_mask(cluster, crd, mcast_mode=1),
+                     cpasync.create_tma_multicast_mask(cluster, crd, mcast_mode=2),
+                     cpasync.create_tma_multicast_mask(cluster_sfb, crd_sfb, mcast_mode=1))
+
         # global tiles: (bM, bK, RestM, RestK, RestL) etc., partitioned for the MMA and for TMA
         tile_mk = cute.slice_(self.mma_tiler, (None, 0, None))
         tile_nk = cute.slice_(self.mma_tiler, (0, None, None))
-        thr = mma.get_slice(0)
+        thr = mma.get_slice(peer)
         tcga = thr.partition_A(cute.local_tile(ga, tile_mk, (None, None, None)))
         tcgb = thr.partition_B(cute.local_tile(gb, tile_nk, (None, None, None)))
         tcgsfa = thr.partition_A(cute.local_tile(gsfa, tile_mk, (None, None, None)))
-        tcgsfb = thr.partition_B(cute.local_tile(gsfb, tile_nk, (None, None, None)))
+        tcgsfb = mma_sfb.get_slice(peer).partition_B(
+            cute.local_tile(gsfb, cute.slice_(self.mma_tiler_sfb, (0, None, None)), (None, None, None)))
         tcgd = None
         if cutlass.const_expr(gd is not None):
             tcgd = thr.partition_C(cute.local_tile(gd, cute.slice_(self.mma_tiler, (None, None, 0)),
                                                    (None, None, None)))
         k_tiles = cute.size(tcga, mode=[4])
-        one = cute.make_layout(1)
-        tas, tag = cpasync.tma_partition(tma_a, 0, one, cute.group_modes(sa, 0, 3), cute.group_modes(tcga, 0, 3))
-        tbs, tbg = cpasync.tma_partition(tma_b, 0, one, cute.group_modes(sb, 0, 3), cute.group_modes(tcgb, 0, 3))
-        tsfas, tsfag = cpasync.tma_partition(tma_sfa, 0, one, cute.group_modes(ssfa, 0, 3),
+        a_ctas = cute.make_layout(cute.slice_(cluster, (0, 0, None, 0)).shape)
+        b_ctas = cute.make_layout(cute.slice_(cluster, (0, None, 0, 0)).shape)
+        sfb_ctas = cute.make_layout(cute.slice_(cluster_sfb, (0, None, 0, 0)).shape)
+        tas, tag = cpasync.tma_partition(tma_a, crd[2], a_ctas, cute.group_modes(sa, 0, 3),
+                                         cute.group_modes(tcga, 0, 3))
+        tbs, tbg = cpasync.tma_partition(tma_b, crd[1], b_ctas, cute.group_modes(sb, 0, 3),
+                                         cute.group_modes(tcgb, 0, 3))
+        tsfas, tsfag = cpasync.tma_partition(tma_sfa, crd[2], a_ctas, cute.group_modes(ssfa, 0, 3),
                                              cute.group_modes(tcgsfa, 0, 3))
-        tsfbs, tsfbg = cpasync.tma_partition(tma_sfb, 0, one, cute.group_modes(ssfb, 0, 3),
+        tsfbs, tsfbg = cpasync.tma_partition(tma_sfb, crd_sfb[1], sfb_ctas, cute.group_modes(ssfb, 0, 3),
                                              cute.group_modes(tcgsfb, 0, 3))
         tsfas, tsfag = cute.filter_zeros(tsfas), cute.filter_zeros(tsfag)
         tsfbs, tsfbg = cute.filter_zeros(tsfbs), cute.filter_zeros(tsfbg)
 
         acc_layout = mma.make_fragment_C(cute.append(mma.partition_shape_C(self.mma_tiler[:2]),
                                                      self.acc_stages)).layout
-        # one fence + CTA sync for both pipelines' barrier initialisation, before any role touches them
-        pipeline.pipeline_init_arrive(cluster_shape_mn=(1, 1))
-        pipeline.pipeline_init_wait(cluster_shape_mn=(1, 1))
+        pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
 
         if warp == self.TMA_WARP:
-            self._load_role(ab_pipe, sched, tma_a, tas, tag, tma_b, tbs, tbg, tma_sfa, tsfas, tsfag, tma_sfb,
-                            tsfbs, tsfbg, k_tiles)
+            self._load_role(ab_pipe, sched, k_tiles, pair, masks, (tma_a, tas, tag), (tma_b, tbs, tbg),
+                            (tma_sfa, tsfas, tsfag), (tma_sfb, tsfbs, tsfbg))
         if warp == self.MMA_WARP:
             self._mma_role(mma, ab_pipe, acc_pipe, tmem, sched, sa, sb, ssfa, ssfb, sfa_smem, sfb_smem, acc_layout,
-                           k_tiles)
+                           k_tiles, pair, leader)
         if warp < self.MMA_WARP:
             self._epilogue_role(acc_pipe, tmem, sched, tma_d, tcgd, sd, acc_layout, epi_tile, tidx, warp, h13,
-                                fused, tr[(None, None, warp)], rows, cols)
+                                fused, tr[(None, None, warp)], rows, cols, pair)
 
     @cute.jit
-    def _load_role(self, ab_pipe, sched, tma_a, tas, tag, tma_b, tbs, tbg, tma_sfa, tsfas, tsfag, tma_sfb, tsfbs,
-                   tsfbg, k_tiles):
-        """TMA warp: for each scheduled tile, stream its K tiles of A, B and both scales into the stages."""
+    def _load_role(self, ab_pipe, sched, k_tiles, pair, masks, a, b, sfa, sfb):
+        """TMA warp: for each scheduled tile, stream its K tiles of A, B and both scales into the stages
+        (multicast to the cluster CTAs sharing them).  Each stage's slot is probed one step ahead
+        (``producer_try_acquire``), so the wait itself rarely blocks."""
         tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
         work = tiles.initial_work_tile_info()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
         while work.is_valid_tile:
             mt, nt, lt = work.tile_idx
+            coords = ((mt // pair, lt), (nt, lt), (mt // pair, lt), (nt, lt))  # MMA-tile coordinates
+            state.reset_count()
+            ready = cutlass.Boolean(1)
+            if state.count < k_tiles:
+                ready = ab_pipe.producer_try_acquire(state)
             for kt in cutlass.range(0, k_tiles, 1, unroll=1):
-                ab_pipe.producer_acquire(state)
+                ab_pipe.producer_acquire(state, ready)
                 bar = ab_pipe.producer_get_barrier(state)
-                cute.copy(tma_a, tag[(None, mt, kt, lt)], tas[(None, state.index)], tma_bar_ptr=bar)
-                cute.copy(tma_b, tbg[(None, nt, kt, lt)], tbs[(None, state.index)], tma_bar_ptr=bar)
-                cute.copy(tma_sfa, tsfag[(None, mt, kt, lt)], tsfas[(None, state.index)], tma_bar_ptr=bar)
-                cute.copy(tma_sfb, tsfbg[(None, nt, kt, lt)], tsfbs[(None, state.index)], tma_bar_ptr=bar)
+                for (atom, smem, gmem), (rest, l), mask in zip((a, b, sfa, sfb), coords, masks):
+                    cute.copy(atom, gmem[(None, rest, kt, l)], smem[(None, state.index)], tma_bar_ptr=bar,
+                              mcast_mask=mask)
                 state.advance()
+                ready = cutlass.Boolean(1)
+                if state.count < k_tiles:
+                    ready = ab_pipe.producer_try_acquire(state)
             tiles.advance_to_next_work()
             work = tiles.get_current_work()
         ab_pipe.producer_tail(state)
 
     @cute.jit
     def _mma_role(self, mma, ab_pipe, acc_pipe, tmem, sched, sa, sb, ssfa, ssfb, sfa_smem, sfb_smem, acc_layout,
-                  k_tiles):
+                  k_tiles, pair, leader):
         """MMA warp: per K tile, copy the scales into TMEM (``tcgen05.cp``) and issue the block-scaled MMAs
-        into the tile's accumulator stage; hand the stage to the epilogue when the tile is done."""
+        into the tile's accumulator stage; hand the stage to the epilogue when the tile is done.  Of a CTA pair
+        only the leader issues (its MMAs read both CTAs' shared memory and write both TMEMs).  The next stage's
+        data is probed one step ahead (``consumer_try_wait``)."""
         tmem.wait_for_alloc()
         acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
         acc = cute.make_tensor(acc_ptr, acc_layout)
@@ -332,22 +390,32 @@ class MXGemmSm100:
         ab_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.acc_stages)
         while work.is_valid_tile:
-            acc_pipe.producer_acquire(acc_state)
+            ab_state.reset_count()
+            ready = cutlass.Boolean(1)
+            if ab_state.count < k_tiles and leader:
+                ready = ab_pipe.consumer_try_wait(ab_state)
+            if leader:
+                acc_pipe.producer_acquire(acc_state)
             tile_acc = acc[(None, None, None, acc_state.index)]
             mma.set(tcgen05.Field.ACCUMULATE, False)
             for kt in cutlass.range(0, k_tiles, 1, unroll=1):
-                ab_pipe.consumer_wait(ab_state)
-                cute.copy(cp_sfa, src_sfa[(None, None, None, None, ab_state.index)], dst_sfa)
-                cute.copy(cp_sfb, src_sfb[(None, None, None, None, ab_state.index)], dst_sfb)
-                for kb in cutlass.range(cute.size(fa, mode=[2]), unroll_full=True):
-                    mma.set(tcgen05.Field.SFA, tsfa[(None, None, kb)].iterator)
-                    mma.set(tcgen05.Field.SFB, tsfb[(None, None, kb)].iterator)
-                    cute.gemm(mma, tile_acc, fa[(None, None, kb, ab_state.index)],
-                              fb[(None, None, kb, ab_state.index)], tile_acc)
-                    mma.set(tcgen05.Field.ACCUMULATE, True)
-                ab_pipe.consumer_release(ab_state)
+                if leader:
+                    ab_pipe.consumer_wait(ab_state, ready)
+                    cute.copy(cp_sfa, src_sfa[(None, None, None, None, ab_state.index)], dst_sfa)
+                    cute.copy(cp_sfb, src_sfb[(None, None, None, None, ab_state.index)], dst_sfb)
+                    for kb in cutlass.range(cute.size(fa, mode=[2]), unroll_full=True):
+                        mma.set(tcgen05.Field.SFA, tsfa[(None, None, kb)].iterator)
+                        mma.set(tcgen05.Field.SFB, tsfb[(None, None, kb)].iterator)
+                        cute.gemm(mma, tile_acc, fa[(None, None, kb, ab_state.index)],
+                                  fb[(None, None, kb, ab_state.index)], tile_acc)
+                        mma.set(tcgen05.Field.ACCUMULATE, True)
+                    ab_pipe.consumer_release(ab_state)
                 ab_state.advance()
-            acc_pipe.producer_commit(acc_state)
+                ready = cutlass.Boolean(1)
+                if ab_state.count < k_tiles and leader:
+                    ready = ab_pipe.consumer_try_wait(ab_state)
+            if leader:
+                acc_pipe.producer_commit(acc_state)
             acc_state.advance()
             tiles.advance_to_next_work()
             work = tiles.get_current_work()
@@ -355,7 +423,8 @@ class MXGemmSm100:
 
     def _scale_copy(self, sf_smem: cute.Tensor, sf_tmem: cute.Tensor):
         """``tcgen05.cp`` (4 x 32 x 128-bit) of one stage's scale tile from shared memory into TMEM."""
-        atom = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(tcgen05.CtaGroup.ONE), _SF_DTYPE)
+        group = tcgen05.CtaGroup.TWO if self.cta_pair else tcgen05.CtaGroup.ONE
+        atom = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(group), _SF_DTYPE)
         dst = cute.filter_zeros(sf_tmem)
         tiled = tcgen05.make_s2t_copy(atom, dst)
         thr = tiled.get_slice(0)
@@ -364,7 +433,7 @@ class MXGemmSm100:
 
     @cute.jit
     def _epilogue_role(self, acc_pipe, tmem, sched, tma_d, tcgd, sd, acc_layout, epi_tile, tidx, warp, h13, fused,
-                       tr, rows, cols):
+                       tr, rows, cols, pair):
         """Epilogue warps: allocate TMEM, then per tile walk the 128 x 32 accumulator sub-tiles (``tcgen05.ld``:
         thread ``tidx`` gets row ``tidx`` of the tile, 32 columns, in fp32) and, by ``self.epilogue``:
 
@@ -381,12 +450,12 @@ class MXGemmSm100:
 
         # TMEM -> registers
         acc_epi = cute.flat_divide(acc[((None, None), 0, 0, None)], epi_tile)
-        t2r = tcgen05.make_tmem_copy(sm100.get_tmem_load_op(self.mma_tiler, _ROW_MAJOR,
-                                                            self.d_dtype, cutlass.Float32, epi_tile, False),
+        t2r = tcgen05.make_tmem_copy(sm100.get_tmem_load_op(self.cta_tile, _ROW_MAJOR, self.d_dtype,
+                                                            cutlass.Float32, epi_tile, self.cta_pair),
                                      acc_epi[(None, None, 0, 0, 0)])
         t2r_thr = t2r.get_slice(tidx)
         t_acc = t2r_thr.partition_S(acc_epi)
-        id_epi = cute.flat_divide(cute.make_identity_tensor(self.mma_tiler[:2]), epi_tile)
+        id_epi = cute.flat_divide(cute.make_identity_tensor(self.cta_tile[:2]), epi_tile)
         r_acc = cute.make_rmem_tensor(t2r_thr.partition_D(id_epi)[(None, None, None, 0, 0)].shape, cutlass.Float32)
         frag = cute.make_tensor(r_acc.iterator, cute.make_layout(cute.size(r_acc)))  # the row's 32 values
         r_up = cute.make_rmem_tensor(r_acc.shape, cutlass.Float32)
@@ -411,21 +480,22 @@ class MXGemmSm100:
         acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.acc_stages)
         stored = cutlass.Int32(0)
         while work.is_valid_tile:
-            mt, nt, lt = work.tile_idx
+            mt, nt, lt = work.tile_idx  # this CTA's 128-row tile (of a 2-CTA MMA tile: half mt % 2)
             row = mt * self.TILE_M + tidx
+            mma_tile = (mt // pair, nt, lt)
             acc_pipe.consumer_wait(acc_state)
             tile_acc = cute.group_modes(t_acc[(None, None, None, None, None, acc_state.index)], 3, 5)
             if cutlass.const_expr(self.epilogue == "plain"):
                 for sub in cutlass.range(cute.size(tile_acc, mode=[3])):
                     cute.copy(t2r, tile_acc[(None, None, None, sub)], r_acc)
-                    stored = self._store_d(store, r_acc, (mt, nt, lt), sub, stored, warp)
+                    stored = self._store_d(store, r_acc, mma_tile, sub, stored, warp)
             if cutlass.const_expr(self.epilogue == "swiglu"):
                 for hb in cutlass.range(self.n_tile // 64, unroll=1):  # 32 h columns: gate and up sub-tiles
                     sub = 4 * (hb // 2) + hb % 2
                     cute.copy(t2r, tile_acc[(None, None, None, sub)], r_acc)
                     cute.copy(t2r, tile_acc[(None, None, None, sub + 2)], r_up)
-                    stored = self._store_d(store, r_acc, (mt, nt, lt), sub, stored, warp)
-                    stored = self._store_d(store, r_up, (mt, nt, lt), sub + 2, stored, warp)
+                    stored = self._store_d(store, r_acc, mma_tile, sub, stored, warp)
+                    stored = self._store_d(store, r_up, mma_tile, sub + 2, stored, warp)
                     up = cute.make_tensor(r_up.iterator, frag.layout)
                     swiglu_block(frag.load(), up.load(), fused, tr, row, nt * (self.n_tile // 2) + hb * 32, lane,
                                  rows, cols // 2, self.cast, self.emit_hp)

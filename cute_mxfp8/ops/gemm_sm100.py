@@ -19,7 +19,9 @@ from ..jit import compile_gemm_sm100
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _MAX_ELEMENTS = 2**31 - 1  # the kernel's coordinates and scale offsets are 32-bit
-N_TILE = 128  # two TMEM accumulator stages: each tile's epilogue overlaps the next tile's mainloop
+# The configuration the ops run: a 2-CTA MMA (256 x 128 tiles over a CTA pair, each CTA loading half of B) with two
+# TMEM accumulator stages, so each tile's epilogue overlaps the next tile's mainloop.  Unmeasured: no SM100 yet.
+N_TILE, CTA_PAIR, CLUSTER_MN = 128, True, (2, 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -37,7 +39,8 @@ def _u8(t: torch.Tensor) -> torch.Tensor:
 
 def _kernel(a, b, out_dtype, epilogue="plain", elem_dtype=torch.float8_e4m3fn, scale_mode="rceil", emit_hp=False):
     return compile_gemm_sm100(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], N_TILE, "sm_100a", False,
-                              _num_sms(_device(a)), epilogue, _ELEM[elem_dtype], scale_mode, emit_hp)
+                              _num_sms(_device(a)), epilogue, _ELEM[elem_dtype], scale_mode, emit_hp, CTA_PAIR,
+                              CLUSTER_MN)
 
 
 def _dual_outputs(like: torch.Tensor, m: int, n: int, elem_dtype, emit_hp: bool, hp_dtype):
