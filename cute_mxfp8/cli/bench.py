@@ -1,13 +1,15 @@
 """``python -m cute_mxfp8 bench [GROUP ...]``: per-op timing on every backend this machine can run.
 
 Groups: ``quantize`` (rowwise / colwise / dual casts), ``swiglu`` (fused SwiGLU + dual quant, fwd and bwd),
-``gemm`` (dense, 2d-3d and 2d-2d grouped).  Reports the median time, GB/s for the bytes the op must move (read +
-written) and TFLOP/s for GEMMs.  On CPU only the ``reference`` backend runs, at small shapes; GPU shapes are the
+``gemm`` (dense at 8192³ and 16384x7168x2048, the MLP's GEMM1 / w2-dgrad with their fused SwiGLU epilogues at
+M=16384 D=4096 I=14336, 2d-3d and 2d-2d grouped).  Reports the median time, GB/s for the bytes the op must move
+(read + written), TFLOP/s for GEMMs and, on SM100, % of the 4.5 PFLOP/s dense MXFP8 peak.  On CPU only the ``reference`` backend runs, at small shapes; GPU shapes are the
 ones the kernel issues name.  Timing: CUDA -> ``triton.testing.do_bench`` (median) when triton is installed,
 else CUDA events; CPU -> wall clock median.  Numbers from the reference backend measure torch emulation, not kernels.
 
-On a GPU, baseline rows do the same work another way: torchao's ``to_mx`` under torch.compile (quantize), and the
-unfused path the fused SwiGLU kernels replace (compiled SwiGLU / its gradient written in bf16, then a rowwise and a
+On a GPU, baseline rows do the same work another way: torchao's ``to_mx`` under torch.compile (quantize), cuBLAS's
+MXFP8 GEMM (``torch._scaled_mm``, SM100 only) for dense ``mm``, the GEMM to fp32 followed by the standalone fused
+cast for the fused-epilogue GEMMs, and the unfused path the fused SwiGLU kernels replace (compiled SwiGLU / its gradient written in bf16, then a rowwise and a
 colwise cast).  Their GB/s counts the fused op's bytes; the "vs baseline" column of a kernel row is the case's
 first baseline time over the kernel's time (the speed-up).  Baselines compile with ``dynamic=False``: one static
 graph per shape, as a training run with fixed shapes gets (the default would turn the second shape into a
@@ -144,13 +146,58 @@ def _unfused(math, *inputs):
     return _q.quantize_rowwise(hp), _q.quantize_colwise(hp)
 
 
-def _gemm_cases(large: bool) -> list[Case]:
-    m, n, k, g = (8192, 8192, 8192, 8) if large else (512, 512, 512, 4)
+# Dense MXFP8 tensor-core peak by compute capability major (TFLOP/s): B200 (design.md, issue 5).  Where a GPU has
+# none listed (the H200 has no MXFP8 MMA), the "% peak" column stays empty.
+MXFP8_PEAK_TFLOPS = {10: 4500.0}
 
-    def dense(dev):
-        a, a_s = _q.quantize_rowwise(torch.randn(m, k, device=dev))
-        b, b_s = _q.quantize_rowwise(torch.randn(n, k, device=dev))
-        return (lambda be: _q.mm(a, a_s, b, b_s, backend=be)), (m * k + n * k) * _FP8_OUT + 2 * m * n, 2 * m * n * k
+
+def _cublas_mx(a, a_s, b, b_s, out_dtype=torch.bfloat16):
+    """cuBLAS's MXFP8 GEMM (``torch._scaled_mm`` with blocked E8M0 scales; SM100 only)."""
+    return lambda: torch._scaled_mm(a, b.t(), scale_a=a_s, scale_b=b_s, out_dtype=out_dtype)
+
+
+def _gemm_cases(large: bool) -> list[Case]:
+    dense_shapes = [(8192, 8192, 8192), (16384, 7168, 2048)] if large else [(512, 512, 512)]
+    m_mlp, d_mlp, i_mlp = (16384, 4096, 14336) if large else (256, 256, 512)  # tokens, model dim, hidden
+    m, n, k, g = (8192, 8192, 8192, 8) if large else (512, 512, 512, 4)
+    cases = []
+
+    for dm, dn, dk in dense_shapes:
+        def dense(dev, m=dm, n=dn, k=dk):
+            a, a_s = _q.quantize_rowwise(torch.randn(m, k, device=dev))
+            b, b_s = _q.quantize_rowwise(torch.randn(n, k, device=dev))
+            fn = lambda be: _q.mm(a, a_s, b, b_s, backend=be)  # noqa: E731
+            if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] == 10:
+                fn.baselines = {"cuBLAS _scaled_mm": _cublas_mx(a, a_s, b, b_s)}
+            return fn, (m * k + n * k) * _FP8_OUT + 2 * m * n, 2 * m * n * k
+        cases.append(Case("gemm", "mm", f"{dm}x{dn}x{dk}", dense))
+
+    def mlp_gemm1(dev, m=m_mlp, d=d_mlp, i=i_mlp):
+        """GEMM1 + SwiGLU + dual cast of h; baseline: the GEMM to fp32, then the standalone fused cast."""
+        from cute_mxfp8.swiglu import GATE_UP_TILE
+
+        x, x_s = _q.quantize_rowwise(torch.randn(m, d, device=dev))
+        w13, w13_s, _, _ = _q.quantize_gate_up(torch.randn(i, d, device=dev), torch.randn(i, d, device=dev),
+                                               gate_up_tile=GATE_UP_TILE)
+        fn = lambda be: _q.mm_swiglu_quant(x, x_s, w13, w13_s, backend=be)  # noqa: E731
+        # (the baseline reads the interleaved accumulator as if concatenated: the same work, for timing only)
+        fn.baselines = {"unfused (mm fp32 + swiglu_quant)": lambda: _q.swiglu_quant(
+            _q.mm(x, x_s, w13, w13_s, out_dtype=torch.float32))}
+        return fn, (m * d + 2 * i * d) * _FP8_OUT + m * 2 * i * 2 + 2 * m * i * _FP8_OUT, 2 * m * 2 * i * d
+
+    def mlp_gemm3(dev, m=m_mlp, d=d_mlp, i=i_mlp):
+        """w2 dgrad + dSwiGLU + dual cast of dh13; baseline: the GEMM to fp32, then the standalone fused cast."""
+        dy, dy_s = _q.quantize_rowwise(torch.randn(m, d, device=dev))
+        w2c, w2c_s = _q.quantize_rowwise(torch.randn(i, d, device=dev))
+        h13 = torch.randn(m, 2 * i, device=dev, dtype=torch.bfloat16)
+        fn = lambda be: _q.mm_dswiglu_quant(dy, dy_s, w2c, w2c_s, h13, backend=be)  # noqa: E731
+        fn.baselines = {"unfused (mm fp32 + dswiglu_quant)": lambda: _q.dswiglu_quant(
+            _q.mm(dy, dy_s, w2c, w2c_s, out_dtype=torch.float32), h13.float())}
+        nbytes = (m * d + i * d) * _FP8_OUT + m * 2 * i * 2 + 2 * m * 2 * i * _FP8_OUT
+        return fn, nbytes, 2 * m * i * d
+
+    cases += [Case("gemm", "mm_swiglu_quant", f"M={m_mlp} D={d_mlp} I={i_mlp}", mlp_gemm1),
+              Case("gemm", "mm_dswiglu_quant", f"M={m_mlp} D={d_mlp} I={i_mlp}", mlp_gemm3)]
 
     def offsets(dev):
         return torch.linspace(m / g, m, g, device=dev).round().to(torch.int32)
@@ -169,8 +216,8 @@ def _gemm_cases(large: bool) -> list[Case]:
         fn = lambda be: _q.grouped_mm_wgrad(a, a_s, b, b_s, offs, backend=be)  # noqa: E731
         return fn, (m * k + m * n) * _FP8_OUT + 4 * g * n * k, 2 * m * n * k
 
-    return [Case("gemm", "mm", f"{m}x{n}x{k}", dense), Case("gemm", "grouped_mm", f"{m}x{n}x{k} G={g}", grouped),
-            Case("gemm", "grouped_mm_wgrad", f"{m}x{n}x{k} G={g}", wgrad)]
+    return cases + [Case("gemm", "grouped_mm", f"{m}x{n}x{k} G={g}", grouped),
+                    Case("gemm", "grouped_mm_wgrad", f"{m}x{n}x{k} G={g}", wgrad)]
 
 
 def _time_ms(fn: Callable[[], object], device: torch.device, budget_s: float) -> float:
@@ -271,7 +318,8 @@ def main(args) -> int:
         for name, baseline in getattr(fn, "baselines", {}).items():  # the same inputs through another path
             ms = _time_ms(baseline, device, budget_s=1.0)
             base_ms = ms if base_ms is None else base_ms
-            rows.append(Row(case.group, case.op, name, case.shape, ms, nbytes / ms / 1e6, None))
+            rows.append(Row(case.group, case.op, name, case.shape, ms, nbytes / ms / 1e6,
+                            None if flops is None else flops / ms / 1e9))
         for backend in ops.registered_backends():
             b = _BACKENDS[backend]
             if case.op not in b.ops or b.unavailable_reason(device) is not None:
@@ -284,10 +332,16 @@ def main(args) -> int:
     for name, us in overhead.items():
         print(f"host time per call, {name}: {us:.1f} us")
     pct = (lambda r: "" if copy_gbps is None else f"{100 * r.gbps / copy_gbps:.0f}")
+    peak = MXFP8_PEAK_TFLOPS.get(torch.cuda.get_device_capability(device)[0]) if device.type == "cuda" else None
+    pct_peak = (lambda r: "" if peak is None or r.tflops is None else f"{100 * r.tflops / peak:.0f}")
     print(tabulate([[r.op, r.backend, r.shape, f"{r.ms:.3f}", f"{r.gbps:.3g}", pct(r),
-                     "" if r.tflops is None else f"{r.tflops:.3g}",
+                     "" if r.tflops is None else f"{r.tflops:.3g}", pct_peak(r),
                      "" if r.speedup is None else f"{r.speedup:.2f}x"] for r in rows],
-                   headers=["op", "backend", "shape", "ms", "GB/s", "% copy", "TFLOP/s", "vs baseline"]))
+                   headers=["op", "backend", "shape", "ms", "GB/s", "% copy", "TFLOP/s", "% MXFP8 peak",
+                            "vs baseline"]))
+    if "gemm" in groups and peak is None and device.type == "cuda":
+        print("note: this GPU has no MXFP8 tensor cores: the GEMM rows time the reference emulation; the tcgen05 "
+              "kernels run on SM100 only (`python -m cute_mxfp8 inspect --arch sm_100a` reports their builds).")
     if device.type == "cpu":
         print("note: on CPU these time the torch reference (emulation), not kernels.")
     if getattr(args, "json", None):

@@ -124,10 +124,12 @@ class TileQuantKernel(MXCastParams):
         are what hides memory latency: 6 CTAs forward (80 registers) and 4 backward (128) fit without spills; the
         forward keeps 5 with the high-precision store or token groups, the backward 3 with token groups (checked
         for every variant by ``inspect``).  With :class:`SwiGLUQuantKernel`'s defaults the one-tile paths are the
-        token-group ones and the backward with ``emit_hp``.  The staged loop is left to ptxas (160-220
-        registers)."""
-        if self.prologue == "cast" or self.row_tiles > 1:
+        token-group ones and the backward with ``emit_hp``.  The staged loop is told one CTA per SM is enough
+        (160-220 registers; without the bound, ptxas for sm_100a stopped the bf16 forward at 128 and spilled)."""
+        if self.prologue == "cast":
             return {}
+        if self.row_tiles > 1:
+            return {"min_blocks_per_mp": 1, "max_number_threads": [32 * WARPS, 1, 1], "preferred_smem_carveout": 0}
         if self.prologue == "swiglu":
             n = 5 if self.emit_hp or self.grouped else 6
         else:
