@@ -42,8 +42,10 @@ def test_bench_cpu(tmp_path, capsys):
     path = tmp_path / "bench.json"
     assert main(["bench", "gemm", "--json", str(path)]) == 0
     rows = json.loads(path.read_text())["rows"]
-    assert {r["op"] for r in rows} == {"mm", "grouped_mm", "grouped_mm_wgrad"}
-    assert all(r["backend"] == "reference" and r["ms"] > 0 and r["tflops"] > 0 for r in rows)
+    assert {r["op"] for r in rows} == {"mm", "mm_swiglu_quant", "mm_dswiglu_quant", "grouped_mm", "grouped_mm_wgrad"}
+    kernels = [r for r in rows if not r["backend"].startswith("unfused")]  # the fused ops' baselines: GEMM + cast
+    assert len(kernels) == 5 and len(rows) == 7
+    assert all(r["backend"] == "reference" and r["ms"] > 0 and r["tflops"] > 0 for r in kernels)
     assert "sm100: not run (needs an SM100" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["bench", "nope"])

@@ -100,6 +100,9 @@ def test_can_implement_names_the_constraint():
     assert "multiple of 32" in MXGemmSm100.can_implement(128, 128, 48)
     assert "16-byte" in MXGemmSm100.can_implement(128, 100, 64)
     assert "positive" in MXGemmSm100.can_implement(0, 128, 64)
+    assert MXGemmSm100.can_implement(300, 384, 96, epilogue="swiglu") is None  # I = 192
+    assert "multiple of 128" in MXGemmSm100.can_implement(300, 320, 96, epilogue="swiglu")  # I = 160
+    assert "multiple of 64" in MXGemmSm100.can_implement(300, 96, 96, epilogue="dswiglu")
     with pytest.raises(ValueError, match="n_tile"):
         MXGemmSm100("e4m3", "e4m3", n_tile=64)
     with pytest.raises(ValueError, match="cluster_mn"):

@@ -211,9 +211,13 @@ def test_sm100_gemm_limits_name_the_fix(rng):
     assert G.LIMITS["mm"](a, a_s, b, b_s, torch.bfloat16) is None
     assert "16-byte" in G.LIMITS["mm"](a, a_s, *ops.quantize_rowwise(torch.randn(100, 96)), torch.bfloat16)
     assert "contiguous" in G.LIMITS["mm"](a, a_s, torch.cat([b, b], 1)[:, ::2], b_s, torch.bfloat16)
-    h13 = torch.zeros(64, 2 * 136, dtype=torch.bfloat16)
-    assert "contiguous" in G.LIMITS["mm_dswiglu_quant"](a, a_s, b, b_s, h13.t().contiguous().t(), "rceil",
-                                                        torch.float8_e4m3fn, False)
+    b, b_s = ops.quantize_rowwise(torch.randn(128, 96, generator=rng))  # I = 128
+    h13 = torch.zeros(64, 2 * 128, dtype=torch.bfloat16)
+    args = ("rceil", torch.float8_e4m3fn, False)
+    assert G.LIMITS["mm_dswiglu_quant"](a, a_s, b, b_s, h13, *args) is None
+    assert "contiguous" in G.LIMITS["mm_dswiglu_quant"](a, a_s, b, b_s, h13.t().contiguous().t(), *args)
+    b96, b96_s = ops.quantize_rowwise(torch.randn(96, 96, generator=rng))
+    assert "multiple of 64" in G.LIMITS["mm_dswiglu_quant"](a, a_s, b96, b96_s, h13[:, :192].contiguous(), *args)
 
 
 def _sqnr(ref, x):

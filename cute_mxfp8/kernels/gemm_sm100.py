@@ -1,8 +1,6 @@
-"""SM100 (Blackwell) MXFP8 GEMM on tcgen05 block-scaled MMA: ``D = A · Bᵀ`` with per-32 E8M0 scales along K.
-
-First cut of issue 5: the plain epilogue (bf16 or fp32 D) on one CTA per MMA tile.  The fused SwiGLU / dSwiGLU
-epilogues, 2-CTA (M = 256) MMA and cluster multicast are still to come (``docs/sm100_gemm.md``).  Compiled and
-SASS-checked on CPU machines; no SM100 GPU has run it yet.
+"""SM100 (Blackwell) MXFP8 GEMM on tcgen05 block-scaled MMA: ``D = A · Bᵀ`` with per-32 E8M0 scales along K, and
+the SwiGLU MLP's fused epilogues (``docs/sm100_gemm.md``).  Compiled and SASS-checked on CPU machines, its
+architecture-independent parts run on the H200 (:mod:`.gemm_checks`); no SM100 GPU has run it yet.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ import cutlass.utils.blockscaled_layout as bsl
 from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from .blockscaled import SF_VEC, scale_layout
-from .gemm_epilogue import TRANSPOSE_BYTES, dswiglu_block, swiglu_block
+from .gemm_epilogue import GATE_UP_TILE, TRANSPOSE_BYTES, dswiglu_block, swiglu_block
 
 _K_MAJOR = cute.nvgpu.OperandMajorMode.K
 _SF_DTYPE = cutlass.Float8E8M0FNU
@@ -43,24 +41,41 @@ def tile_schedule(m, n, n_tile: int, max_ctas: int, cluster_mn: tuple = (1, 1)):
 
 
 class MXGemmSm100:
-    """Persistent, warp-specialized MXFP8 GEMM for SM100: ``D (M, N) = A (M, K) · B (N, K)ᵀ``, fp32 accumulation
-    in tensor memory, output in bf16 or fp32.
+    """Persistent, warp-specialized MXFP8 GEMM for SM100: ``acc (M, N) = A (M, K) · B (N, K)ᵀ`` in fp32 in tensor
+    memory (TMEM), then one of three epilogues.
 
-    Operands (every product of the SwiGLU MLP is of this form, ``docs/sm100_gemm.md``): A and B are K-major fp8
-    (e4m3 or e5m2, each its own), their scales the blocked E8M0 buffers of ``quantize_rowwise(..., blocked=True)``
-    (:func:`.blockscaled.scale_layout`); D is row-major.
+    Operands: A and B K-major fp8, e4m3 or e5m2 each (every product of the SwiGLU MLP is of this form: colwise
+    casts store their data transposed, ``docs/sm100_gemm.md``); their scales the blocked E8M0 buffers of
+    ``quantize_rowwise(..., blocked=True)`` (:func:`.blockscaled.scale_layout`; the cuBLAS block-scaling layout,
+    OCP MX v1.0 block of 32).  Dtype matrix: A x B in {e4m3, e5m2}², D / h13 in {bf16, fp32}, fused casts to
+    {e4m3, e5m2} x {floor, rceil}.
 
-    Warp roles (192 threads): warps 0-3 epilogue (TMEM -> registers -> shared memory -> TMA store), warp 4 MMA
-    (``tcgen05.cp`` of the tile's scales into TMEM, then ``tcgen05.mma`` block-scaled, ``kind::mxf8f6f4``), warp 5
-    TMA loads of A, B and both scale tiles.  Pipelines: ``PipelineTmaUmma`` over ``ab_stages`` shared-memory
-    stages (TMA -> MMA), ``PipelineUmmaAsync`` over ``acc_stages`` TMEM accumulators (MMA -> epilogue; 2 for
-    N = 128, so a tile's epilogue overlaps the next tile's mainloop), ``PipelineTmaStore`` for D.  Tiles are
-    walked by ``StaticPersistentTileScheduler`` over at most ``max_ctas`` CTAs.
+    Epilogues (``epilogue``, compile time): ``"plain"`` D (M, N) row-major by TMA store; ``"swiglu"`` (GEMM1, B = W13
+    interleaved in runs of 64 gate / 64 up rows) TMA-stores h13 and writes h's rowwise + colwise MXFP8 (h itself
+    only with ``emit_hp``); ``"dswiglu"`` (GEMM3, acc = dh) reads the saved h13 and writes dh13's rowwise + colwise
+    MXFP8 (:mod:`.gemm_epilogue`, the math of :mod:`.mx_math`).
 
-    Compile-time parameters: ``n_tile`` (128 or 256), the A/B element types, ``out_dtype`` and ``max_ctas``.
-    Constraints (:meth:`can_implement`): K % 32 == 0 and 16-byte aligned rows (K % 16 for fp8; N % 8 for bf16
-    D, N % 4 for fp32 D); M, N, K of any size otherwise (TMA zero-fills partial tiles, and the blocked scale
-    buffers are zero-padded to whole 128 x 4 tiles).
+    Warp roles (192 threads): warps 0-3 epilogue (``tcgen05.ld`` of 128 x 32 sub-tiles, thread = row); warp 4 MMA
+    (``tcgen05.cp`` of the stage's scales into TMEM, then 4 ``tcgen05.mma ... kind::mxf8f6f4.block_scale`` per
+    128-deep K stage; of a CTA pair only the leader issues); warp 5 TMA loads of A, B, SFA, SFB (multicast within
+    the cluster).  Pipelines: ``PipelineTmaUmma`` over ``ab_stages`` shared-memory stages (6 at N-tile 128, 4 at
+    256), producer and consumer probing one stage ahead; ``PipelineUmmaAsync`` over ``acc_stages`` TMEM
+    accumulators (2 at N-tile 128: a tile's epilogue overlaps the next tile's mainloop; 1 at 256);
+    ``PipelineTmaStore`` for D.  Tiles: ``StaticPersistentTileScheduler`` over at most ``max_ctas`` CTAs.
+
+    Compile-time parameters: the A/B element types, ``out_dtype``, ``n_tile`` (128 or 256), ``max_ctas``,
+    ``epilogue`` with ``cast_elem`` / ``scale_mode`` / ``emit_hp``, ``cta_pair`` (2-CTA MMA, M = 256) and
+    ``cluster_mn`` (:data:`CLUSTERS`).  Constraints: :meth:`can_implement`; M, N, K of any size otherwise (TMA
+    zero-fills partial tiles and clips stores, the blocked scales are zero-padded to whole 128 x 4 tiles, the
+    fused epilogues predicate rows past M).
+
+    Performance model (B200, 4.5 PFLOP/s dense MXFP8 = 30.4 TFLOP/s per SM; unmeasured, no SM100 here), for the
+    ops' configuration (2-CTA, N-tile 128, cluster (2, 2)) at 8192³: a 256 x 128 pair tile does 8.4 MFLOP per
+    128-deep K step (138 ns at peak) from 48 KB of operands (A 32 KB + B 16 KB; the cluster shares A between two
+    pairs: 262 FLOP/B, 17 TB/s of L2 traffic at peak); 64 K steps = 8.8 µs of MMA per tile against a ~1 µs
+    epilogue hidden by the second accumulator; 2048 tiles over 74 pairs = 27.7 waves.  Expected 75-85 % of peak if
+    L2 keeps up.  The SwiGLU epilogue (~0.75 µs per tile) and the dSwiGLU one (~2.9 µs) stay under GEMM1's / GEMM3's
+    4.4 µs of MMA per tile at D = 4096.
     """
 
     EPI_WARPS = (0, 1, 2, 3)
@@ -98,14 +113,21 @@ class MXGemmSm100:
         self.tmem_sync = pipeline.NamedBarrier(barrier_id=2, num_threads=32 * (len(self.EPI_WARPS) + 1))
 
     @staticmethod
-    def can_implement(m: int, n: int, k: int, out_dtype: str = "bfloat16") -> str | None:
-        """None if the kernel takes this problem, else the reason (the ops layer falls back or raises)."""
+    def can_implement(m: int, n: int, k: int, out_dtype: str = "bfloat16", epilogue: str = "plain") -> str | None:
+        """None if the kernel takes this problem, else the reason (the ops layer refuses the call with it):
+        M, N, K > 0; K % 32 == 0 (the MX block; also 16-byte aligned fp8 rows for TMA); N % 8 (bf16) or N % 4
+        (fp32) for 16-byte aligned rows of D / h13; ``"swiglu"``: N = 2I with I % 64 == 0 (the interleaved
+        gate/up runs); ``"dswiglu"``: N = I % 64 == 0.  Pointers must be 16-byte aligned (the ops layer checks)."""
         if min(m, n, k) <= 0:
             return "M, N and K must be positive"
         if k % SF_VEC:
             return f"K = {k} must be a multiple of {SF_VEC} (the MX block)"
         if n % (16 // (2 if out_dtype == "bfloat16" else 4)):
             return f"N = {n} must give 16-byte aligned rows of D ({out_dtype})"
+        run = 2 * GATE_UP_TILE if epilogue == "swiglu" else GATE_UP_TILE
+        if epilogue != "plain" and n % run:
+            return (f"N = {n} must be a multiple of {run} for the {epilogue} epilogue (I % {GATE_UP_TILE} == 0: the "
+                    f"interleaved gate/up runs); pad w1 and w3 each")
         return None
 
     # ---- host side ---------------------------------------------------------------------------------------------

@@ -20,8 +20,9 @@ _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _MAX_ELEMENTS = 2**31 - 1  # the kernel's coordinates and scale offsets are 32-bit
 # The configuration the ops run: a 2-CTA MMA (256 x 128 tiles over a CTA pair, each CTA loading half of B) with two
-# TMEM accumulator stages, so each tile's epilogue overlaps the next tile's mainloop.  Unmeasured: no SM100 yet.
-N_TILE, CTA_PAIR, CLUSTER_MN = 128, True, (2, 1)
+# TMEM accumulator stages, so each tile's epilogue overlaps the next tile's mainloop; the (2, 2) cluster multicasts
+# A to two pairs, cutting L2 traffic to the ratio of a 256 x 256 tile (docs/sm100_gemm.md).  Unmeasured: no SM100.
+N_TILE, CTA_PAIR, CLUSTER_MN = 128, True, (2, 2)
 
 
 @functools.lru_cache(maxsize=None)
@@ -103,22 +104,23 @@ def _operand_limits(a, a_scales, b, b_scales) -> str | None:
     return None
 
 
-def _mm_limits(a, a_scales, b, b_scales, out_dtype):
+def _mm_limits(a, a_scales, b, b_scales, out_dtype, epilogue="plain"):
     from ..kernels.gemm_sm100 import MXGemmSm100
 
     return (_operand_limits(a, a_scales, b, b_scales)
-            or MXGemmSm100.can_implement(max(a.shape[0], 1), max(b.shape[0], 1), a.shape[1], _OUT[out_dtype]))
+            or MXGemmSm100.can_implement(max(a.shape[0], 1), max(b.shape[0], 1), a.shape[1], _OUT[out_dtype],
+                                         epilogue))
 
 
 def _mm_swiglu_limits(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
-    why = _mm_limits(a, a_scales, b13, b13_scales, out_dtype)
+    why = _mm_limits(a, a_scales, b13, b13_scales, out_dtype, "swiglu")
     if why is None and a.shape[0] * b13.shape[0] > _MAX_ELEMENTS:
         return f"h13 would have {a.shape[0] * b13.shape[0]} elements; the kernel indexes with int32: split M"
     return why
 
 
 def _mm_dswiglu_limits(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp):
-    why = _mm_limits(a, a_scales, b, b_scales, h13.dtype)
+    why = _mm_limits(a, a_scales, b, b_scales, h13.dtype, "dswiglu")
     if why is None and (not h13.is_contiguous() or h13.data_ptr() % 16):
         return "h13 must be contiguous with a 16-byte aligned data pointer (call .contiguous())"
     if why is None and h13.numel() > _MAX_ELEMENTS:
