@@ -143,6 +143,22 @@ def _cols_special(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("shape", [(192, 96), (2, 128, 256), (1, 64, 32)])
+@pytest.mark.parametrize("tile", [0, 64])
+def test_gate_up_kernel_path_bit_exact(shape, tile, rng):
+    """quantize_gate_up on the kernel backend (two dual casts, packed) equals the reference, both layouts."""
+    w1, w3 = ((torch.randn(*shape, generator=rng) * torch.logspace(-8, 8, shape[-1])).to(torch.bfloat16)
+              for _ in range(2))
+    for blocked in (False, True):
+        kw = dict(scale_mode="rceil", blocked=blocked, gate_up_tile=tile)
+        got = ops.quantize_gate_up(w1.cuda(), w3.cuda(), backend="sm90", **kw)
+        ref = ops.quantize_gate_up(w1, w3, backend="reference", **kw)
+        for g, r in zip(got, ref):
+            assert g.shape == r.shape and torch.equal(g.view(torch.uint8).cpu(), r.view(torch.uint8))
+
+
+@pytest.mark.gpu
+@gpu
 @pytest.mark.parametrize("shape", [(2, 64, 96), (3, 160, 128), (8, 256, 2048), (1, 32, 32)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("mode", ["floor", "rceil"])

@@ -2,7 +2,8 @@
 :mod:`cute_mxfp8.jit`).
 
 Both backends run the same arch-generic kernels, compiled for ``sm_90a`` or ``sm_100a``.  Implemented:
-``quantize_rowwise``, ``quantize_colwise`` and ``quantize_dual`` (one read of the input) for contiguous 2-D
+``quantize_rowwise``, ``quantize_colwise`` and ``quantize_dual`` (one read of the input; ``quantize_gate_up`` is
+two dual casts packed by :mod:`.gate_up`) for contiguous 2-D
 activations and 3-D (E, N, K) expert weights with K % 32 == 0, plain or blocked scales, and token groups
 (``offs``) on 2-D inputs: grouped-M blocked rowwise scales, grouped-K colwise blocks (2d-2d wgrad operands);
 ``swiglu_quant`` / ``dswiglu_quant`` (fused SwiGLU or its derivative + dual quantization, dense or grouped).
@@ -23,6 +24,7 @@ from .. import formats as F
 from ..jit import compile_quant, compile_swiglu_quant
 from . import gemm_sm100
 from .backends import Backend, register_backend
+from .gate_up import pack_gate_up_casts
 from .shapes import colwise_shapes, rowwise_shapes
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
@@ -206,8 +208,14 @@ def _ops(arch: str) -> dict:
         rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked)
         return _e8m0(q, s, qt, st)
 
+
+    def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0):
+        """Each projection through the dual-cast kernel (plain scales), then packed (and blocked) as W13."""
+        casts = [quantize_dual(w, scale_mode, elem_dtype, False) for w in (w1, w3)]
+        return pack_gate_up_casts(*casts, blocked, gate_up_tile or None)
+
     return {"quantize_rowwise": quantize_rowwise, "quantize_colwise": quantize_colwise,
-            "quantize_dual": quantize_dual}
+            "quantize_dual": quantize_dual, "quantize_gate_up": quantize_gate_up}
 
 
 def _swiglu_limits(first, *rest):
@@ -271,7 +279,12 @@ def _swiglu_ops(arch: str) -> dict:
     return {"swiglu_quant": swiglu_quant, "dswiglu_quant": dswiglu_quant}
 
 
-_QUANT_LIMITS = {"quantize_rowwise": _limits, "quantize_colwise": _limits, "quantize_dual": _limits}
+def _gate_up_limits(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0):
+    return _limits(w1, scale_mode, elem_dtype, False) or _limits(w3, scale_mode, elem_dtype, False)
+
+
+_QUANT_LIMITS = {"quantize_rowwise": _limits, "quantize_colwise": _limits, "quantize_dual": _limits,
+                 "quantize_gate_up": _gate_up_limits}
 _SWIGLU_LIMITS = {"swiglu_quant": _swiglu_limits, "dswiglu_quant": _swiglu_limits}
 
 for _name, (_, _arch, _) in _ARCHS.items():

@@ -12,6 +12,7 @@ import torch
 from .. import formats as F
 from ..swiglu import GATE_UP_TILE, dswiglu, pack_gate_up, split_gate_up, swiglu
 from .backends import Backend, register_backend
+from .gate_up import pack_gate_up_casts
 from .shapes import ceil_div
 
 _B = F.BLOCK_SIZE
@@ -53,22 +54,12 @@ def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None):
 
 
 def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0):
-    # Quantize each projection on its own and pack the fp8 results: no high-precision copy of W13 is made.
-    # Rowwise blocks run along D and colwise blocks along I (I % 32 == 0), so no block straddles w1 and w3; the
-    # interleaved layout (tile T, a multiple of 32) moves whole colwise blocks, T // 32 scale columns per run.
-    tile = gate_up_tile or None
-    stile = tile and tile // _B
-    r1, rs1 = F.quantize_mxfp8(w1, dim=-1, scale_mode=scale_mode, elem_dtype=elem_dtype)
-    r3, rs3 = F.quantize_mxfp8(w3, dim=-1, scale_mode=scale_mode, elem_dtype=elem_dtype)
-    c1, cs1 = F.quantize_mxfp8(w1, dim=-2, scale_mode=scale_mode, elem_dtype=elem_dtype)
-    c3, cs3 = F.quantize_mxfp8(w3, dim=-2, scale_mode=scale_mode, elem_dtype=elem_dtype)
-    u8 = torch.uint8
-    row = pack_gate_up(r1, r3, dim=-2, tile=tile)
-    row_s = pack_gate_up(rs1.view(u8), rs3.view(u8), dim=-2, tile=tile).view(torch.float8_e8m0fnu)
-    col = pack_gate_up(c1.transpose(-1, -2), c3.transpose(-1, -2), dim=-1, tile=tile).contiguous()
-    col_s = pack_gate_up(cs1.view(u8).transpose(-1, -2), cs3.view(u8).transpose(-1, -2), dim=-1, tile=stile)
-    col_s = col_s.contiguous().view(torch.float8_e8m0fnu)
-    return row, _block(row_s, blocked), col, _block(col_s, blocked)
+    def casts(w):
+        r, rs = F.quantize_mxfp8(w, dim=-1, scale_mode=scale_mode, elem_dtype=elem_dtype)
+        c, cs = F.quantize_mxfp8(w, dim=-2, scale_mode=scale_mode, elem_dtype=elem_dtype)
+        return r, rs, c.transpose(-1, -2), cs.transpose(-1, -2)
+
+    return pack_gate_up_casts(casts(w1), casts(w3), blocked, gate_up_tile or None)
 
 
 # ---- GEMMs ----------------------------------------------------------------------------------------------
