@@ -40,6 +40,16 @@ def tile_schedule(m, n, n_tile: int, max_ctas: int, cluster_mn: tuple = (1, 1)):
     return sched, utils.StaticPersistentTileScheduler.get_grid_shape(sched, clusters)
 
 
+@cute.jit
+def _peek(probe, state, k_tiles, enabled):
+    """Look-ahead on a pipeline stage: ``probe(state)`` (a non-blocking try-acquire / try-wait) while K tiles
+    remain for this tile, else True; the following blocking acquire / wait then skips the wait if it succeeded."""
+    ready = cutlass.Boolean(1)
+    if state.count < k_tiles and enabled:
+        ready = probe(state)
+    return ready
+
+
 class MXGemmSm100:
     """Persistent, warp-specialized MXFP8 GEMM for SM100: ``acc (M, N) = A (M, K) · B (N, K)ᵀ`` in fp32 in tensor
     memory (TMEM), then one of three epilogues.
@@ -370,9 +380,7 @@ class MXGemmSm100:
             mt, nt, lt = work.tile_idx
             coords = ((mt // pair, lt), (nt, lt), (mt // pair, lt), (nt, lt))  # MMA-tile coordinates
             state.reset_count()
-            ready = cutlass.Boolean(1)
-            if state.count < k_tiles:
-                ready = ab_pipe.producer_try_acquire(state)
+            ready = _peek(ab_pipe.producer_try_acquire, state, k_tiles, True)
             for kt in cutlass.range(0, k_tiles, 1, unroll=1):
                 ab_pipe.producer_acquire(state, ready)
                 bar = ab_pipe.producer_get_barrier(state)
@@ -380,9 +388,7 @@ class MXGemmSm100:
                     cute.copy(atom, gmem[(None, rest, kt, l)], smem[(None, state.index)], tma_bar_ptr=bar,
                               mcast_mask=mask)
                 state.advance()
-                ready = cutlass.Boolean(1)
-                if state.count < k_tiles:
-                    ready = ab_pipe.producer_try_acquire(state)
+                ready = _peek(ab_pipe.producer_try_acquire, state, k_tiles, True)
             tiles.advance_to_next_work()
             work = tiles.get_current_work()
         ab_pipe.producer_tail(state)
@@ -413,9 +419,7 @@ class MXGemmSm100:
         acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.acc_stages)
         while work.is_valid_tile:
             ab_state.reset_count()
-            ready = cutlass.Boolean(1)
-            if ab_state.count < k_tiles and leader:
-                ready = ab_pipe.consumer_try_wait(ab_state)
+            ready = _peek(ab_pipe.consumer_try_wait, ab_state, k_tiles, leader)
             if leader:
                 acc_pipe.producer_acquire(acc_state)
             tile_acc = acc[(None, None, None, acc_state.index)]
@@ -433,9 +437,7 @@ class MXGemmSm100:
                         mma.set(tcgen05.Field.ACCUMULATE, True)
                     ab_pipe.consumer_release(ab_state)
                 ab_state.advance()
-                ready = cutlass.Boolean(1)
-                if ab_state.count < k_tiles and leader:
-                    ready = ab_pipe.consumer_try_wait(ab_state)
+                ready = _peek(ab_pipe.consumer_try_wait, ab_state, k_tiles, leader)
             if leader:
                 acc_pipe.producer_commit(acc_state)
             acc_state.advance()
