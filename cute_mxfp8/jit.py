@@ -220,7 +220,7 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
     * ``"plain"``: ``fn(a, b, sfa, sfb, d)``, d (M, N) ``out_dtype`` row-major.
     * ``"swiglu"`` (N = 2I, b in the interleaved gate/up layout): ``fn(a, b, sfa, sfb, h13, q, qs, qt, qts, hp)``
       with h13 (M, 2I) ``out_dtype``, h cast to ``cast_elem`` / ``scale_mode``: q (M, I), qt (I, Mp), qs / qts
-      blocked uint8 (zero-filled), hp (M, I) ``out_dtype`` (``emit_hp``; else any placeholder).
+      blocked uint8 (zero-filled), hp (M, I) fp32 (``emit_hp``; else any placeholder).
     * ``"dswiglu"`` (N = I): same arguments, h13 (M, 2I) ``out_dtype`` read, dh13 cast: q (M, 2I), qt (2I, Mp),
       hp (M, 2I).
 
@@ -244,31 +244,32 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
         return _compile(kernel, (*ab, fake(d, (sym(), sym(16 // (d.width // 8))))), arch, keep_ptx)
     q = kernel.cast.elem_dtype
     fused = (fake(d, (sym(), sym(128))), fake(q, (sym(), sym(32))), fake(cutlass.Uint8, (sym(),)),
-             fake(q, (sym(32), sym(32))), fake(cutlass.Uint8, (sym(),)), fake(d, (sym(), sym(32))))
+             fake(q, (sym(32), sym(32))), fake(cutlass.Uint8, (sym(),)), fake(cutlass.Float32, (sym(), sym(32))))
     entry = kernel.call_swiglu if epilogue == "swiglu" else kernel.call_dswiglu
     return _compile(entry, (*ab, *fused), arch, keep_ptx)
 
 
 @functools.lru_cache(maxsize=None)
 @disk_cached(skip_if="keep_ptx")
-def compile_epilogue_check(mode: str, hp_dtype: str, elem: str, scale_mode: str, emit_hp: bool, arch: str,
+def compile_epilogue_check(mode: str, h13_dtype: str, elem: str, scale_mode: str, emit_hp: bool, arch: str,
                            keep_ptx: bool = False):
     """Compiled :class:`~cute_mxfp8.kernels.gemm_checks.EpilogueCheckKernel`: the SM100 GEMM's fused epilogue
     code fed from a global fp32 accumulator, for checking that code on any GPU.  ``fn(acc, h13, q, qs, qt, qts,
-    hp)``: acc fp32 (M, 2I) (``"swiglu"``) or (M, I) (``"dswiglu"``); h13 (M, 2I) ``hp_dtype`` (read by
-    dswiglu); q (M, n) fp8, qt (n, Mp) fp8 and hp (M, n) ``hp_dtype`` with n = I (swiglu) or 2I (dswiglu);
+    hp)``: acc fp32 (M, 2I) (``"swiglu"``) or (M, I) (``"dswiglu"``); h13 (M, 2I) ``h13_dtype`` (read by
+    dswiglu); q (M, n) fp8, qt (n, Mp) fp8 and hp (M, n) fp32 with n = I (swiglu) or 2I (dswiglu);
     qs / qts 1-D blocked uint8, zero-filled."""
-    if hp_dtype not in _IN_DTYPES:
-        raise ValueError(f"hp_dtype must be one of {_IN_DTYPES}, got {hp_dtype!r}")
+    if h13_dtype not in _IN_DTYPES:
+        raise ValueError(f"h13_dtype must be one of {_IN_DTYPES}, got {h13_dtype!r}")
     cutlass, _ = _cutlass()
     from .kernels.gemm_checks import EpilogueCheckKernel
 
     kernel = EpilogueCheckKernel(mode, elem, scale_mode, emit_hp)
-    hp = cutlass.BFloat16 if hp_dtype == "bfloat16" else cutlass.Float32
+    h13 = cutlass.BFloat16 if h13_dtype == "bfloat16" else cutlass.Float32
     fake, sym = _fake, _sym
-    args = (fake(cutlass.Float32, (sym(), sym(32))), fake(hp, (sym(), sym(64))),
+    args = (fake(cutlass.Float32, (sym(), sym(32))), fake(h13, (sym(), sym(64))),
             fake(kernel.elem_dtype, (sym(), sym(32))), fake(cutlass.Uint8, (sym(),)),
-            fake(kernel.elem_dtype, (sym(32), sym(32))), fake(cutlass.Uint8, (sym(),)), fake(hp, (sym(), sym(32))))
+            fake(kernel.elem_dtype, (sym(32), sym(32))), fake(cutlass.Uint8, (sym(),)),
+            fake(cutlass.Float32, (sym(), sym(32))))
     return _compile(kernel, args, arch, keep_ptx)
 
 

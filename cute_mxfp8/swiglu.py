@@ -25,6 +25,12 @@ __all__ = ["GATE_UP_TILE", "pack_gate_up", "split_gate_up", "swiglu", "dswiglu"]
 GATE_UP_TILE = 64  # h columns per gate (and per up) run of the interleaved layout; kernels/gemm_epilogue.py agrees
 
 
+def _dim(t: torch.Tensor, dim: int) -> int:
+    if t.dim() == 0 or not -t.dim() <= dim < t.dim():
+        raise ValueError(f"dim {dim} is out of range for a tensor of shape {tuple(t.shape)}")
+    return dim % t.dim()
+
+
 def _check_tile(n: int, tile: int | None, what: str) -> None:
     if tile is not None and (tile <= 0 or n % tile):
         raise ValueError(f"{what} = {n} must be a multiple of the gate/up tile {tile} for the interleaved layout; "
@@ -35,9 +41,11 @@ def pack_gate_up(gate: torch.Tensor, up: torch.Tensor, dim: int = -1, tile: int 
     """Pack gate and up tensors of equal shape into the fused layout along ``dim``: ``dim=-1`` for activations
     (..., I) -> (..., 2I), ``dim=-2`` for weights (I, D) -> (2I, D) / (E, I, D) -> (E, 2I, D).  ``tile=None``
     concatenates; ``tile=T`` interleaves runs of T gate and T up features (raises ValueError unless I % T == 0)."""
+    if gate.shape != up.shape:
+        raise ValueError(f"gate and up must have the same shape, got {tuple(gate.shape)} and {tuple(up.shape)}")
+    dim = _dim(gate, dim)
     if tile is None:
         return torch.cat([gate, up], dim=dim)
-    dim = dim % gate.dim()
     i = gate.shape[dim]
     _check_tile(i, tile, "I")
     chunks = (i // tile, tile)
@@ -47,12 +55,12 @@ def pack_gate_up(gate: torch.Tensor, up: torch.Tensor, dim: int = -1, tile: int 
 def split_gate_up(h13: torch.Tensor, dim: int = -1, tile: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Split a fused tensor (size 2I along ``dim``) into (gate, up): views for ``tile=None``, copies for the
     interleaved layout ``tile=T`` (raises ValueError unless I % T == 0)."""
+    dim = _dim(h13, dim)
     n = h13.shape[dim]
     if n % 2:
         raise ValueError(f"fused gate/up dim must have even size 2I, got {n}")
     if tile is None:
         return h13.narrow(dim, 0, n // 2), h13.narrow(dim, n // 2, n // 2)
-    dim = dim % h13.dim()
     _check_tile(n // 2, tile, "I")
     runs = h13.unflatten(dim, (n // (2 * tile), 2 * tile))
     return (runs.narrow(dim + 1, 0, tile).flatten(dim, dim + 1),

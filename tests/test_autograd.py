@@ -106,15 +106,16 @@ def test_swiglu_mlp_sqnr(hp, rng):
         assert sqnr(a, b) >= 20
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hp", [False, True])
-def test_fused_epilogue_mlp_equals_unfused(hp, rng):
+def test_fused_epilogue_mlp_equals_unfused(hp, dtype, rng):
     """The GEMM-fused data flow (interleaved W13 / h13 / dh13, mm_swiglu_quant, mm_dswiglu_quant) on the reference
     backend gives the unfused flow's output and weight gradients bit for bit (same casts of the same values, the
     GEMMs summing the same products per output element); dx sums over 2I in another order, so to fp32 rounding."""
     m, d, i = 200, 96, 192  # I % 64 == 0 but not % 128: three gate/up runs
-    x = torch.randn(m, d, generator=rng, requires_grad=True)
-    ws = [(torch.randn(*s, generator=rng) / 10).requires_grad_() for s in ((i, d), (d, i), (i, d))]
-    dy = torch.randn(m, d, generator=rng)
+    x = torch.randn(m, d, generator=rng).to(dtype).requires_grad_()
+    ws = [(torch.randn(*s, generator=rng) / 10).to(dtype).requires_grad_() for s in ((i, d), (d, i), (i, d))]
+    dy = torch.randn(m, d, generator=rng).to(dtype)
     got = {}
     for fused in (False, True):
         cfg = MXFP8Config(wgrad_with_hp=hp, fused_epilogues=fused, backend="reference")
@@ -125,7 +126,23 @@ def test_fused_epilogue_mlp_equals_unfused(hp, rng):
         got[fused] = [y.detach(), x.grad.clone(), *(w.grad.clone() for w in ws)]
     (y0, dx0, *dw0), (y1, dx1, *dw1) = got[False], got[True]
     assert torch.equal(y0, y1) and all(torch.equal(a, b) for a, b in zip(dw0, dw1))
-    torch.testing.assert_close(dx1, dx0, rtol=1e-5, atol=1e-6 * float(dx0.abs().max()))
+    if dtype == torch.float32:
+        torch.testing.assert_close(dx1, dx0, rtol=1e-5, atol=1e-6 * float(dx0.abs().max()))
+    else:  # the fp32 dx rounded to bf16: one bf16 ulp where the summation order tips the rounding
+        torch.testing.assert_close(dx1, dx0, rtol=2 ** -7, atol=1e-6 * float(dx0.float().abs().max()))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_swiglu_mlp_under_autocast(fused, rng):
+    """Under torch.autocast the MLP runs in the autocast dtype (and packs W13's fp8 casts bytewise: autocast
+    rejects fp8 tensors in torch.cat)."""
+    x = torch.randn(64, 64, generator=rng, requires_grad=True)
+    ws = [(torch.randn(*s, generator=rng) / 8).requires_grad_() for s in ((128, 64), (64, 128), (128, 64))]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = mxfp8_swiglu_mlp(x, *ws, config=MXFP8Config(fused_epilogues=fused, backend="reference"))
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float32 and all(w.grad.dtype == torch.float32 for w in ws)
 
 
 def test_fused_epilogues_default_follows_the_gemm_backend(monkeypatch):

@@ -43,8 +43,7 @@ def _run_check(mode, acc, h13, elem, scale_mode, emit_hp):
     """The epilogue check kernel's outputs, rowwise / colwise scales unblocked to plain (rows, cols/32)."""
     from cute_mxfp8.jit import compile_epilogue_check
 
-    hp_dtype = h13.dtype
-    fn = compile_epilogue_check(mode, str(hp_dtype).split(".")[-1], elem, scale_mode, emit_hp, "sm_90a")
+    fn = compile_epilogue_check(mode, str(h13.dtype).split(".")[-1], elem, scale_mode, emit_hp, "sm_90a")
     m = acc.shape[0]
     n = acc.shape[1] // 2 if mode == "swiglu" else 2 * acc.shape[1]
     mp = -(-m // 32) * 32
@@ -53,7 +52,7 @@ def _run_check(mode, acc, h13, elem, scale_mode, emit_hp):
     qt = torch.empty(n, mp, dtype=ELEMS[elem], device=dev)
     qs = torch.zeros(F.blocked_scales_numel(m, n // 32), dtype=torch.uint8, device=dev)
     qts = torch.zeros(F.blocked_scales_numel(n, mp // 32), dtype=torch.uint8, device=dev)
-    hp = torch.empty(m, n, dtype=hp_dtype, device=dev) if emit_hp else torch.empty(1, 32, dtype=hp_dtype, device=dev)
+    hp = torch.empty((m, n) if emit_hp else (1, 32), dtype=torch.float32, device=dev)  # the epilogue's h is fp32
     fn(acc, h13, q, qs, qt, qts, hp)
     return q, _unblock(qs, m, n // 32), qt, _unblock(qts, n, mp // 32), hp if emit_hp else None
 
@@ -88,8 +87,8 @@ def test_swiglu_epilogue_equals_standalone_kernel(m, i, elem, scale_mode, emit_h
     assert torch.equal(qs, rqs.view(torch.uint8)) and torch.equal(qts, rqts.view(torch.uint8))
     assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
     assert torch.equal(qt.view(torch.uint8), rqt.view(torch.uint8))
-    if emit_hp:  # fp32 h rounded once to bf16 either way
-        torch.testing.assert_close(hp, rhp.to(torch.bfloat16), rtol=0, atol=0, equal_nan=True)
+    if emit_hp:
+        torch.testing.assert_close(hp, rhp, rtol=0, atol=0, equal_nan=True)
     assert int(qs.max()) == 255 and int(qts.max()) == 255  # the NaN block is in there
 
 
@@ -113,7 +112,7 @@ def test_dswiglu_epilogue_equals_standalone_kernel(m, i, elem, scale_mode, emit_
     assert torch.equal(_concat(q.view(torch.uint8), -1), rq.view(torch.uint8))
     assert torch.equal(_concat(qt.view(torch.uint8), 0), rqt.view(torch.uint8))
     if emit_hp:
-        torch.testing.assert_close(_concat(hp, -1), rhp.to(torch.bfloat16), rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(_concat(hp, -1), rhp, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.gpu
@@ -140,3 +139,18 @@ def test_gemm_tile_schedule_covers_every_tile_once(n_tile, max_ctas, cluster, m,
     count = torch.zeros(-(-m // 128), -(-n // n_tile), dtype=torch.int32, device="cuda")
     compile_tile_schedule_probe(n_tile, max_ctas, "sm_90a", False, cluster)(count, m, n)
     assert bool((count == 1).all()), f"tiles visited {count.unique().tolist()} times"
+
+
+@pytest.mark.gpu
+@gpu
+def test_persistent_grid_is_the_resident_clusters():
+    """The ops' persistent grid: CUDA's occupancy answer for clusters of the ops' shape (no fallback)."""
+    import warnings
+
+    from cute_mxfp8.ops.gemm_sm100 import CLUSTER_MN, max_ctas
+
+    size = CLUSTER_MN[0] * CLUSTER_MN[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the SM-count fallback warns
+        n = max_ctas(torch.device("cuda", torch.cuda.current_device()))
+    assert n % size == 0 and size <= n <= torch.cuda.get_device_properties(0).multi_processor_count

@@ -176,14 +176,14 @@ def test_fused_gemm_ops_are_the_gemm_then_the_swiglu_cast(rng):
     xa, xa_s = ops.quantize_rowwise(torch.randn(m, d, generator=rng))
     w1, w3 = torch.randn(i, d, generator=rng), torch.randn(i, d, generator=rng)
     w13, w13_s, _, _ = ops.quantize_gate_up(w1, w3, gate_up_tile=T)
-    h13, *h = ops.mm_swiglu_quant(xa, xa_s, w13, w13_s, emit_hp=True, out_dtype=torch.float32)
+    h13, *h = ops.mm_swiglu_quant(xa, xa_s, w13, w13_s, gate_up_tile=T, emit_hp=True, out_dtype=torch.float32)
     acc = ops.mm(xa, xa_s, w13, w13_s, out_dtype=torch.float32)
     assert torch.equal(h13, acc)
     want = ops.swiglu_quant(pack_gate_up(*split_gate_up(acc, tile=T)), emit_hp=True)
     for a, b in zip(h, want):
         assert torch.equal(_u8(a) if a.dtype != torch.float32 else a, _u8(b) if b.dtype != torch.float32 else b)
     w2c, w2c_s = ops.quantize_rowwise(torch.randn(i, d, generator=rng))
-    dh13 = ops.mm_dswiglu_quant(xa, xa_s, w2c, w2c_s, h13, elem_dtype=torch.float8_e5m2)
+    dh13 = ops.mm_dswiglu_quant(xa, xa_s, w2c, w2c_s, h13, gate_up_tile=T, elem_dtype=torch.float8_e5m2)
     dh = ops.mm(xa, xa_s, w2c, w2c_s, out_dtype=torch.float32)
     ref = ops.dswiglu_quant(dh, pack_gate_up(*split_gate_up(h13, tile=T)), elem_dtype=torch.float8_e5m2,
                             blocked=False)
@@ -194,9 +194,13 @@ def test_fused_gemm_ops_are_the_gemm_then_the_swiglu_cast(rng):
     assert torch.equal(inter(unblock(row_s, m, 2 * i // 32), -1, T // 32), _u8(ref[1]))
     assert torch.equal(inter(unblock(col_s, 2 * i, 96 // 32), 0), _u8(ref[3]))
     with pytest.raises(ValueError, match="multiple of the gate/up tile"):
-        ops.mm_swiglu_quant(xa, xa_s, *ops.quantize_rowwise(torch.randn(96, d, generator=rng)))
+        ops.mm_swiglu_quant(xa, xa_s, *ops.quantize_rowwise(torch.randn(96, d, generator=rng)), gate_up_tile=T)
     with pytest.raises(ValueError, match=r"h13 must be \(M, 2I\)"):
-        ops.mm_dswiglu_quant(xa, xa_s, w2c, w2c_s, h13[:, :128])
+        ops.mm_dswiglu_quant(xa, xa_s, w2c, w2c_s, h13[:, :128], gate_up_tile=T)
+    with pytest.raises(ValueError, match="gate_up_tile must be 64"):  # a concatenated W13 would be silently wrong
+        ops.mm_swiglu_quant(xa, xa_s, w13, w13_s, gate_up_tile=0)
+    with pytest.raises(TypeError, match="h13 must be a torch.Tensor"):
+        ops.mm_dswiglu_quant(xa, xa_s, w2c, w2c_s, None, gate_up_tile=T)
 
 
 def test_sm100_gemm_limits_name_the_fix(rng):

@@ -179,7 +179,7 @@ def _gemm_cases(large: bool) -> list[Case]:
         x, x_s = _q.quantize_rowwise(torch.randn(m, d, device=dev))
         w13, w13_s, _, _ = _q.quantize_gate_up(torch.randn(i, d, device=dev), torch.randn(i, d, device=dev),
                                                gate_up_tile=GATE_UP_TILE)
-        fn = lambda be: _q.mm_swiglu_quant(x, x_s, w13, w13_s, backend=be)  # noqa: E731
+        fn = lambda be: _q.mm_swiglu_quant(x, x_s, w13, w13_s, gate_up_tile=GATE_UP_TILE, backend=be)  # noqa: E731
         # (the baseline reads the interleaved accumulator as if concatenated: the same work, for timing only)
         fn.baselines = {"unfused (mm fp32 + swiglu_quant)": lambda: _q.swiglu_quant(
             _q.mm(x, x_s, w13, w13_s, out_dtype=torch.float32))}
@@ -187,10 +187,12 @@ def _gemm_cases(large: bool) -> list[Case]:
 
     def mlp_gemm3(dev, m=m_mlp, d=d_mlp, i=i_mlp):
         """w2 dgrad + dSwiGLU + dual cast of dh13; baseline: the GEMM to fp32, then the standalone fused cast."""
+        from cute_mxfp8.swiglu import GATE_UP_TILE
+
         dy, dy_s = _q.quantize_rowwise(torch.randn(m, d, device=dev))
         w2c, w2c_s = _q.quantize_rowwise(torch.randn(i, d, device=dev))
         h13 = torch.randn(m, 2 * i, device=dev, dtype=torch.bfloat16)
-        fn = lambda be: _q.mm_dswiglu_quant(dy, dy_s, w2c, w2c_s, h13, backend=be)  # noqa: E731
+        fn = lambda be: _q.mm_dswiglu_quant(dy, dy_s, w2c, w2c_s, h13, gate_up_tile=GATE_UP_TILE, backend=be)  # noqa: E731
         fn.baselines = {"unfused (mm fp32 + dswiglu_quant)": lambda: _q.dswiglu_quant(
             _q.mm(dy, dy_s, w2c, w2c_s, out_dtype=torch.float32), h13.float())}
         nbytes = (m * d + i * d) * _FP8_OUT + m * 2 * i * 2 + 2 * m * 2 * i * _FP8_OUT

@@ -78,14 +78,15 @@ FAMILIES = [
     Family("gemm_sm100", jit.compile_gemm_sm100,
            {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "n_tile": [128, 256]},
            archs=("sm_100a",)),
-    # 2-CTA MMAs and clusters (TMA multicast), then the fused SwiGLU / dSwiGLU epilogues, 1-CTA and 2-CTA
+    # 2-CTA MMAs and clusters (TMA multicast), then the fused SwiGLU / dSwiGLU epilogues, 1-CTA and in the
+    # configuration the ops run (2-CTA, cluster (2, 2))
     *(Family(f"gemm_sm100_{'2cta' if pair else '1cta'}_cluster{m}x{n}",
              functools.partial(jit.compile_gemm_sm100, cta_pair=pair, cluster_mn=(m, n)),
              {**_GEMM_E4M3, "out_dtype": ["bfloat16", "float32"], "n_tile": [128, 256]}, archs=("sm_100a",))
       for pair, (m, n) in ((True, (2, 1)), (True, (4, 1)), (True, (2, 2)), (False, (2, 1)), (False, (1, 2)))),
-    *(Family(f"gemm_sm100_{epi}{'_2cta' if pair else ''}{'_hp' if hp else ''}_{elem}_{mode}",
+    *(Family(f"gemm_sm100_{epi}{'_2cta_cluster2x2' if pair else ''}{'_hp' if hp else ''}_{elem}_{mode}",
              functools.partial(jit.compile_gemm_sm100, epilogue=epi, cast_elem=elem, scale_mode=mode, emit_hp=hp,
-                               cta_pair=pair, cluster_mn=(2, 1) if pair else (1, 1)),
+                               cta_pair=pair, cluster_mn=(2, 2) if pair else (1, 1)),
              {**_GEMM_E4M3, "out_dtype": ["bfloat16"], "n_tile": [128, 256]}, archs=("sm_100a",))
       for epi in ("swiglu", "dswiglu") for pair in (False, True) for hp in (False, True)
       for elem, mode in (("e4m3", "rceil"), ("e5m2", "floor"))),

@@ -68,8 +68,8 @@ class MXGemmSm100:
     Warp roles (192 threads): warps 0-3 epilogue (``tcgen05.ld`` of 128 x 32 sub-tiles, thread = row); warp 4 MMA
     (``tcgen05.cp`` of the stage's scales into TMEM, then 4 ``tcgen05.mma ... kind::mxf8f6f4.block_scale`` per
     128-deep K stage; of a CTA pair only the leader issues); warp 5 TMA loads of A, B, SFA, SFB (multicast within
-    the cluster).  Pipelines: ``PipelineTmaUmma`` over ``ab_stages`` shared-memory stages (6 at N-tile 128, 4 at
-    256), producer and consumer probing one stage ahead; ``PipelineUmmaAsync`` over ``acc_stages`` TMEM
+    the cluster).  Pipelines: ``PipelineTmaUmma`` over ``ab_stages`` shared-memory stages (as many as fit: 1-CTA
+    bf16 6 at N-tile 128 and 4 at 256, 2-CTA N-tile 128 8), producer and consumer probing one stage ahead; ``PipelineUmmaAsync`` over ``acc_stages`` TMEM
     accumulators (2 at N-tile 128: a tile's epilogue overlaps the next tile's mainloop; 1 at 256);
     ``PipelineTmaStore`` for D.  Tiles: ``StaticPersistentTileScheduler`` over at most ``max_ctas`` CTAs.
 

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from ..swiglu import GATE_UP_TILE
 from . import library as L
 
 E4M3 = torch.float8_e4m3fn
@@ -191,9 +192,18 @@ def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dt
     return op(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "")
 
 
-def mm_swiglu_quant(a: Tensor, a_scales: Tensor, b13: Tensor, b13_scales: Tensor, *, scale_mode: str = "rceil",
-                    elem_dtype: torch.dtype = E4M3, emit_hp: bool = False, out_dtype: torch.dtype = torch.bfloat16,
-                    backend: str | None = None):
+def _check_gate_up_tile(gate_up_tile) -> None:
+    """The fused-epilogue ops take W13 / h13 interleaved; a concatenated tensor has the same shape and would give
+    wrong results silently, so the caller states the layout."""
+    if gate_up_tile != GATE_UP_TILE:
+        raise ValueError(f"gate_up_tile must be {GATE_UP_TILE}: the fused epilogues read W13 / h13 interleaved in runs "
+                         f"of {GATE_UP_TILE} (quantize_gate_up(w1, w3, gate_up_tile={GATE_UP_TILE})), got "
+                         f"{gate_up_tile!r}")
+
+
+def mm_swiglu_quant(a: Tensor, a_scales: Tensor, b13: Tensor, b13_scales: Tensor, *, gate_up_tile: int,
+                    scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3, emit_hp: bool = False,
+                    out_dtype: torch.dtype = torch.bfloat16, backend: str | None = None):
     """GEMM1 of the SwiGLU MLP with its fused epilogue: ``acc = a · b13ᵀ`` (fp32), then h13 = acc in ``out_dtype``
     and ``h = silu(g) · u`` from the fp32 accumulator, dual-quantized (h itself is never rounded to bf16).
 
@@ -201,16 +211,19 @@ def mm_swiglu_quant(a: Tensor, a_scales: Tensor, b13: Tensor, b13_scales: Tensor
         a: (M, K) MXFP8 (``x_row``), b13: (2I, K) MXFP8 W13 in the interleaved gate/up layout, as
             ``quantize_gate_up(w1, w3, gate_up_tile=GATE_UP_TILE)`` returns it (``I % 64 == 0``); blocked scales as
             for :func:`mm`.
-        elem_dtype / scale_mode: h's MXFP8 cast.  emit_hp: also return h in ``out_dtype`` (else an empty (0,)).
+        gate_up_tile: must be :data:`cute_mxfp8.swiglu.GATE_UP_TILE` (64), stating that b13 is interleaved: a
+            concatenated ``[w1; w3]`` has the same shape and would give wrong results (ValueError otherwise).
+        elem_dtype / scale_mode: h's MXFP8 cast.  emit_hp: also return h in fp32 (else an empty (0,)).
     Returns:
         ``(h13, h_row, h_row_scales, h_col, h_col_scales, h_hp)``: h13 (M, 2I) ``out_dtype`` interleaved like b13;
         the h outputs as :func:`quantize_dual` of an (M, I) tensor with blocked scales.
     """
+    _check_gate_up_tile(gate_up_tile)
     return L._mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype,
                               backend or "")
 
 
-def mm_dswiglu_quant(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, h13: Tensor, *,
+def mm_dswiglu_quant(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, h13: Tensor, *, gate_up_tile: int,
                      scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3, emit_hp: bool = False,
                      backend: str | None = None):
     """GEMM3 of the SwiGLU MLP (w2 dgrad) with its fused epilogue: ``dh = a · bᵀ`` (fp32), then
@@ -219,9 +232,12 @@ def mm_dswiglu_quant(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, h
     Args:
         a: (M, D) MXFP8 (``dy_row``), b: (I, D) MXFP8 (w2 colwise), blocked scales as for :func:`mm`;
             h13: (M, 2I) bf16/fp32 in the interleaved gate/up layout (``mm_swiglu_quant``'s first output).
-        emit_hp: also return dh13 in ``h13.dtype`` (else an empty (0,)).
+        gate_up_tile: must be 64, stating that h13 is interleaved (as for :func:`mm_swiglu_quant`).
+        emit_hp: also return dh13 in fp32 (else an empty (0,)).
     Returns:
         ``(dh13_row, row_scales, dh13_col, col_scales, dh13_hp)``: :func:`quantize_dual` of the (M, 2I) dh13 in
         the interleaved layout, blocked scales.
     """
+    _check_gate_up_tile(gate_up_tile)
+    _check_types(True, emit_hp, a=a, a_scales=a_scales, b=b, b_scales=b_scales, h13=h13)
     return L._mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, backend or "")

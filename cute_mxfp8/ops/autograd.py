@@ -141,7 +141,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         w2_row, w2_row_s, w2_col, w2_col_s = api.quantize_dual(w2, **qw)
         if fused:  # GEMM1 with the SwiGLU + dual-quant epilogue
             h13, h_row, h_row_s, h_col, h_col_s, h_hp = api.mm_swiglu_quant(
-                x_row, x_row_s, w13_row, w13_row_s, emit_hp=wgrad_with_hp, out_dtype=x.dtype, **qw)
+                x_row, x_row_s, w13_row, w13_row_s, gate_up_tile=tile, emit_hp=wgrad_with_hp, out_dtype=x.dtype, **qw)
         else:  # GEMM1 -> fp32 accumulator; h13 is saved in the activation dtype, h comes from the accumulator
             acc = _gemm(x_row, x_row_s, w13_row, w13_row_s, offs, torch.float32, backend)
             h13 = acc.to(x.dtype)
@@ -164,7 +164,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         qg = dict(scale_mode=scale_mode, elem_dtype=gdt, emit_hp=hp, backend=backend)
         if tile:  # w2 dgrad with the dSwiGLU + dual-quant epilogue
             dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.mm_dswiglu_quant(
-                dy_row, dy_row_s, w2_col, w2_col_s, h13, **qg)
+                dy_row, dy_row_s, w2_col, w2_col_s, h13, gate_up_tile=tile, **qg)
         else:
             dh = _gemm(dy_row, dy_row_s, w2_col, w2_col_s, offs, torch.float32, backend)  # w2 dgrad, (M, I)
             dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.dswiglu_quant(dh, h13, offs=offs, **qg)

@@ -29,8 +29,9 @@ from .shapes import colwise_shapes, rowwise_shapes
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _IN = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
-# backend name -> (compute capability major, compile target, the hardware it needs)
-_ARCHS = {"sm90": (9, "sm_90a", "an SM90 (H100/H200)"), "sm100": (10, "sm_100a", "an SM100 (B200/GB200)")}
+# backend name -> (compute capability, compile target, the hardware it needs).  Arch-specific ("a") code loads only
+# on its exact capability: sm_100a runs on 10.0 (B200/GB200), not on 10.3 (B300).
+_ARCHS = {"sm90": ((9, 0), "sm_90a", "an SM90 (H100/H200)"), "sm100": ((10, 0), "sm_100a", "an SM100 (B200/GB200)")}
 _MAX_ELEMENTS = 2**31 - 1  # shapes, block counts and scale offsets are 32-bit in the kernels (strides are 64-bit)
 _MAX_GROUPS = 65536  # the device-side binary searches over offs take 16 steps
 _MAX_K = 65535 * 128  # grid.y of the tile kernel counts 128-column tiles
@@ -38,13 +39,14 @@ _MAX_EXPERTS = 65535  # grid.z of the tile kernel
 
 
 def _unavailable(name: str):
-    major, _, hardware = _ARCHS[name]
+    (major, minor), arch, hardware = _ARCHS[name]
 
     @functools.lru_cache(maxsize=None)
     def cached(device: torch.device) -> str | None:
         got = torch.cuda.get_device_capability(device)
-        if got[0] != major:
-            return f"needs {hardware} GPU (compute capability {major}.x), found {got[0]}.{got[1]}"
+        if got != (major, minor):
+            return (f"needs {hardware} GPU (compute capability {major}.{minor}, the {arch} build), "
+                    f"found {got[0]}.{got[1]}")
         try:
             import cutlass  # noqa: F401
         except ImportError as e:  # the DSL is a dependency; say so if it is missing

@@ -22,10 +22,12 @@ def pack_gate_up_casts(w1_casts, w3_casts, blocked: bool, tile: int | None):
     (..., 2I, D) / (..., D, 2I) data, scales blocked (``formats.to_blocked_scales``) when ``blocked``."""
     (r1, rs1, c1, cs1), (r3, rs3, c3, cs3) = w1_casts, w3_casts
     stile = tile and tile // F.BLOCK_SIZE
-    row = pack_gate_up(r1, r3, dim=-2, tile=tile)
-    row_s = pack_gate_up(rs1.view(_U8), rs3.view(_U8), dim=-2, tile=tile).view(torch.float8_e8m0fnu)
-    col = pack_gate_up(c1, c3, dim=-1, tile=tile).contiguous()
-    col_s = pack_gate_up(cs1.view(_U8), cs3.view(_U8), dim=-1, tile=stile).contiguous().view(torch.float8_e8m0fnu)
+
+    def pack(a, b, dim, t):  # bytewise: torch.cat of fp8 tensors fails under torch.autocast
+        return pack_gate_up(a.view(_U8), b.view(_U8), dim=dim, tile=t).contiguous().view(a.dtype)
+
+    row, row_s = pack(r1, r3, -2, tile), pack(rs1, rs3, -2, tile)
+    col, col_s = pack(c1, c3, -1, tile), pack(cs1, cs3, -1, stile)
     if blocked:
         row_s, col_s = F.to_blocked_scales(row_s), F.to_blocked_scales(col_s)
     return row, row_s, col, col_s

@@ -10,6 +10,7 @@ unchecked.  No SM100 GPU has run these yet (``tests/test_gemm_sm100.py`` has the
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -26,8 +27,22 @@ N_TILE, CTA_PAIR, CLUSTER_MN = 128, True, (2, 2)
 
 
 @functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+def max_ctas(device: torch.device) -> int:
+    """CTAs of the persistent grid on ``device``: the clusters of :data:`CLUSTER_MN` that can be resident at once
+    (CUDA's occupancy query for a kernel using all shared memory, through ``cutlass.utils.HardwareInfo``) times the
+    cluster size, so no cluster waits for a second wave.  If the query fails, the SM count rounded down to whole
+    clusters, with a warning."""
+    size = CLUSTER_MN[0] * CLUSTER_MN[1]
+    try:
+        from cutlass.utils import HardwareInfo
+
+        with torch.cuda.device(device):  # the query runs in the current CUDA context
+            clusters = HardwareInfo(device.index).get_max_active_clusters(size)
+    except Exception as e:  # noqa: BLE001 -- any driver/DSL failure: fall back to the SM count
+        clusters = torch.cuda.get_device_properties(device).multi_processor_count // size
+        warnings.warn(f"cute_mxfp8: occupancy query for {size}-CTA clusters failed ({e}); assuming {clusters} "
+                      "resident clusters", RuntimeWarning, stacklevel=2)
+    return max(1, clusters) * size
 
 
 def _device(t: torch.Tensor) -> torch.device:
@@ -40,20 +55,20 @@ def _u8(t: torch.Tensor) -> torch.Tensor:
 
 def _kernel(a, b, out_dtype, epilogue="plain", elem_dtype=torch.float8_e4m3fn, scale_mode="rceil", emit_hp=False):
     return compile_gemm_sm100(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], N_TILE, "sm_100a", False,
-                              _num_sms(_device(a)), epilogue, _ELEM[elem_dtype], scale_mode, emit_hp, CTA_PAIR,
+                              max_ctas(_device(a)), epilogue, _ELEM[elem_dtype], scale_mode, emit_hp, CTA_PAIR,
                               CLUSTER_MN)
 
 
-def _dual_outputs(like: torch.Tensor, m: int, n: int, elem_dtype, emit_hp: bool, hp_dtype):
+def _dual_outputs(like: torch.Tensor, m: int, n: int, elem_dtype, emit_hp: bool):
     """Outputs of a dual cast of an (m, n) tensor: data, zero-filled blocked scales (the epilogue writes only the
-    real ones) and the high-precision copy (or an empty one)."""
+    real ones) and the fp32 copy of the values (or an empty one)."""
     mp = -(-m // 32) * 32
     dev = like.device
     q = torch.empty(m, n, dtype=elem_dtype, device=dev)
     qs = torch.zeros(F.blocked_scales_numel(m, n // 32), dtype=torch.uint8, device=dev)
     qt = torch.empty(n, mp, dtype=elem_dtype, device=dev)
     qts = torch.zeros(F.blocked_scales_numel(n, mp // 32), dtype=torch.uint8, device=dev)
-    hp = torch.empty((m, n) if emit_hp else (0,), dtype=hp_dtype, device=dev)
+    hp = torch.empty((m, n) if emit_hp else (0,), dtype=torch.float32, device=dev)
     return q, qs, qt, qts, hp
 
 
@@ -75,7 +90,7 @@ def mm(a, a_scales, b, b_scales, out_dtype):
 def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
     m, i = a.shape[0], b13.shape[0] // 2
     h13 = torch.empty(m, 2 * i, dtype=out_dtype, device=a.device)
-    out = _dual_outputs(a, m, i, elem_dtype, emit_hp, out_dtype)
+    out = _dual_outputs(a, m, i, elem_dtype, emit_hp)
     if h13.numel():
         q, qs, qt, qts, hp = out
         _kernel(a, b13, out_dtype, "swiglu", elem_dtype, scale_mode, emit_hp)(
@@ -85,7 +100,7 @@ def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_h
 
 def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp):
     m, i = a.shape[0], b.shape[0]
-    out = _dual_outputs(a, m, 2 * i, elem_dtype, emit_hp, h13.dtype)
+    out = _dual_outputs(a, m, 2 * i, elem_dtype, emit_hp)
     if m and i:
         q, qs, qt, qts, hp = out
         _kernel(a, b, h13.dtype, "dswiglu", elem_dtype, scale_mode, emit_hp)(
@@ -107,9 +122,10 @@ def _operand_limits(a, a_scales, b, b_scales) -> str | None:
 def _mm_limits(a, a_scales, b, b_scales, out_dtype, epilogue="plain"):
     from ..kernels.gemm_sm100 import MXGemmSm100
 
-    return (_operand_limits(a, a_scales, b, b_scales)
-            or MXGemmSm100.can_implement(max(a.shape[0], 1), max(b.shape[0], 1), a.shape[1], _OUT[out_dtype],
-                                         epilogue))
+    why = _operand_limits(a, a_scales, b, b_scales)
+    if why is None and a.shape[0] and b.shape[0]:  # an empty output launches nothing
+        why = MXGemmSm100.can_implement(a.shape[0], b.shape[0], a.shape[1], _OUT[out_dtype], epilogue)
+    return why
 
 
 def _mm_swiglu_limits(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):

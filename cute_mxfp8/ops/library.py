@@ -227,7 +227,7 @@ def _(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, 
     i = S.check_mm_swiglu(a, a_scales, b13, b13_scales, out_dtype)
     m = a.shape[0]
     return (_empty(a, (m, 2 * i), out_dtype), *_dual_fake((m, i), a, elem_dtype, True, None),
-            _empty(a, _hp_shape(emit_hp, (m, i)), out_dtype))
+            _empty(a, _hp_shape(emit_hp, (m, i)), torch.float32))
 
 
 @torch.library.custom_op(f"{_NS}::mm_dswiglu_quant", mutates_args=())
@@ -246,4 +246,4 @@ def _(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, backend):
     i = S.check_mm_dswiglu(a, a_scales, b, b_scales, h13)
     m = a.shape[0]
     return (*_dual_fake((m, 2 * i), a, elem_dtype, True, None),
-            _empty(a, _hp_shape(emit_hp, (m, 2 * i)), h13.dtype))
+            _empty(a, _hp_shape(emit_hp, (m, 2 * i)), torch.float32))

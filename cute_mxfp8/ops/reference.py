@@ -127,14 +127,14 @@ def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_h
     acc = mm(a, a_scales, b13, b13_scales, torch.float32)  # (M, 2I), gate/up interleaved like b13
     g, u = split_gate_up(acc, tile=GATE_UP_TILE)
     h = swiglu(g, u)  # from the fp32 accumulator, as the epilogue does
-    return (acc.to(out_dtype), *quantize_dual(h, scale_mode, elem_dtype, True), _hp_out(h, out_dtype, emit_hp))
+    return (acc.to(out_dtype), *quantize_dual(h, scale_mode, elem_dtype, True), _hp_out(h, torch.float32, emit_hp))
 
 
 def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp):
     dh = mm(a, a_scales, b, b_scales, torch.float32)  # (M, I)
     dg, du = dswiglu(dh, *split_gate_up(h13, tile=GATE_UP_TILE))
     dh13 = pack_gate_up(dg, du, tile=GATE_UP_TILE)
-    return (*quantize_dual(dh13, scale_mode, elem_dtype, True), _hp_out(dh13, h13.dtype, emit_hp))
+    return (*quantize_dual(dh13, scale_mode, elem_dtype, True), _hp_out(dh13, torch.float32, emit_hp))
 
 
 def _zero_rows_past_end(t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
