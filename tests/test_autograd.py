@@ -148,16 +148,16 @@ def test_swiglu_mlp_under_autocast(fused, rng):
 def test_fused_epilogues_default_follows_the_gemm_backend(monkeypatch):
     from cute_mxfp8.ops import autograd as A
 
-    x = torch.randn(4, 64)
-    assert not A._fused_mlp(None, x, 128, grouped=False)  # the reference runs the GEMMs here: unfused
+    on, cpu = A.fused_epilogues_enabled, torch.device("cpu")
+    assert not on(None, cpu, 128, grouped=False)  # the reference runs the GEMMs here: unfused
     monkeypatch.setattr(A, "fuses_mlp", lambda device, backend: True)  # as on an SM100 GPU
-    assert A._fused_mlp(None, x, 128, grouped=False)
-    assert not A._fused_mlp(None, x, 96, grouped=False) and not A._fused_mlp(None, x, 128, grouped=True)
-    assert not A._fused_mlp(MXFP8Config(fused_epilogues=False), x, 128, grouped=False)
+    assert on(None, cpu, 128, grouped=False)
+    assert not on(None, cpu, 96, grouped=False) and not on(None, cpu, 128, grouped=True)
+    assert not on(MXFP8Config(fused_epilogues=False), cpu, 128, grouped=False)
     with pytest.raises(ValueError, match="dense only"):
-        A._fused_mlp(MXFP8Config(fused_epilogues=True), x, 128, grouped=True)
+        on(MXFP8Config(fused_epilogues=True), cpu, 128, grouped=True)
     with pytest.raises(ValueError, match="I % 64 == 0"):
-        A._fused_mlp(MXFP8Config(fused_epilogues=True), x, 96, grouped=False)
+        on(MXFP8Config(fused_epilogues=True), cpu, 96, grouped=False)
 
 
 def test_grouped_swiglu_mlp_sqnr(rng):

@@ -281,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
 
     from cute_mxfp8.nn import MXFP8Config, convert_to_mxfp8
     from cute_mxfp8.ops import resolve_backend
+    from cute_mxfp8.ops.autograd import fused_epilogues_enabled
 
     problem = validate_args(args)
     if problem:
@@ -329,6 +330,8 @@ def run(args: argparse.Namespace) -> int:
     backend = ", ".join(f"{kind}={name}" for kind, name in op_backends.items())
     if len(set(op_backends.values())) == 1:
         backend = op_backends["gemm"]
+    swiglu = ("fused into the GEMM epilogues" if fused_epilogues_enabled(MXFP8Config(), device, cfg.hidden, cfg.moe)
+              else "GEMM, then the fused SwiGLU cast")
     converted, skipped = _report_lists(report)
     nothing_converted = not converted
     no_mx_warning = (
@@ -339,7 +342,7 @@ def run(args: argparse.Namespace) -> int:
         r.optimizer = _adamw(r.model, args.lr)
 
     tokens_per_step = args.batch_size * args.seq_len
-    print(f"device: {device} | high-precision run: {precision} | mxfp8 backend: {backend}")
+    print(f"device: {device} | high-precision run: {precision} | mxfp8 backend: {backend} | SwiGLU: {swiglu}")
     print(
         f"model: {'MoE' if cfg.moe else 'dense'} dim={cfg.dim} hidden={cfg.hidden} layers={cfg.layers} "
         f"heads={cfg.heads}" + (f" experts={cfg.num_experts} top_k={cfg.top_k}" if cfg.moe else "")
@@ -424,6 +427,7 @@ def run(args: argparse.Namespace) -> int:
         "device": str(device),
         "backend": backend,
         "op_backends": op_backends,
+        "swiglu": swiglu,
         "high_precision_dtype": precision,
         "torch_version": torch.__version__,
         "args": {k: v for k, v in vars(args).items() if not callable(v)},

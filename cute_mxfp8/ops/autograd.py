@@ -197,11 +197,12 @@ def _cfg_args(config):
     return c.scale_mode, c.elem_dtype, c.grad_elem_dtype, c.wgrad_with_hp, c.backend
 
 
-def _fused_mlp(config, x: Tensor, i: int, grouped: bool) -> bool:
-    """Whether the SwiGLU MLP runs with the GEMM-fused epilogues (:attr:`MXFP8Config.fused_epilogues`)."""
+def fused_epilogues_enabled(config, device, i: int, grouped: bool) -> bool:
+    """Whether :func:`mxfp8_swiglu_mlp` with hidden size ``i`` on ``device`` runs with the GEMM-fused epilogues
+    (:attr:`MXFP8Config.fused_epilogues`).  Raises ValueError where ``fused_epilogues=True`` cannot hold."""
     c = resolve_config(config)
     if c.fused_epilogues is None:
-        return not grouped and i % GATE_UP_TILE == 0 and fuses_mlp(x.device, c.backend)
+        return not grouped and i % GATE_UP_TILE == 0 and fuses_mlp(device, c.backend)
     if c.fused_epilogues and grouped:
         raise ValueError("fused_epilogues=True: the GEMM-fused SwiGLU epilogues are dense only; with offs (grouped "
                          "experts) use fused_epilogues=None or False")
@@ -276,4 +277,5 @@ def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor
     _check_weight("w3", w3, (*e, i, d))
     _check_weight("w2", w2, (*e, d, i))
     _check_input(x, d, rank2=grouped)
-    return _SwiGLUMLPFn.apply(_autocast(x), w1, w2, w3, offs, *_cfg_args(config), _fused_mlp(config, x, i, grouped))
+    return _SwiGLUMLPFn.apply(_autocast(x), w1, w2, w3, offs, *_cfg_args(config),
+                              fused_epilogues_enabled(config, x.device, i, grouped))
