@@ -17,8 +17,8 @@ import cutlass.cute as cute
 import cutlass.utils as utils
 
 from .blockscaled import SF_VEC, scale_layout
-from .gemm_epilogue import (BLOCK, GATE_UP_TILE, MODES, TRANSPOSE_BYTES, _row_slice, dswiglu_block, gate_column,
-                            swiglu_block, transpose_tiles)
+from .gemm_epilogue import (BLOCK, GATE_UP_TILE, MODES, TRANSPOSE_BYTES, dswiglu_block, gate_column,
+                            load_row_block, swiglu_block, transpose_tiles)
 from .mx_math import MXCastParams
 
 
@@ -66,19 +66,11 @@ class EpilogueCheckKernel:
         c0 = by * BLOCK
         if cutlass.const_expr(self.mode == "swiglu"):
             pg = gate_column(c0)
-            g, u = self._load(acc, m, pg, rows), self._load(acc, m, pg + GATE_UP_TILE, rows)
+            g, u = load_row_block(acc, m, pg, m < rows), load_row_block(acc, m, pg + GATE_UP_TILE, m < rows)
             swiglu_block(g, u, out, tr, m, c0, lane, rows, cols, self.cast, self.emit_hp)
         else:
-            dswiglu_block(self._load(acc, m, c0, rows), h13, out, tr, m, c0, lane, rows, cols, self.cast,
+            dswiglu_block(load_row_block(acc, m, c0, m < rows), h13, out, tr, m, c0, lane, rows, cols, self.cast,
                           self.emit_hp)
-
-    @cute.jit
-    def _load(self, acc: cute.Tensor, m, c0, rows):
-        frag = cute.make_rmem_tensor((BLOCK,), cutlass.Float32)
-        frag.fill(0.0)
-        if m < rows:
-            frag.store(_row_slice(acc, m, c0).load())
-        return frag.load()
 
 
 class ScaleLayoutProbe:

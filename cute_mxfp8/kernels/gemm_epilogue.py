@@ -47,6 +47,17 @@ def _row_slice(t: cute.Tensor, m, c0):
 
 
 @cute.jit
+def load_row_block(t: cute.Tensor, m, c0, valid):
+    """The 32 values ``t[m, c0:c0 + 32]`` in fp32 (one 16- or 8-byte vector load per 4 or 8 elements), or zeros
+    where ``valid`` is false (rows past M read as the zeros a TMA tile would hold)."""
+    frag = cute.make_rmem_tensor((BLOCK,), cutlass.Float32)
+    frag.fill(0.0)
+    if valid:
+        frag.store(_row_slice(t, m, c0).load().to(cutlass.Float32))
+    return frag.load()
+
+
+@cute.jit
 def dual_quantize_block(v: cute.TensorSSA, out: tuple, tr: cute.Tensor, m, c0, lane, valid, rows, cols,
                         cast: MXCastParams, emit_hp: cutlass.Constexpr[bool]):
     """Rowwise and colwise MXFP8 quantization of one 32 x 32 block held by a warp, row ``m`` in this thread.
@@ -108,14 +119,9 @@ def dswiglu_block(dh: cute.TensorSSA, h13: cute.Tensor, out: tuple, tr: cute.Ten
     ``h13`` (M, 2I) in the interleaved layout (zeros past ``rows``), ``(dg, du) = dswiglu(dh, g, u)``, and
     :func:`dual_quantize_block` of dg and du into the dh13 outputs ``out`` ((M, 2I), same layout as h13)."""
     pg = gate_column(c0)
-    g = cute.make_rmem_tensor((BLOCK,), cutlass.Float32)
-    u = cute.make_rmem_tensor((BLOCK,), cutlass.Float32)
-    g.fill(0.0)
-    u.fill(0.0)
     valid = c0 < cols
-    if valid and m < rows:
-        g.store(_row_slice(h13, m, pg).load().to(cutlass.Float32))
-        u.store(_row_slice(h13, m, pg + GATE_UP_TILE).load().to(cutlass.Float32))
-    dg, du = swiglu_bwd(dh, g.load(), u.load())
+    g = load_row_block(h13, m, pg, valid and m < rows)
+    u = load_row_block(h13, m, pg + GATE_UP_TILE, valid and m < rows)
+    dg, du = swiglu_bwd(dh, g, u)
     dual_quantize_block(dg, out, tr, m, pg, lane, valid, rows, 2 * cols, cast, emit_hp)
     dual_quantize_block(du, out, tr, m, pg + GATE_UP_TILE, lane, valid, rows, 2 * cols, cast, emit_hp)
