@@ -210,7 +210,6 @@ def _ops(arch: str) -> dict:
         rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked)
         return _e8m0(q, s, qt, st)
 
-
     def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0):
         """Each projection through the dual-cast kernel (plain scales), then packed (and blocked) as W13."""
         casts = [quantize_dual(w, scale_mode, elem_dtype, False) for w in (w1, w3)]

@@ -14,8 +14,8 @@ import warnings
 
 import torch
 
-from .. import formats as F
 from ..jit import compile_gemm_sm100
+from .shapes import colwise_shapes, rowwise_shapes
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -60,14 +60,12 @@ def _kernel(a, b, out_dtype, epilogue="plain", elem_dtype=torch.float8_e4m3fn, s
 
 
 def _dual_outputs(like: torch.Tensor, m: int, n: int, elem_dtype, emit_hp: bool):
-    """Outputs of a dual cast of an (m, n) tensor: data, zero-filled blocked scales (the epilogue writes only the
-    real ones) and the fp32 copy of the values (or an empty one)."""
-    mp = -(-m // 32) * 32
+    """Outputs of a dual cast of an (m, n) tensor (the shapes of :mod:`.shapes`, blocked): data, zero-filled
+    scales (the epilogue writes only the real ones) and the fp32 copy of the values (or an empty one)."""
     dev = like.device
-    q = torch.empty(m, n, dtype=elem_dtype, device=dev)
-    qs = torch.zeros(F.blocked_scales_numel(m, n // 32), dtype=torch.uint8, device=dev)
-    qt = torch.empty(n, mp, dtype=elem_dtype, device=dev)
-    qts = torch.zeros(F.blocked_scales_numel(n, mp // 32), dtype=torch.uint8, device=dev)
+    (qd, qsd), (qtd, qtsd) = rowwise_shapes((m, n), True, None), colwise_shapes((m, n), True, None)
+    q, qt = (torch.empty(d, dtype=elem_dtype, device=dev) for d in (qd, qtd))
+    qs, qts = (torch.zeros(d, dtype=torch.uint8, device=dev) for d in (qsd, qtsd))
     hp = torch.empty((m, n) if emit_hp else (0,), dtype=torch.float32, device=dev)
     return q, qs, qt, qts, hp
 
