@@ -238,7 +238,8 @@ def to_blocked_scales(scales: torch.Tensor) -> torch.Tensor:
     if scales.dim() == 3:
         if scales.shape[0] == 0:
             return scales.new_zeros(0, blocked_scales_numel(*scales.shape[1:]))
-        return torch.stack([to_blocked_scales(s) for s in scales])
+        # bytewise: torch.stack of E8M0 tensors raises under torch.autocast (its type promotion rejects fp8)
+        return torch.stack([to_blocked_scales(s).view(torch.uint8) for s in scales]).view(torch.float8_e8m0fnu)
     if scales.dim() != 2:
         raise ValueError(f"to_blocked_scales takes (R, C) or (E, R, C) scales, got shape {tuple(scales.shape)}")
     _check_scales_dtype(scales)
@@ -257,7 +258,8 @@ def from_blocked_scales(blocked: torch.Tensor, rows: int, cols: int) -> torch.Te
     if blocked.dim() == 2:
         if blocked.shape[0] == 0:
             return blocked.new_zeros(0, rows, cols)
-        return torch.stack([from_blocked_scales(b, rows, cols) for b in blocked])
+        plain = [from_blocked_scales(b, rows, cols).view(torch.uint8) for b in blocked]
+        return torch.stack(plain).view(torch.float8_e8m0fnu)  # bytewise, as in to_blocked_scales
     _check_scales_dtype(blocked)
     need = blocked_scales_numel(rows, cols)
     if blocked.dim() != 1 or blocked.numel() != need:

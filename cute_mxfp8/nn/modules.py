@@ -21,7 +21,7 @@ from ..config import MXFP8Config, resolve_config
 from ..formats import BLOCK_SIZE
 from ..ops.autograd import mxfp8_linear, mxfp8_swiglu_mlp
 
-__all__ = ["MXFP8Linear", "MXFP8SwiGLUMLP", "MXFP8GroupedExperts", "mxfp8_dims_reason"]
+__all__ = ["MXFP8Linear", "MXFP8SwiGLUMLP", "MXFP8GroupedExperts", "mxfp8_dims_reason", "offsets_from_counts"]
 
 
 def mxfp8_dims_reason(**dims: int) -> str | None:
@@ -137,11 +137,30 @@ class MXFP8GroupedExperts(nn.Module):
         return new
 
     def forward(self, x: Tensor, num_tokens_per_expert: Tensor) -> Tensor:
-        counts = torch.as_tensor(num_tokens_per_expert, device=x.device)
-        if counts.shape != (self.num_experts,) or counts.is_floating_point() or counts.is_complex():
-            raise ValueError(f"num_tokens_per_expert must be an integer tensor of shape ({self.num_experts},), "
-                             f"got {counts.dtype} of shape {tuple(counts.shape)}")
         if x.dim() != 2:
             raise ValueError(f"x must be (tokens, dim) with tokens sorted by expert, got shape {tuple(x.shape)}")
-        offs = torch.cumsum(counts, 0).to(torch.int32)
+        offs = offsets_from_counts(num_tokens_per_expert, self.num_experts, x.shape[0], x.device)
         return mxfp8_swiglu_mlp(x, self.w1, self.w2, self.w3, offs, self.config)
+
+
+def offsets_from_counts(num_tokens_per_expert, num_experts: int, num_tokens: int, device) -> Tensor:
+    """int32 cumulative end offsets (E,) on ``device`` from per-expert token counts, checked before narrowing.
+
+    The counts are summed in int64 and range-checked in that dtype on the host (one device sync; the grouped ops
+    read the offsets once more): every count >= 0 and their sum <= ``num_tokens``, so no value wraps when it is
+    narrowed to the int32 offsets the ops take.  Raises ValueError naming ``num_tokens_per_expert`` otherwise.
+    """
+    counts = torch.as_tensor(num_tokens_per_expert)
+    if (counts.shape != (num_experts,) or counts.dtype == torch.bool or counts.is_floating_point()
+            or counts.is_complex()):
+        raise ValueError(f"num_tokens_per_expert must be an integer tensor of shape ({num_experts},), "
+                         f"got {counts.dtype} of shape {tuple(counts.shape)}")
+    ends = torch.cumsum(counts.to(torch.int64), 0)  # int64: a uint8 / int16 / int32 sum cannot wrap here
+    host = counts.to("cpu", torch.int64)
+    if bool((host < 0).any()):
+        raise ValueError(f"num_tokens_per_expert must be >= 0, got {host.tolist()}")
+    total = sum(host.tolist())  # Python ints: exact, where an int64 sum of huge counts could wrap
+    if total > num_tokens:
+        raise ValueError(f"num_tokens_per_expert sums to {total} but x has {num_tokens} tokens (rows); the counts "
+                         f"must cover at most x.shape[0] rows, got {host.tolist()}")
+    return ends.to(device=device, dtype=torch.int32)

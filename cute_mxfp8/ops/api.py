@@ -121,16 +121,18 @@ def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_
 
 
 def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
-       backend: str | None = None) -> Tensor:
-    """MXFP8 GEMM ``out = a · bᵀ`` with fp32 accumulation.
+       bias: Tensor | None = None, backend: str | None = None) -> Tensor:
+    """MXFP8 GEMM ``out = a · bᵀ (+ bias)`` with fp32 accumulation.
 
     Args:
         a: (M, K) and b: (N, K) MXFP8 data, both K-major (blocks along K), ``K % 32 == 0``.
         a_scales, b_scales: blocked scales of (M, K/32) and (N, K/32) (``quantize_rowwise(..., blocked=True)``).
         out_dtype: bf16 (default) or fp32.
-    Returns: (M, N) in ``out_dtype``.
+        bias: optional (N,) bf16/fp32, added in fp32 to the fp32 accumulator before the one rounding to
+            ``out_dtype`` (never rounded on its own first), as cuBLAS's bias epilogue does.
+    Returns: (M, N) in ``out_dtype``, contiguous.
     """
-    return L._mm(a, a_scales, b, b_scales, out_dtype, backend or "")
+    return L._mm(a, a_scales, b, b_scales, out_dtype, backend or "", bias)
 
 
 def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, *,

@@ -20,6 +20,8 @@ autocast dtype first, so outputs have the dtype ``F.linear`` would give (MXFP8 o
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -27,6 +29,7 @@ from ..config import resolve_config
 from ..formats import group_bounds
 from ..swiglu import GATE_UP_TILE, split_gate_up
 from . import api
+from .amp import autocast_input, autocast_off
 from .backends import fuses_mlp
 
 __all__ = ["mxfp8_linear", "mxfp8_grouped_mm", "mxfp8_swiglu_mlp"]
@@ -57,6 +60,36 @@ def _hp_wgrad(a: Tensor, b: Tensor, offs: Tensor | None) -> Tensor:
     return out
 
 
+def _no_autocast(fn):
+    """Run a Function's forward / backward with autocast off on the device of its first tensor argument: every
+    matmul and cast inside is MX math or fp32 by design (the activation was already cast to the autocast dtype
+    before ``apply``, as ``F.linear`` would)."""
+
+    @functools.wraps(fn)
+    def run(ctx, *args):
+        dev = next(a.device for a in args if isinstance(a, Tensor))
+        with autocast_off(dev):
+            return fn(ctx, *args)
+
+    return run
+
+
+def _first_order_only(name: str) -> None:
+    """Double backward is not supported: raise where the engine would otherwise build a graph of the backward
+    (``create_graph=True``) whose second-order terms through the MXFP8 GEMMs would silently be missing."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(f"cute_mxfp8: {name} does not support double backward (backward with create_graph=True, "
+                           "e.g. torch.autograd.grad(..., create_graph=True) for a gradient penalty); keep the "
+                           "layers that need second derivatives in high precision")
+
+
+def _output(y: Tensor, shape) -> Tensor:
+    """``y`` (a fresh contiguous tensor of the GEMM) in ``shape`` without making the Function's output a view
+    of it, as ``F.linear`` folds batch dims: in-place ops on the output (``y.add_(residual)``) then work like on
+    nn.Linear's, and FSDP2 sees no view."""
+    return torch.ops.aten._unsafe_view(y, tuple(shape))
+
+
 def _quant(x, dtype, scale_mode, backend, offs, need_col):
     """Rowwise (and, if ``need_col``, colwise) quantization: returns (row, row_s, col, col_s)."""
     kw = dict(scale_mode=scale_mode, elem_dtype=dtype, offs=offs, backend=backend)
@@ -67,27 +100,29 @@ def _quant(x, dtype, scale_mode, backend, offs, need_col):
 
 class _LinearFn(torch.autograd.Function):
     @staticmethod
+    @_no_autocast
     def forward(ctx, x, weight, bias, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend):
         k = x.shape[-1]
-        x2 = x.reshape(-1, k)
+        x2 = x.reshape(-1, k).contiguous()
         x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, None, not wgrad_with_hp)
-        w_row, w_row_s, w_col, w_col_s = api.quantize_dual(weight, scale_mode=scale_mode, elem_dtype=elem_dtype,
-                                                           backend=backend)
-        y = api.mm(x_row, x_row_s, w_row, w_row_s, out_dtype=x.dtype, backend=backend)
-        if bias is not None:
-            y = y + bias.to(y.dtype)
+        w_row, w_row_s, w_col, w_col_s = api.quantize_dual(weight.contiguous(), scale_mode=scale_mode,
+                                                           elem_dtype=elem_dtype, backend=backend)
+        # the bias joins the fp32 accumulator inside the GEMM op: one rounding to x.dtype, as F.linear
+        y = api.mm(x_row, x_row_s, w_row, w_row_s, out_dtype=x.dtype, bias=bias, backend=backend)
         ctx.save_for_backward(x2 if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s)
         ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend)
         ctx.meta = (x.shape, x.dtype, weight.dtype, bias is not None and bias.dtype)
-        return y.reshape(*x.shape[:-1], weight.shape[0])
+        return _output(y, (*x.shape[:-1], weight.shape[0]))
 
     @staticmethod
+    @_no_autocast
     def backward(ctx, dy):
+        _first_order_only("mxfp8_linear")
         x_saved, x_col_s, w_col, w_col_s = ctx.saved_tensors
         scale_mode, gdt, hp, backend = ctx.cfg
         x_shape, x_dtype, w_dtype, b_dtype = ctx.meta
         n = dy.shape[-1]
-        dy2 = dy.reshape(-1, n)
+        dy2 = dy.reshape(-1, n).contiguous()  # any grad_output layout reaches the kernels
         need_w = ctx.needs_input_grad[1]
         dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, None, need_w and not hp)
         dx = dw = db = None
@@ -103,7 +138,9 @@ class _LinearFn(torch.autograd.Function):
 
 class _GroupedMMFn(torch.autograd.Function):
     @staticmethod
+    @_no_autocast
     def forward(ctx, x, weight, offs, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend):
+        x, weight = x.contiguous(), weight.contiguous()
         x_row, x_row_s, x_col, x_col_s = _quant(x, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp)
         w_row, w_row_s, w_col, w_col_s = api.quantize_dual(weight, scale_mode=scale_mode, elem_dtype=elem_dtype,
                                                            backend=backend)
@@ -114,10 +151,13 @@ class _GroupedMMFn(torch.autograd.Function):
         return y
 
     @staticmethod
+    @_no_autocast
     def backward(ctx, dy):
+        _first_order_only("mxfp8_grouped_mm")
         x_saved, x_col_s, w_col, w_col_s, offs = ctx.saved_tensors
         scale_mode, gdt, hp, backend = ctx.cfg
         x_dtype, w_dtype = ctx.meta
+        dy = dy.contiguous()
         need_w = ctx.needs_input_grad[1]
         dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy, gdt, scale_mode, backend, offs, need_w and not hp)
         dx = dw = None
@@ -131,9 +171,11 @@ class _GroupedMMFn(torch.autograd.Function):
 
 class _SwiGLUMLPFn(torch.autograd.Function):
     @staticmethod
+    @_no_autocast
     def forward(ctx, x, w1, w2, w3, offs, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, fused):
         d = x.shape[-1]
-        x2 = x.reshape(-1, d)
+        x2 = x.reshape(-1, d).contiguous()
+        w1, w2, w3 = w1.contiguous(), w2.contiguous(), w3.contiguous()
         qw = dict(scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend)
         tile = GATE_UP_TILE if fused else None  # the fused epilogues want W13 (and so h13, dh13) interleaved
         x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp)
@@ -151,14 +193,16 @@ class _SwiGLUMLPFn(torch.autograd.Function):
                               h_col_s, w13_col, w13_col_s, w2_col, w2_col_s, offs)
         ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, tile)
         ctx.meta = (x.shape, x.dtype, w1.dtype, w2.dtype)
-        return y.reshape(x.shape)
+        return _output(y, x.shape)
 
     @staticmethod
+    @_no_autocast
     def backward(ctx, dy):
+        _first_order_only("mxfp8_swiglu_mlp")
         x_saved, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s, w2_col, w2_col_s, offs = ctx.saved_tensors
         scale_mode, gdt, hp, backend, tile = ctx.cfg
         x_shape, x_dtype, w13_dtype, w2_dtype = ctx.meta
-        dy2 = dy.reshape(-1, x_shape[-1])
+        dy2 = dy.reshape(-1, x_shape[-1]).contiguous()
         need_w = any(ctx.needs_input_grad[1:4])
         dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, offs, need_w and not hp)
         qg = dict(scale_mode=scale_mode, elem_dtype=gdt, emit_hp=hp, backend=backend)
@@ -181,15 +225,6 @@ class _SwiGLUMLPFn(torch.autograd.Function):
             dw1, dw3 = (t.to(w13_dtype) for t in split_gate_up(dw13, dim=-2, tile=tile))
             dw2 = dw2.to(w2_dtype)
         return dx, dw1, dw2, dw3, None, None, None, None, None, None, None
-
-
-def _autocast(x: Tensor) -> Tensor:
-    """Under autocast, run in the autocast dtype like ``F.linear`` would (the weights are quantized from their
-    own dtype either way)."""
-    dev = x.device.type
-    if torch.is_autocast_enabled(dev):
-        return x.to(torch.get_autocast_dtype(dev))
-    return x
 
 
 def _cfg_args(config):
@@ -241,7 +276,7 @@ def mxfp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, config=N
     _check_input(x, k, rank2=False)
     if bias is not None:
         _check_weight("bias", bias, (n,))
-    return _LinearFn.apply(_autocast(x), weight, bias, *_cfg_args(config))
+    return _LinearFn.apply(autocast_input(x), weight, bias, *_cfg_args(config))
 
 
 def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None) -> Tensor:
@@ -255,7 +290,7 @@ def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None) -> Te
         raise ValueError(f"weight must be (E, N, K) expert weights, got shape {tuple(weight.shape)}")
     _check_weight("weight", weight, tuple(weight.shape))
     _check_input(x, weight.shape[2], rank2=True)
-    return _GroupedMMFn.apply(_autocast(x), weight, offs, *_cfg_args(config))
+    return _GroupedMMFn.apply(autocast_input(x), weight, offs, *_cfg_args(config))
 
 
 def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor | None = None,
@@ -277,5 +312,5 @@ def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor
     _check_weight("w3", w3, (*e, i, d))
     _check_weight("w2", w2, (*e, d, i))
     _check_input(x, d, rank2=grouped)
-    return _SwiGLUMLPFn.apply(_autocast(x), w1, w2, w3, offs, *_cfg_args(config),
+    return _SwiGLUMLPFn.apply(autocast_input(x), w1, w2, w3, offs, *_cfg_args(config),
                               fused_epilogues_enabled(config, x.device, i, grouped))

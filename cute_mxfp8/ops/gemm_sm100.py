@@ -78,10 +78,15 @@ def _e8m0(q, qs, qt, qts, hp):
     return q, qs.view(torch.float8_e8m0fnu), qt, qts.view(torch.float8_e8m0fnu), hp
 
 
-def mm(a, a_scales, b, b_scales, out_dtype):
-    d = torch.empty(a.shape[0], b.shape[0], dtype=out_dtype, device=a.device)
+def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
+    """With a bias the kernel stores its fp32 accumulator and the bias is added before the one rounding to
+    ``out_dtype`` (the plain epilogue has no bias input yet: an extra pass over D)."""
+    acc_dtype = out_dtype if bias is None else torch.float32
+    d = torch.empty(a.shape[0], b.shape[0], dtype=acc_dtype, device=a.device)
     if d.numel():
-        _kernel(a, b, out_dtype)(a, b, _u8(a_scales), _u8(b_scales), d)
+        _kernel(a, b, acc_dtype)(a, b, _u8(a_scales), _u8(b_scales), d)
+    if bias is not None:
+        d = d.add_(bias.float()).to(out_dtype)
     return d
 
 
@@ -117,7 +122,11 @@ def _operand_limits(a, a_scales, b, b_scales) -> str | None:
     return None
 
 
-def _mm_limits(a, a_scales, b, b_scales, out_dtype, epilogue="plain"):
+def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None):
+    return _gemm_limits(a, a_scales, b, b_scales, out_dtype if bias is None else torch.float32, "plain")
+
+
+def _gemm_limits(a, a_scales, b, b_scales, out_dtype, epilogue):
     from ..kernels.gemm_sm100 import MXGemmSm100
 
     why = _operand_limits(a, a_scales, b, b_scales)
@@ -127,14 +136,14 @@ def _mm_limits(a, a_scales, b, b_scales, out_dtype, epilogue="plain"):
 
 
 def _mm_swiglu_limits(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
-    why = _mm_limits(a, a_scales, b13, b13_scales, out_dtype, "swiglu")
+    why = _gemm_limits(a, a_scales, b13, b13_scales, out_dtype, "swiglu")
     if why is None and a.shape[0] * b13.shape[0] > _MAX_ELEMENTS:
         return f"h13 would have {a.shape[0] * b13.shape[0]} elements; the kernel indexes with int32: split M"
     return why
 
 
 def _mm_dswiglu_limits(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp):
-    why = _mm_limits(a, a_scales, b, b_scales, h13.dtype, "dswiglu")
+    why = _gemm_limits(a, a_scales, b, b_scales, h13.dtype, "dswiglu")
     if why is None and (not h13.is_contiguous() or h13.data_ptr() % 16):
         return "h13 must be contiguous with a 16-byte aligned data pointer (call .contiguous())"
     if why is None and h13.numel() > _MAX_ELEMENTS:

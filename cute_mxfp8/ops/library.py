@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from . import shapes as S
+from .amp import autocast_off
 from .backends import get_impl
 
 _E8M0 = torch.float8_e8m0fnu
@@ -23,7 +24,20 @@ _NS = "cute_mxfp8"
 
 
 def _call(op: str, device: torch.device, backend: str, *args):
-    return get_impl(op, device, backend or None, args)(*args)
+    """Run ``op``'s implementation from the chosen backend with autocast off, and return contiguous outputs.
+
+    * Autocast: the ops' arithmetic is fixed by the MX numerics, so ``torch.autocast`` must change nothing
+      (no fp32 matmul of the reference running in bf16, no ``torch.cat`` / ``torch.stack`` of fp8 or E8M0
+      tensors reaching autocast's type promotion, which rejects them).
+    * Strides: the fakes declare every output contiguous; an implementation that computes from a transposed or
+      sliced input may produce other strides (a no-op for outputs that already are contiguous).
+    """
+    impl = get_impl(op, device, backend or None, args)
+    with autocast_off(device):
+        out = impl(*args)
+    if isinstance(out, tuple):
+        return tuple(t.contiguous() for t in out)
+    return out.contiguous()
 
 
 def _empty(like: Tensor, shape, dtype) -> Tensor:
@@ -134,14 +148,15 @@ def _(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend):
 # ---- GEMMs ----------------------------------------------------------------------------------------------
 
 @torch.library.custom_op(f"{_NS}::mm", mutates_args=())
-def _mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, out_dtype: torch.dtype, backend: str) -> Tensor:
-    S.check_mm(a, a_scales, b, b_scales, out_dtype)
-    return _call("mm", a.device, backend, a, a_scales, b, b_scales, out_dtype)
+def _mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, out_dtype: torch.dtype, backend: str,
+        bias: Optional[Tensor] = None) -> Tensor:
+    S.check_mm(a, a_scales, b, b_scales, out_dtype, bias)
+    return _call("mm", a.device, backend, a, a_scales, b, b_scales, out_dtype, bias)
 
 
 @_mm.register_fake
-def _(a, a_scales, b, b_scales, out_dtype, backend):
-    return _empty(a, S.check_mm(a, a_scales, b, b_scales, out_dtype), out_dtype)
+def _(a, a_scales, b, b_scales, out_dtype, backend, bias=None):
+    return _empty(a, S.check_mm(a, a_scales, b, b_scales, out_dtype, bias), out_dtype)
 
 
 @torch.library.custom_op(f"{_NS}::grouped_mm", mutates_args=())

@@ -69,8 +69,11 @@ def _deq_rowwise(data: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
     return F.dequantize_mxfp8(data, F.from_blocked_scales(blocked, r, k // _B))
 
 
-def mm(a, a_scales, b, b_scales, out_dtype):
-    return (_deq_rowwise(a, a_scales) @ _deq_rowwise(b, b_scales).t()).to(out_dtype)
+def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
+    acc = _deq_rowwise(a, a_scales) @ _deq_rowwise(b, b_scales).t()
+    if bias is not None:  # added to the fp32 accumulator: one rounding to out_dtype, as cuBLAS's bias epilogue
+        acc = acc + bias.float()
+    return acc.to(out_dtype)
 
 
 def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):

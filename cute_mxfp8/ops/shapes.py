@@ -130,9 +130,9 @@ def check_quantize_input(x: torch.Tensor, offs: torch.Tensor | None, colwise: bo
 
 # ---- GEMMs ----------------------------------------------------------------------------------------------
 
-def check_mm(a, a_scales, b, b_scales, out_dtype):
+def check_mm(a, a_scales, b, b_scales, out_dtype, bias=None):
     check_out_dtype(out_dtype)
-    check_same_device(a, a_scales, b, b_scales)
+    check_same_device(a, a_scales, b, b_scales, bias)
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"mm takes a (M, K) and b (N, K), got {tuple(a.shape)} and {tuple(b.shape)}")
     m, k = a.shape
@@ -142,6 +142,10 @@ def check_mm(a, a_scales, b, b_scales, out_dtype):
     check_fp8("b", b, (n, k))
     check_scales("a_scales", a_scales, (blocked_scales_numel(m, k // BLOCK_SIZE),))
     check_scales("b_scales", b_scales, (blocked_scales_numel(n, k // BLOCK_SIZE),))
+    if bias is not None:
+        check_hp("bias", bias, ranks=(1,))
+        if bias.shape[0] != n:
+            raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({n},) (one value per row of b)")
     return (m, n)
 
 
