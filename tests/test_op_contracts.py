@@ -116,10 +116,11 @@ def _checks(args):
     return FP8_INPUT_CHECKS if any(isinstance(a, torch.Tensor) and a.dtype in FP8 for a in args) else None
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", CASE_NAMES)
 @pytest.mark.parametrize("how", ["transposed", "sliced"])
-def test_outputs_have_the_fake_strides_for_any_input_layout(name, how, rng):
-    _, op, args = _case(name, "cpu", rng)
+def test_outputs_have_the_fake_strides_for_any_input_layout(name, how, device, rng):
+    _, op, args = _case(name, device, rng)
     want = op(*args)
     moved = tuple(_relayout(a, how) for a in args)
     got = op(*moved)

@@ -1,0 +1,316 @@
+"""Contracts of the differentiable functions and modules (issue 11), each class with the input that broke it:
+one rounding of the bias; autocast changes nothing but the activation dtype; double backward raises; outputs
+are not views and take in-place ops; token counts are range-checked before narrowing; grad_output of any
+layout; NaN / Inf in rows past ``offs[-1]`` poison nothing; M = 0 and E = 0; activation checkpointing
+(reentrant, non-reentrant, selective) is bit-equal to none.
+
+CPU here; CUDA with ``pytest -m gpu`` (the sm90 kernels run the casts there).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from cute_mxfp8 import MXFP8Config
+from cute_mxfp8.nn import MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP
+from cute_mxfp8.ops import mxfp8_grouped_mm, mxfp8_linear, mxfp8_swiglu_mlp
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200)")])]
+KINDS = ["linear", "mlp", "experts"]
+D, I, E = 64, 128, 3
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32).cpu()
+
+
+def _assert_bits(a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:
+    assert a.shape == b.shape and a.dtype == b.dtype, what
+    assert torch.equal(_bits(a), _bits(b)), what
+
+
+def _module(kind: str, device, rng, hp=False):
+    cfg = MXFP8Config(wgrad_with_hp=hp)
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    if kind == "linear":
+        return MXFP8Linear(D, 96, bias=True, device=device, config=cfg)
+    if kind == "mlp":
+        return MXFP8SwiGLUMLP(D, I, device=device, config=cfg)
+    return MXFP8GroupedExperts(D, I, E, device=device, config=cfg)
+
+
+def _counts(t: int, device) -> torch.Tensor:
+    """Expert counts for t tokens with an empty expert and t // 5 rows past the last group."""
+    used = t - t // 5
+    return torch.tensor([used // 3, 0, used - used // 3], device=device)
+
+
+def _call(kind, m, x, counts=None):
+    if kind != "experts":
+        return m(x)
+    return m(x, _counts(x.shape[0], x.device) if counts is None else counts)
+
+
+def _run(kind, m, x, dy, counts=None):
+    """Forward + backward; returns (y, x.grad, param grads) and leaves the module's grads cleared."""
+    m.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_()
+    y = _call(kind, m, x, counts)
+    y.backward(dy)
+    grads = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad(set_to_none=True)
+    return y.detach(), x.grad, grads
+
+
+def _assert_runs_equal(a, b, what=""):
+    _assert_bits(a[0], b[0], f"{what} output")
+    _assert_bits(a[1], b[1], f"{what} input grad")
+    for i, (ga, gb) in enumerate(zip(a[2], b[2])):
+        _assert_bits(ga, gb, f"{what} param grad {i}")
+
+
+# ---- 1. the bias is added to the fp32 accumulator, rounded once -----------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bias_dtype", [torch.bfloat16, torch.float32])
+def test_bias_is_rounded_once_issue_example(device, bias_dtype):
+    x = torch.ones(1, 32, dtype=torch.bfloat16, device=device)
+    w = torch.full((32, 32), 8.0, dtype=torch.bfloat16, device=device)
+    w[0, 0] = 9.0
+    b = torch.zeros(32, dtype=bias_dtype, device=device)
+    b[0] = 1.0
+    assert mxfp8_linear(x, w, b)[0, 0].item() == 258.0  # 257 + 1, exact; bf16(257) + 1 gave 256
+    lin = MXFP8Linear(32, 32, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+        lin.bias.copy_(b)
+    assert lin(x)[0, 0].item() == 258.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("x_dtype,bias_dtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                                (torch.float32, torch.float32)])
+def test_bias_single_rounding_on_integer_data(device, x_dtype, bias_dtype, rng):
+    """Integers in [-8, 8] quantize exactly in e4m3 and their products sum exactly in fp32, so the MXFP8 result
+    must be the exact ``x·wᵀ + b`` rounded once to the output dtype, bit for bit."""
+    x = torch.randint(-8, 9, (256, 64), generator=rng).to(device, x_dtype)
+    w = torch.randint(-8, 9, (64, 64), generator=rng).to(device, x_dtype)
+    b = (torch.randint(-256, 256, (64,), generator=rng) / 4).to(device, bias_dtype)  # exact in bf16 and fp32
+    want = (x.double() @ w.double().t() + b.double()).to(x_dtype)
+    _assert_bits(mxfp8_linear(x, w, b), want)
+    lin = MXFP8Linear(64, 64, device=device, dtype=x_dtype)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+        lin.bias = torch.nn.Parameter(b)
+    _assert_bits(lin(x), want)
+
+
+# ---- 2. autocast: the activation in the autocast dtype, nothing else changes -----------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("hp", [False, True])
+def test_modules_under_autocast_equal_explicit_bf16(device, kind, hp, rng):
+    m = _module(kind, device, rng, hp)
+    x = torch.randn(150, D, generator=rng).to(device)
+    dy = torch.randn(150, 96 if kind == "linear" else D, generator=rng).to(device, torch.bfloat16)
+    want = _run(kind, m, x.bfloat16(), dy)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        got = _run(kind, m, x, dy)
+    _assert_bits(got[0], want[0], "output")
+    _assert_bits(got[1], want[1].float(), "input grad")  # autocast's cast back to fp32 is exact
+    for g, w in zip(got[2], want[2]):
+        _assert_bits(g, w)
+
+
+# ---- 3. double backward raises ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fn", ["linear", "grouped_mm", "mlp", "grouped_mlp"])
+def test_double_backward_raises(fn, rng):
+    x = torch.randn(40, D, generator=rng, requires_grad=True)
+    offs = torch.tensor([10, 10, 40], dtype=torch.int32)
+    w = (torch.randn(E, I, D, generator=rng) / 8).requires_grad_()
+    w2 = (torch.randn(E, D, I, generator=rng) / 8).requires_grad_()
+    call = {"linear": lambda: mxfp8_linear(x, w[0]),
+            "grouped_mm": lambda: mxfp8_grouped_mm(x, w, offs),
+            "mlp": lambda: mxfp8_swiglu_mlp(x, w[0], w2[0], w[1]),
+            "grouped_mlp": lambda: mxfp8_swiglu_mlp(x, w, w2, w, offs=offs)}[fn]
+    gx, = torch.autograd.grad(call().sum(), x)  # first order works
+    assert gx.shape == x.shape and not gx.requires_grad
+    with pytest.raises(RuntimeError, match="does not support double backward"):
+        torch.autograd.grad(call().sum(), x, create_graph=True)
+
+
+# ---- 4. outputs are not views: in-place ops work as on nn.Linear ---------------------------------------------
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("lead", [(77,), (3, 40)])
+def test_outputs_take_in_place_ops(kind, lead, rng):
+    if kind == "experts" and len(lead) > 1:
+        pytest.skip("grouped experts take (tokens, dim)")
+    m = _module(kind, "cpu", rng)
+    x = torch.randn(*lead, D, generator=rng)
+    dy = torch.randn(*lead, 96 if kind == "linear" else D, generator=rng)
+    want = _run(kind, m, x, 2 * dy)  # y.mul_(2) doubles every gradient, exactly (a power of two)
+    xx = x.clone().requires_grad_()
+    y = _call(kind, m, xx)
+    assert not y._is_view() and y._base is None
+    y.mul_(2).add_(1)  # residual-style in-place update
+    y.backward(dy)
+    _assert_bits(xx.grad, want[1])
+    for p, g in zip(m.parameters(), want[2]):
+        _assert_bits(p.grad, g)
+
+
+# ---- 5. token counts are range-checked before narrowing ---------------------------------------------------
+
+@pytest.mark.parametrize("counts,match", [
+    (torch.tensor([2**32 + 24, 40]), r"num_tokens_per_expert sums to 4294967360 but x has 64"),
+    (torch.tensor([2**62, 2**62]), r"num_tokens_per_expert sums to 9223372036854775808"),  # int64 sum wraps
+    (torch.tensor([2**31 - 1, 10], dtype=torch.int32), r"num_tokens_per_expert sums to 2147483657"),
+    (torch.tensor([-8, 40]), r"num_tokens_per_expert must be >= 0"),
+    (torch.tensor([True, False]), "integer tensor"),
+    ([30, 40], "sums to 70 but x has 64"),
+])
+def test_counts_are_checked_in_their_own_dtype(counts, match, rng):
+    ex = MXFP8GroupedExperts(64, 64, 2)
+    with pytest.raises(ValueError, match=match):
+        ex(torch.randn(64, 64, generator=rng), counts)
+
+
+def test_narrow_count_dtypes_do_not_wrap(rng):
+    """uint8 counts summing past 255 (a uint8 cumsum would wrap) give the int64 counts' result."""
+    ex = MXFP8GroupedExperts(64, 64, 2)
+    x = torch.randn(320, 64, generator=rng)
+    with torch.no_grad():
+        _assert_bits(ex(x, torch.tensor([200, 100], dtype=torch.uint8)), ex(x, torch.tensor([200, 100])))
+
+
+# ---- 6. grad_output of any layout -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_non_contiguous_grad_output(device, kind, rng):
+    m = _module(kind, device, rng)
+    x = torch.randn(130, D, generator=rng).to(device)
+    n = 96 if kind == "linear" else D
+    dy = torch.randn(130, n, generator=rng).to(device)
+    want = _run(kind, m, x, dy)
+    _assert_runs_equal(_run(kind, m, x, dy.t().contiguous().t()), want, "transposed dy")
+    wide = torch.zeros(130, 2 * n, device=device)
+    wide[:, ::2] = dy
+    _assert_runs_equal(_run(kind, m, x, wide[:, ::2]), want, "sliced dy")
+    _assert_runs_equal(_run(kind, m, x.t().contiguous().t(), dy), want, "transposed x")
+
+
+# ---- 7. NaN / Inf in rows past offs[-1] poison nothing -------------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fn", ["grouped_mm", "grouped_mlp", "experts"])
+@pytest.mark.parametrize("hp", [False, True])
+def test_rows_past_the_last_group_poison_nothing(device, fn, hp, rng):
+    t, end = 150, 120
+    offs = torch.tensor([40, 40, end], dtype=torch.int32, device=device)
+    cfg = MXFP8Config(wgrad_with_hp=hp)
+    x = torch.randn(t, D, generator=rng).to(device)
+    w = (torch.randn(E, I, D, generator=rng) / 8).to(device)
+    w2 = (torch.randn(E, D, I, generator=rng) / 8).to(device)
+    ex = _module("experts", device, rng, hp)
+    n = I if fn == "grouped_mm" else D
+    dy = torch.randn(t, n, generator=rng).to(device)
+
+    def run(x, dy):
+        leaves = [a.clone().requires_grad_() for a in (x, w, w2)]
+        if fn == "grouped_mm":
+            y = mxfp8_grouped_mm(leaves[0], leaves[1], offs, cfg)
+        elif fn == "grouped_mlp":
+            y = mxfp8_swiglu_mlp(leaves[0], leaves[1], leaves[2], leaves[1] * 0.5, offs=offs, config=cfg)
+        else:
+            return _run("experts", ex, x, dy, counts=torch.tensor([40, 0, end - 40], device=device))
+        y.backward(dy)
+        return y.detach(), leaves[0].grad, [leaves[1].grad] + ([leaves[2].grad] if fn != "grouped_mm" else [])
+
+    clean = run(x, dy)
+    xp, dyp = x.clone(), dy.clone()
+    xp[end:] = float("nan")
+    xp[end + 1:, 3] = float("inf")
+    dyp[end:] = float("nan")
+    dyp[end:, 0] = -float("inf")
+    poisoned = run(xp, dyp)
+    _assert_runs_equal(poisoned, clean, fn)
+    assert torch.all(poisoned[0][end:] == 0) and torch.all(poisoned[1][end:] == 0)
+
+
+# ---- 8. M = 0 and E = 0 through every function and module ---------------------------------------------------
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("lead", [(0,), (2, 0)])
+def test_empty_token_batches(device, kind, lead, rng):
+    if kind == "experts" and len(lead) > 1:
+        pytest.skip("grouped experts take (tokens, dim)")
+    m = _module(kind, device, rng)
+    x = torch.randn(*lead, D, device=device, requires_grad=True)
+    y = _call(kind, m, x)
+    assert y.shape == (*lead, 96 if kind == "linear" else D)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    assert all(p.grad is not None and torch.all(p.grad == 0) for p in m.parameters())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_experts(device, rng):
+    ex = MXFP8GroupedExperts(D, I, 0, device=device)
+    x = torch.randn(12, D, generator=rng).to(device).requires_grad_()
+    y = ex(x, torch.zeros(0, dtype=torch.int64))
+    assert y.shape == (12, D) and torch.all(y == 0)
+    y.sum().backward()
+    assert torch.all(x.grad == 0) and all(p.grad.shape == p.shape for p in ex.parameters())
+    offs = torch.zeros(0, dtype=torch.int32, device=device)
+    w = torch.zeros(0, I, D, device=device, requires_grad=True)
+    y = mxfp8_grouped_mm(x, w, offs)
+    assert y.shape == (12, I) and torch.all(y == 0)
+    y.sum().backward()
+    assert w.grad.shape == (0, I, D)
+
+
+# ---- 9. activation checkpointing is bit-equal to none --------------------------------------------------------
+
+def _sac_policy(ctx, op, *args, **kwargs):
+    """Selective checkpointing: keep the GEMM outputs, recompute the casts."""
+    if op in (torch.ops.cute_mxfp8.mm.default, torch.ops.cute_mxfp8.grouped_mm.default):
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("mode", ["reentrant", "non_reentrant", "selective"])
+def test_activation_checkpointing_is_bit_equal(kind, mode, rng):
+    m = _module(kind, "cpu", rng)
+    x = torch.randn(100, D, generator=rng)
+    dy = torch.randn(100, 96 if kind == "linear" else D, generator=rng)
+    want = _run(kind, m, x, dy)
+    counts = _counts(100, "cpu")
+
+    class Wrapped(torch.nn.Module):
+        def forward(self, x):
+            fn = functools.partial(_call, kind, m, counts=counts)
+            if mode == "reentrant":
+                return checkpoint(fn, x, use_reentrant=True)
+            kw = {"context_fn": functools.partial(create_selective_checkpoint_contexts, _sac_policy)} \
+                if mode == "selective" else {}
+            return checkpoint(fn, x, use_reentrant=False, **kw)
+
+    xx = x.clone().requires_grad_()
+    y = Wrapped()(xx)
+    y.backward(dy)
+    _assert_bits(y.detach(), want[0])
+    _assert_bits(xx.grad, want[1])
+    for p, g in zip(m.parameters(), want[2]):
+        _assert_bits(p.grad, g)
