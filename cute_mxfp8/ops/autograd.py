@@ -103,9 +103,9 @@ class _LinearFn(torch.autograd.Function):
     @_no_autocast
     def forward(ctx, x, weight, bias, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend):
         k = x.shape[-1]
-        x2 = x.reshape(-1, k).contiguous()
+        x2 = x.reshape(-1, k)
         x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, None, not wgrad_with_hp)
-        w_row, w_row_s, w_col, w_col_s = api.quantize_dual(weight.contiguous(), scale_mode=scale_mode,
+        w_row, w_row_s, w_col, w_col_s = api.quantize_dual(weight, scale_mode=scale_mode,
                                                            elem_dtype=elem_dtype, backend=backend)
         # the bias joins the fp32 accumulator inside the GEMM op: one rounding to x.dtype, as F.linear
         y = api.mm(x_row, x_row_s, w_row, w_row_s, out_dtype=x.dtype, bias=bias, backend=backend)
@@ -122,7 +122,7 @@ class _LinearFn(torch.autograd.Function):
         scale_mode, gdt, hp, backend = ctx.cfg
         x_shape, x_dtype, w_dtype, b_dtype = ctx.meta
         n = dy.shape[-1]
-        dy2 = dy.reshape(-1, n).contiguous()  # any grad_output layout reaches the kernels
+        dy2 = dy.reshape(-1, n)
         need_w = ctx.needs_input_grad[1]
         dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, None, need_w and not hp)
         dx = dw = db = None
@@ -132,7 +132,7 @@ class _LinearFn(torch.autograd.Function):
             dw = _hp_wgrad(dy2, x_saved, None) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s, None, backend)
             dw = dw.to(w_dtype)
         if b_dtype is not False and ctx.needs_input_grad[2]:
-            db = dy2.float().sum(0).to(b_dtype)
+            db = dy2.float().contiguous().sum(0).to(b_dtype)  # one summation order whatever dy's layout
         return dx, dw, db, None, None, None, None, None
 
 
@@ -140,7 +140,6 @@ class _GroupedMMFn(torch.autograd.Function):
     @staticmethod
     @_no_autocast
     def forward(ctx, x, weight, offs, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend):
-        x, weight = x.contiguous(), weight.contiguous()
         x_row, x_row_s, x_col, x_col_s = _quant(x, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp)
         w_row, w_row_s, w_col, w_col_s = api.quantize_dual(weight, scale_mode=scale_mode, elem_dtype=elem_dtype,
                                                            backend=backend)
@@ -157,7 +156,6 @@ class _GroupedMMFn(torch.autograd.Function):
         x_saved, x_col_s, w_col, w_col_s, offs = ctx.saved_tensors
         scale_mode, gdt, hp, backend = ctx.cfg
         x_dtype, w_dtype = ctx.meta
-        dy = dy.contiguous()
         need_w = ctx.needs_input_grad[1]
         dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy, gdt, scale_mode, backend, offs, need_w and not hp)
         dx = dw = None
@@ -174,8 +172,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
     @_no_autocast
     def forward(ctx, x, w1, w2, w3, offs, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, fused):
         d = x.shape[-1]
-        x2 = x.reshape(-1, d).contiguous()
-        w1, w2, w3 = w1.contiguous(), w2.contiguous(), w3.contiguous()
+        x2 = x.reshape(-1, d)
         qw = dict(scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend)
         tile = GATE_UP_TILE if fused else None  # the fused epilogues want W13 (and so h13, dh13) interleaved
         x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp)
@@ -202,7 +199,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         x_saved, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s, w2_col, w2_col_s, offs = ctx.saved_tensors
         scale_mode, gdt, hp, backend, tile = ctx.cfg
         x_shape, x_dtype, w13_dtype, w2_dtype = ctx.meta
-        dy2 = dy.reshape(-1, x_shape[-1]).contiguous()
+        dy2 = dy.reshape(-1, x_shape[-1])
         need_w = any(ctx.needs_input_grad[1:4])
         dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, offs, need_w and not hp)
         qg = dict(scale_mode=scale_mode, elem_dtype=gdt, emit_hp=hp, backend=backend)

@@ -25,7 +25,11 @@ _NS = "cute_mxfp8"
 
 
 def _call(op: str, device: torch.device, backend: str, *args):
-    """Run ``op``'s implementation from the chosen backend with autocast off, and return contiguous outputs.
+    """Run ``op``'s implementation from the chosen backend on contiguous inputs with autocast off, and return
+    outputs with the declared strides.
+
+    * Layouts: a transposed or sliced input is copied to a contiguous one first, so it runs on the same kernel
+      (and, on the reference, the same matmul) as its contiguous copy and gives the same bytes.
 
     * Autocast: the ops' arithmetic is fixed by the MX numerics, so ``torch.autocast`` must change nothing
       (no fp32 matmul of the reference running in bf16, no ``torch.cat`` / ``torch.stack`` of fp8 or E8M0
@@ -33,6 +37,7 @@ def _call(op: str, device: torch.device, backend: str, *args):
     * Strides: the fakes declare every output contiguous; an implementation that computes from a transposed or
       sliced input may produce other strides (a no-op for outputs that already are contiguous).
     """
+    args = tuple(a.contiguous() if isinstance(a, Tensor) else a for a in args)
     impl = get_impl(op, device, backend or None, args)
     with autocast_off(device):
         out = impl(*args)
