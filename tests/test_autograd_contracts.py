@@ -22,7 +22,7 @@ from cute_mxfp8.ops import mxfp8_grouped_mm, mxfp8_linear, mxfp8_swiglu_mlp
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200)")])]
-KINDS = ["linear", "mlp", "experts"]
+KINDS = ["linear", "mlp", "mlp_fused", "experts"]  # mlp_fused: GEMM1 / w2 dgrad as the fused-epilogue ops
 D, I, E = 64, 128, 3
 
 
@@ -40,8 +40,9 @@ def _module(kind: str, device, rng, hp=False):
     torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=rng)))
     if kind == "linear":
         return MXFP8Linear(D, 96, bias=True, device=device, config=cfg)
-    if kind == "mlp":
-        return MXFP8SwiGLUMLP(D, I, device=device, config=cfg)
+    if kind.startswith("mlp"):
+        return MXFP8SwiGLUMLP(D, I, device=device, config=MXFP8Config(wgrad_with_hp=hp,
+                                                                       fused_epilogues=kind == "mlp_fused"))
     return MXFP8GroupedExperts(D, I, E, device=device, config=cfg)
 
 
@@ -129,14 +130,39 @@ def test_modules_under_autocast_equal_explicit_bf16(device, kind, hp, rng):
         _assert_bits(g, w)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_mm_under_autocast_equals_explicit_bf16(device, rng):
+    offs = torch.tensor([30, 30, 100], dtype=torch.int32, device=device)
+    x = torch.randn(120, D, generator=rng).to(device)
+    w = (torch.randn(E, I, D, generator=rng) / 8).to(device)
+    dy = torch.randn(120, I, generator=rng).to(device, torch.bfloat16)
+
+    def run(x):
+        xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = mxfp8_grouped_mm(xx, ww, offs)
+        y.backward(dy)
+        return y.detach(), xx.grad, [ww.grad]
+
+    want = run(x.bfloat16())
+    with torch.autocast(device, dtype=torch.bfloat16):
+        got = run(x)
+    _assert_runs_equal((got[0], got[1].bfloat16(), got[2]), want, "grouped_mm")
+
+
+def test_autocast_dtype_other_than_bf16_is_refused(rng):
+    with torch.autocast("cpu", dtype=torch.float16), pytest.raises(ValueError, match="torch.bfloat16"):
+        mxfp8_linear(torch.randn(4, 64, generator=rng), torch.randn(32, 64, generator=rng))
+
+
 # ---- 3. double backward raises ------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fn", ["linear", "grouped_mm", "mlp", "grouped_mlp"])
-def test_double_backward_raises(fn, rng):
-    x = torch.randn(40, D, generator=rng, requires_grad=True)
-    offs = torch.tensor([10, 10, 40], dtype=torch.int32)
-    w = (torch.randn(E, I, D, generator=rng) / 8).requires_grad_()
-    w2 = (torch.randn(E, D, I, generator=rng) / 8).requires_grad_()
+def test_double_backward_raises(fn, device, rng):
+    x = torch.randn(40, D, generator=rng).to(device).requires_grad_()
+    offs = torch.tensor([10, 10, 40], dtype=torch.int32, device=device)
+    w = (torch.randn(E, I, D, generator=rng) / 8).to(device).requires_grad_()
+    w2 = (torch.randn(E, D, I, generator=rng) / 8).to(device).requires_grad_()
     call = {"linear": lambda: mxfp8_linear(x, w[0]),
             "grouped_mm": lambda: mxfp8_grouped_mm(x, w, offs),
             "mlp": lambda: mxfp8_swiglu_mlp(x, w[0], w2[0], w[1]),
@@ -149,14 +175,15 @@ def test_double_backward_raises(fn, rng):
 
 # ---- 4. outputs are not views: in-place ops work as on nn.Linear ---------------------------------------------
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("lead", [(77,), (3, 40)])
-def test_outputs_take_in_place_ops(kind, lead, rng):
+def test_outputs_take_in_place_ops(kind, lead, device, rng):
     if kind == "experts" and len(lead) > 1:
         pytest.skip("grouped experts take (tokens, dim)")
-    m = _module(kind, "cpu", rng)
-    x = torch.randn(*lead, D, generator=rng)
-    dy = torch.randn(*lead, 96 if kind == "linear" else D, generator=rng)
+    m = _module(kind, device, rng)
+    x = torch.randn(*lead, D, generator=rng).to(device)
+    dy = torch.randn(*lead, 96 if kind == "linear" else D, generator=rng).to(device)
     want = _run(kind, m, x, 2 * dy)  # y.mul_(2) doubles every gradient, exactly (a power of two)
     xx = x.clone().requires_grad_()
     y = _call(kind, m, xx)
@@ -289,14 +316,15 @@ def _sac_policy(ctx, op, *args, **kwargs):
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("mode", ["reentrant", "non_reentrant", "selective"])
-def test_activation_checkpointing_is_bit_equal(kind, mode, rng):
-    m = _module(kind, "cpu", rng)
-    x = torch.randn(100, D, generator=rng)
-    dy = torch.randn(100, 96 if kind == "linear" else D, generator=rng)
+def test_activation_checkpointing_is_bit_equal(kind, mode, device, rng):
+    m = _module(kind, device, rng)
+    x = torch.randn(100, D, generator=rng).to(device)
+    dy = torch.randn(100, 96 if kind == "linear" else D, generator=rng).to(device)
     want = _run(kind, m, x, dy)
-    counts = _counts(100, "cpu")
+    counts = _counts(100, device)
 
     class Wrapped(torch.nn.Module):
         def forward(self, x):

@@ -146,11 +146,17 @@ def test_autocast_changes_no_byte_of_any_op(device, rng):
         want = op(*args)
         with torch.autocast(device, dtype=torch.bfloat16):
             _same_bytes(op(*args), want)
-    x = torch.randn(2, 64, 96, generator=rng).to(device)  # the example: 3-D scales blocked under autocast
-    want = [f(x) for f in (ops.quantize_rowwise, ops.quantize_colwise, ops.quantize_dual)]
+    # the eager wrappers, which skip the dispatcher; the example: 3-D scales blocked under autocast
+    x = torch.randn(2, 64, 96, generator=rng).to(device)
+    h13, dh = torch.randn(70, 128, generator=rng).to(device), torch.randn(70, 64, generator=rng).to(device)
+    offs = _offs([20, 60], device)
+    calls = [lambda: ops.quantize_rowwise(x), lambda: ops.quantize_colwise(x), lambda: ops.quantize_dual(x),
+             lambda: ops.quantize_dual(h13, offs=offs), lambda: ops.swiglu_quant(h13, offs=offs, emit_hp=True),
+             lambda: ops.dswiglu_quant(dh, h13, emit_hp=True)]
+    want = [f() for f in calls]
     with torch.autocast(device, dtype=torch.bfloat16):
-        for f, w in zip((ops.quantize_rowwise, ops.quantize_colwise, ops.quantize_dual), want):
-            _same_bytes(f(x), w)
+        for f, w in zip(calls, want):
+            _same_bytes(f(), w)
         from cute_mxfp8 import formats as F
         s = F.quantize_mxfp8(x, dim=-1)[1]
         assert torch.equal(_u8(F.from_blocked_scales(F.to_blocked_scales(s), 64, 3)), _u8(s))

@@ -23,8 +23,14 @@ def autocast_off(device: torch.device):
 
 def autocast_input(x: Tensor) -> Tensor:
     """Under autocast, the activation in the autocast dtype, as ``F.linear`` would compute (weights are quantized
-    from their own dtype either way); otherwise ``x`` itself."""
+    from their own dtype either way); otherwise ``x`` itself.  Raises ValueError for an autocast dtype other than
+    bf16 (fp16 has no MXFP8 path here)."""
     dev = x.device.type
-    if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
-        return x.to(torch.get_autocast_dtype(dev))
-    return x
+    if not (torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev)):
+        return x
+    dtype = torch.get_autocast_dtype(dev)
+    if dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"cute_mxfp8 MXFP8 layers run under torch.autocast(dtype=torch.bfloat16) (or without "
+                         f"autocast), got autocast dtype {dtype}: use bf16 autocast, or keep this layer out of "
+                         "MXFP8 (convert_to_mxfp8(..., filter_fn=...))")
+    return x.to(dtype)
