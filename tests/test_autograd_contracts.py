@@ -46,6 +46,11 @@ def _module(kind: str, device, rng, hp=False):
     return MXFP8GroupedExperts(D, I, E, device=device, config=cfg)
 
 
+def _n(kind: str) -> int:
+    """Output features of a module kind."""
+    return 96 if kind == "linear" else D
+
+
 def _counts(t: int, device) -> torch.Tensor:
     """Expert counts for t tokens with an empty expert and t // 5 rows past the last group."""
     used = t - t // 5
@@ -120,7 +125,7 @@ def test_bias_single_rounding_on_integer_data(device, x_dtype, bias_dtype, rng):
 def test_modules_under_autocast_equal_explicit_bf16(device, kind, hp, rng):
     m = _module(kind, device, rng, hp)
     x = torch.randn(150, D, generator=rng).to(device)
-    dy = torch.randn(150, 96 if kind == "linear" else D, generator=rng).to(device, torch.bfloat16)
+    dy = torch.randn(150, _n(kind), generator=rng).to(device, torch.bfloat16)
     want = _run(kind, m, x.bfloat16(), dy)
     with torch.autocast(device, dtype=torch.bfloat16):
         got = _run(kind, m, x, dy)
@@ -183,7 +188,7 @@ def test_outputs_take_in_place_ops(kind, lead, device, rng):
         pytest.skip("grouped experts take (tokens, dim)")
     m = _module(kind, device, rng)
     x = torch.randn(*lead, D, generator=rng).to(device)
-    dy = torch.randn(*lead, 96 if kind == "linear" else D, generator=rng).to(device)
+    dy = torch.randn(*lead, _n(kind), generator=rng).to(device)
     want = _run(kind, m, x, 2 * dy)  # y.mul_(2) doubles every gradient, exactly (a power of two)
     xx = x.clone().requires_grad_()
     y = _call(kind, m, xx)
@@ -204,11 +209,26 @@ def test_outputs_take_in_place_ops(kind, lead, device, rng):
     (torch.tensor([-8, 40]), r"num_tokens_per_expert must be >= 0"),
     (torch.tensor([True, False]), "integer tensor"),
     ([30, 40], "sums to 70 but x has 64"),
+    (torch.tensor([2**64 - 10, 20], dtype=torch.uint64), "sums to 18446744073709551626"),  # read as uint64
+    ([2**64, 0], "sums to 18446744073709551616"),  # Python ints past int64
+    ([1.5, 2], "integer tensor or a sequence of ints"),
+    ([True, 3], "integer counts"),
 ])
 def test_counts_are_checked_in_their_own_dtype(counts, match, rng):
     ex = MXFP8GroupedExperts(64, 64, 2)
     with pytest.raises(ValueError, match=match):
         ex(torch.randn(64, 64, generator=rng), counts)
+
+
+def test_offsets_stay_inside_int32():
+    """Counts that fit the tokens but not int32 offsets (only reachable with 2**31 rows) are refused too."""
+    from cute_mxfp8.nn.modules import offsets_from_counts
+
+    for counts in (torch.tensor([2**32 + 1, 0]), [2**31, 5]):
+        with pytest.raises(ValueError, match="past the int32 token offsets"):
+            offsets_from_counts(counts, 2, 2**33, "cpu")
+    assert offsets_from_counts([], 0, 5, "cpu").shape == (0,)
+    assert offsets_from_counts((3, 0, 4), 3, 9, "cpu").tolist() == [3, 3, 7]
 
 
 def test_narrow_count_dtypes_do_not_wrap(rng):
@@ -226,7 +246,7 @@ def test_narrow_count_dtypes_do_not_wrap(rng):
 def test_non_contiguous_grad_output(device, kind, rng):
     m = _module(kind, device, rng)
     x = torch.randn(130, D, generator=rng).to(device)
-    n = 96 if kind == "linear" else D
+    n = _n(kind)
     dy = torch.randn(130, n, generator=rng).to(device)
     want = _run(kind, m, x, dy)
     _assert_runs_equal(_run(kind, m, x, dy.t().contiguous().t()), want, "transposed dy")
@@ -285,7 +305,7 @@ def test_empty_token_batches(device, kind, lead, rng):
     m = _module(kind, device, rng)
     x = torch.randn(*lead, D, device=device, requires_grad=True)
     y = _call(kind, m, x)
-    assert y.shape == (*lead, 96 if kind == "linear" else D)
+    assert y.shape == (*lead, _n(kind))
     y.sum().backward()
     assert x.grad.shape == x.shape
     assert all(p.grad is not None and torch.all(p.grad == 0) for p in m.parameters())
@@ -322,7 +342,7 @@ def _sac_policy(ctx, op, *args, **kwargs):
 def test_activation_checkpointing_is_bit_equal(kind, mode, device, rng):
     m = _module(kind, device, rng)
     x = torch.randn(100, D, generator=rng).to(device)
-    dy = torch.randn(100, 96 if kind == "linear" else D, generator=rng).to(device)
+    dy = torch.randn(100, _n(kind), generator=rng).to(device)
     want = _run(kind, m, x, dy)
     counts = _counts(100, device)
 
@@ -342,3 +362,46 @@ def test_activation_checkpointing_is_bit_equal(kind, mode, device, rng):
     _assert_bits(xx.grad, want[1])
     for p, g in zip(m.parameters(), want[2]):
         _assert_bits(p.grad, g)
+
+
+# ---- bad inputs are refused in the forward, naming the argument --------------------------------------------------
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda: mxfp8_linear(torch.randn(4, 64), torch.randn(40, 64)), ValueError, "out_features N = 40"),
+    (lambda: mxfp8_grouped_mm(torch.randn(8, 64), torch.randn(2, 48, 64), torch.tensor([4, 8], dtype=torch.int32)),
+     ValueError, "N = 48"),
+    (lambda: mxfp8_swiglu_mlp(torch.randn(8, 64), torch.randn(48, 64), torch.randn(64, 48), torch.randn(48, 64)),
+     ValueError, "I = 48"),
+    (lambda: mxfp8_grouped_mm(torch.randn(8, 64), torch.randn(2, 32, 64), None), ValueError, "offs must be"),
+    (lambda: mxfp8_grouped_mm(torch.randn(8, 64), torch.randn(2, 32, 64), [4, 8]), ValueError, "got list"),
+    (lambda: mxfp8_swiglu_mlp(torch.randn(8, 64), *[torch.randn(2, 32, 64)] * 3, offs=[4, 8]), ValueError, "got list"),
+    (lambda: mxfp8_linear([[1.0] * 32], torch.randn(32, 32)), TypeError, "x must be a torch.Tensor"),
+])
+def test_bad_inputs_fail_in_the_forward(call, exc, match):
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_the_ops_name_bad_offs_and_tiles():
+    from cute_mxfp8 import ops
+
+    with pytest.raises(ValueError, match="got list"):
+        ops.quantize_rowwise(torch.randn(8, 32), offs=[4, 8])
+    with pytest.raises(ValueError, match="grouped GEMMs require it"):
+        ops.grouped_mm(*ops.quantize_rowwise(torch.randn(8, 32)), *ops.quantize_rowwise(torch.randn(1, 32, 32)), None)
+    with pytest.raises(ValueError, match="positive multiple of 32"):
+        ops.quantize_gate_up(torch.randn(64, 32), torch.randn(64, 32), gate_up_tile=-32)
+
+
+@pytest.mark.parametrize("k,n", [(0, 32), (64, 0)])
+def test_zero_width_linear_layers(k, n, rng):
+    """As nn.Linear: K = 0 gives the bias, N = 0 an empty output; gradients have the right shapes."""
+    lin = MXFP8Linear(k, n)
+    ref = torch.nn.Linear(k, n)
+    ref.load_state_dict(lin.state_dict())
+    x = torch.randn(4, k, generator=rng, requires_grad=True)
+    y = lin(x)
+    torch.testing.assert_close(y, ref(x), rtol=0, atol=0)
+    y.sum().backward()
+    assert x.grad.shape == x.shape and lin.weight.grad.shape == (n, k)
+    torch.testing.assert_close(lin.bias.grad, torch.full((n,), 4.0))

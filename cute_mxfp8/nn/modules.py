@@ -12,7 +12,9 @@ otherwise (``convert_to_mxfp8`` skips such layers and reports why).
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 
 import torch
 from torch import Tensor, nn
@@ -20,6 +22,8 @@ from torch import Tensor, nn
 from ..config import MXFP8Config, resolve_config
 from ..formats import BLOCK_SIZE
 from ..ops.autograd import mxfp8_linear, mxfp8_swiglu_mlp
+
+_INT32_MAX = 2**31 - 1
 
 __all__ = ["MXFP8Linear", "MXFP8SwiGLUMLP", "MXFP8GroupedExperts", "mxfp8_dims_reason", "offsets_from_counts"]
 
@@ -146,21 +150,36 @@ class MXFP8GroupedExperts(nn.Module):
 def offsets_from_counts(num_tokens_per_expert, num_experts: int, num_tokens: int, device) -> Tensor:
     """int32 cumulative end offsets (E,) on ``device`` from per-expert token counts, checked before narrowing.
 
-    The counts are summed in int64 and range-checked in that dtype on the host (one device sync; the grouped ops
-    read the offsets once more): every count >= 0 and their sum <= ``num_tokens``, so no value wraps when it is
-    narrowed to the int32 offsets the ops take.  Raises ValueError naming ``num_tokens_per_expert`` otherwise.
+    ``num_tokens_per_expert``: an integer tensor of any integer dtype (uint64 included) or a sequence of Python
+    ints, E values.  The counts are read on the host (one device sync for a device tensor; the grouped ops read
+    the offsets once more) and checked as exact Python integers: every count >= 0, their sum <= ``num_tokens``
+    and <= 2**31 - 1, so no offset wraps when it is stored as int32.  Raises ValueError naming
+    ``num_tokens_per_expert`` otherwise.
     """
-    counts = torch.as_tensor(num_tokens_per_expert)
-    if (counts.shape != (num_experts,) or counts.dtype == torch.bool or counts.is_floating_point()
-            or counts.is_complex()):
-        raise ValueError(f"num_tokens_per_expert must be an integer tensor of shape ({num_experts},), "
-                         f"got {counts.dtype} of shape {tuple(counts.shape)}")
-    ends = torch.cumsum(counts.to(torch.int64), 0)  # int64: a uint8 / int16 / int32 sum cannot wrap here
-    host = counts.to("cpu", torch.int64)
-    if bool((host < 0).any()):
-        raise ValueError(f"num_tokens_per_expert must be >= 0, got {host.tolist()}")
-    total = sum(host.tolist())  # Python ints: exact, where an int64 sum of huge counts could wrap
+    name = "num_tokens_per_expert"
+    if isinstance(num_tokens_per_expert, Tensor):
+        counts = num_tokens_per_expert
+        if (counts.shape != (num_experts,) or counts.dtype == torch.bool or counts.is_floating_point()
+                or counts.is_complex()):
+            raise ValueError(f"{name} must be an integer tensor of shape ({num_experts},), got {counts.dtype} of "
+                             f"shape {tuple(counts.shape)}")
+        host = counts.cpu().tolist()  # exact Python ints in the tensor's own dtype (uint64 too)
+    else:
+        try:
+            items = list(num_tokens_per_expert)
+            host = [operator.index(c) for c in items]
+        except TypeError:
+            raise ValueError(f"{name} must be an integer tensor or a sequence of ints of length {num_experts}, got "
+                             f"{num_tokens_per_expert!r}") from None
+        if len(host) != num_experts or any(isinstance(c, bool) for c in items):
+            raise ValueError(f"{name} must hold {num_experts} integer counts (one per expert), got {host}")
+    if any(c < 0 for c in host):
+        raise ValueError(f"{name} must be >= 0, got {host}")
+    ends = list(itertools.accumulate(host))
+    total = ends[-1] if ends else 0
     if total > num_tokens:
-        raise ValueError(f"num_tokens_per_expert sums to {total} but x has {num_tokens} tokens (rows); the counts "
-                         f"must cover at most x.shape[0] rows, got {host.tolist()}")
-    return ends.to(device=device, dtype=torch.int32)
+        raise ValueError(f"{name} sums to {total} but x has {num_tokens} tokens (rows); the counts must cover at "
+                         f"most x.shape[0] rows, got {host}")
+    if total > _INT32_MAX:
+        raise ValueError(f"{name} sums to {total}, past the int32 token offsets ({_INT32_MAX}): split the batch")
+    return torch.tensor(ends, dtype=torch.int32).to(device)

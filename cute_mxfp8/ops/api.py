@@ -44,8 +44,17 @@ def _direct(*tensors) -> bool:
             and not torch._C._is_torch_function_mode_enabled() and _get_current_dispatch_mode() is None)
 
 
-def _check_types(blocked, emit_hp=False, **tensors) -> None:
+def _check_offs(offs, required: bool = False) -> None:
+    """``offs`` is a tensor (the checks of its dtype, shape and values follow in the op): a list or a missing
+    ``offs`` gets the ValueError the module docstring promises, not the dispatcher's schema error."""
+    if (offs is not None or required) and not isinstance(offs, Tensor):
+        raise ValueError(f"offs must be a 1-D torch.int32 tensor of cumulative group END offsets, got "
+                         f"{type(offs).__name__}" + ("; the grouped GEMMs require it" if required else ""))
+
+
+def _check_types(blocked, emit_hp=False, offs=None, **tensors) -> None:
     """The schema's type checks, for calls that skip the dispatcher (``tensors``: argument name -> value)."""
+    _check_offs(offs)
     for name, t in tensors.items():
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -66,7 +75,7 @@ def quantize_rowwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
         ``(data, scales)``: data of ``x``'s shape; scales plain (M, K/32) / (E, N, K/32), or blocked: 1-D
         ``blocked_scales_numel(M, K/32)`` (grouped: ``(M // 128 + G) * 128 * ceil4(K/32)``) / (E, numel).
     """
-    _check_types(blocked, x=x)
+    _check_types(blocked, offs=offs, x=x)
     op = L.quantize_rowwise_impl if _direct(x, offs) else L._quantize_rowwise
     return op(x, scale_mode, elem_dtype, blocked, offs, backend or "")
 
@@ -90,7 +99,7 @@ def quantize_colwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
           ``4 * group_tile_starts(offs)[g]``, or that matrix blocked.
         * 3-D (E, N, K): data_t (E, K, N); scales (E, K, N/32) or (E, blocked numel).
     """
-    _check_types(blocked, x=x)
+    _check_types(blocked, offs=offs, x=x)
     op = L.quantize_colwise_impl if _direct(x, offs) else L._quantize_colwise
     return op(x, scale_mode, elem_dtype, blocked, offs, backend or "")
 
@@ -99,7 +108,7 @@ def quantize_dual(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dty
                   blocked: bool = True, offs: Tensor | None = None, backend: str | None = None):
     """Rowwise and colwise quantization from one read of ``x``: ``(row_data, row_scales, col_data, col_scales)``,
     each exactly as :func:`quantize_rowwise` and :func:`quantize_colwise` return them (``K % 32 == 0``)."""
-    _check_types(blocked, x=x)
+    _check_types(blocked, offs=offs, x=x)
     op = L.quantize_dual_impl if _direct(x, offs) else L._quantize_dual
     return op(x, scale_mode, elem_dtype, blocked, offs, backend or "")
 
@@ -144,6 +153,7 @@ def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: T
         b: (E, N, K) MXFP8 expert weights with (E, numel) blocked scales; ``offs`` has E groups.
     Returns: (M, N) in ``out_dtype``; rows at or past ``offs[-1]`` are zero.
     """
+    _check_offs(offs, required=True)
     return L._grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, backend or "")
 
 
@@ -156,6 +166,7 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
             ``quantize_colwise(dy, offs=offs)`` and ``quantize_colwise(x, offs=offs)`` return them.
     Returns: (G, N, K) in ``out_dtype`` (fp32 default); an empty group's slice is exactly zero.
     """
+    _check_offs(offs, required=True)
     return L._grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, backend or "")
 
 
@@ -172,7 +183,7 @@ def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dt
         ``(h_row, h_row_scales, h_col, h_col_scales, h_hp)`` with the layouts of :func:`quantize_dual` for an
         (M, I) tensor.
     """
-    _check_types(blocked, emit_hp, h13=h13)
+    _check_types(blocked, emit_hp, offs, h13=h13)
     op = L.swiglu_quant_impl if _direct(h13, offs) else L._swiglu_quant
     return op(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "")
 
@@ -189,7 +200,7 @@ def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dt
     Returns:
         ``(dh13_row, row_scales, dh13_col, col_scales, dh13_hp)``, layouts of :func:`quantize_dual` for (M, 2I).
     """
-    _check_types(blocked, emit_hp, dh=dh, h13=h13)
+    _check_types(blocked, emit_hp, offs, dh=dh, h13=h13)
     op = L.dswiglu_quant_impl if _direct(dh, h13, offs) else L._dswiglu_quant
     return op(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "")
 

@@ -21,12 +21,13 @@ autocast dtype first, so outputs have the dtype ``F.linear`` would give (MXFP8 o
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from torch import Tensor
 
 from ..config import resolve_config
-from ..formats import group_bounds
+from ..formats import BLOCK_SIZE, group_bounds
 from ..swiglu import GATE_UP_TILE, split_gate_up
 from . import api
 from .amp import autocast_input, autocast_off
@@ -90,6 +91,11 @@ def _output(y: Tensor, shape) -> Tensor:
     return torch.ops.aten._unsafe_view(y, tuple(shape))
 
 
+def _rows(t: Tensor) -> Tensor:
+    """(..., C) -> (rows, C), also for C == 0 (where ``reshape(-1, 0)`` is ambiguous)."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
 def _quant(x, dtype, scale_mode, backend, offs, need_col):
     """Rowwise (and, if ``need_col``, colwise) quantization: returns (row, row_s, col, col_s)."""
     kw = dict(scale_mode=scale_mode, elem_dtype=dtype, offs=offs, backend=backend)
@@ -103,7 +109,7 @@ class _LinearFn(torch.autograd.Function):
     @_no_autocast
     def forward(ctx, x, weight, bias, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend):
         k = x.shape[-1]
-        x2 = x.reshape(-1, k)
+        x2 = _rows(x)
         x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, None, not wgrad_with_hp)
         w_row, w_row_s, w_col, w_col_s = api.quantize_dual(weight, scale_mode=scale_mode,
                                                            elem_dtype=elem_dtype, backend=backend)
@@ -122,7 +128,7 @@ class _LinearFn(torch.autograd.Function):
         scale_mode, gdt, hp, backend = ctx.cfg
         x_shape, x_dtype, w_dtype, b_dtype = ctx.meta
         n = dy.shape[-1]
-        dy2 = dy.reshape(-1, n)
+        dy2 = _rows(dy)
         need_w = ctx.needs_input_grad[1]
         dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, None, need_w and not hp)
         dx = dw = db = None
@@ -172,7 +178,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
     @_no_autocast
     def forward(ctx, x, w1, w2, w3, offs, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, fused):
         d = x.shape[-1]
-        x2 = x.reshape(-1, d)
+        x2 = _rows(x)
         qw = dict(scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend)
         tile = GATE_UP_TILE if fused else None  # the fused epilogues want W13 (and so h13, dh13) interleaved
         x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp)
@@ -199,7 +205,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         x_saved, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s, w2_col, w2_col_s, offs = ctx.saved_tensors
         scale_mode, gdt, hp, backend, tile = ctx.cfg
         x_shape, x_dtype, w13_dtype, w2_dtype = ctx.meta
-        dy2 = dy.reshape(-1, x_shape[-1])
+        dy2 = _rows(dy)
         need_w = any(ctx.needs_input_grad[1:4])
         dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, offs, need_w and not hp)
         qg = dict(scale_mode=scale_mode, elem_dtype=gdt, emit_hp=hp, backend=backend)
@@ -244,6 +250,22 @@ def fused_epilogues_enabled(config, device, i: int, grouped: bool) -> bool:
     return c.fused_epilogues
 
 
+def _check_tensors(**tensors) -> None:
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _check_dims32(**dims: int) -> None:
+    """Every GEMM dim of an MXFP8 layer is scaled in blocks of 32 in some product (forward, dgrad or wgrad): check
+    them all before the forward, so no backward fails on a dim the forward did not scale."""
+    bad = ", ".join(f"{k} = {v}" for k, v in dims.items() if v % BLOCK_SIZE)
+    if bad:
+        raise ValueError(f"{bad} must be a multiple of the MX block size {BLOCK_SIZE} (every GEMM dim of an MXFP8 "
+                         "layer is quantized in blocks of 32): pad the weights with zeros, or keep this layer in "
+                         "high precision")
+
+
 def _check_weight(name: str, w: Tensor, shape: tuple) -> None:
     if not isinstance(w, Tensor) or w.dtype not in (torch.bfloat16, torch.float32):
         got = w.dtype if isinstance(w, Tensor) else type(w).__name__
@@ -266,11 +288,13 @@ def mxfp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, config=N
         config: :class:`cute_mxfp8.config.MXFP8Config` (default one if None).
     Returns: (..., N) in ``x.dtype``.
     """
+    _check_tensors(x=x, weight=weight)
     if weight.dim() != 2:
         raise ValueError(f"weight must be (out_features, in_features), got shape {tuple(weight.shape)}")
     n, k = weight.shape
     _check_weight("weight", weight, (n, k))
     _check_input(x, k, rank2=False)
+    _check_dims32(**{"in_features K": k, "out_features N": n})
     if bias is not None:
         _check_weight("bias", bias, (n,))
     return _LinearFn.apply(autocast_input(x), weight, bias, *_cfg_args(config))
@@ -283,10 +307,13 @@ def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None) -> Te
         x: (M, K) tokens sorted by group; weight: (E, N, K); offs: (E,) int32 cumulative end offsets.
     Returns: (M, N) in ``x.dtype``; rows at or past ``offs[-1]`` are zero.
     """
+    _check_tensors(x=x, weight=weight)
+    api._check_offs(offs, required=True)
     if weight.dim() != 3:
         raise ValueError(f"weight must be (E, N, K) expert weights, got shape {tuple(weight.shape)}")
     _check_weight("weight", weight, tuple(weight.shape))
     _check_input(x, weight.shape[2], rank2=True)
+    _check_dims32(K=weight.shape[2], N=weight.shape[1])
     return _GroupedMMFn.apply(autocast_input(x), weight, offs, *_cfg_args(config))
 
 
@@ -300,7 +327,10 @@ def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor
         offs: None (dense) or (E,) int32 cumulative end offsets of the token groups (grouped experts).
     Returns: x's shape and dtype.
     """
+    _check_tensors(x=x, w1=w1, w2=w2, w3=w3)
     grouped = offs is not None
+    if grouped:
+        api._check_offs(offs, required=True)
     if w1.dim() != (3 if grouped else 2):
         raise ValueError(f"w1 must be {'(E, I, D) with offs' if grouped else '(I, D) without offs'}, got shape "
                          f"{tuple(w1.shape)}" + ("" if grouped else "; pass offs for (E, I, D) expert weights"))
@@ -309,5 +339,6 @@ def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor
     _check_weight("w3", w3, (*e, i, d))
     _check_weight("w2", w2, (*e, d, i))
     _check_input(x, d, rank2=grouped)
+    _check_dims32(D=d, I=i)
     return _SwiGLUMLPFn.apply(autocast_input(x), w1, w2, w3, offs, *_cfg_args(config),
                               fused_epilogues_enabled(config, x.device, i, grouped))

@@ -137,6 +137,8 @@ def _check_gate_up(w1: Tensor, w3: Tensor, gate_up_tile: int = 0) -> tuple:
     S.check_same_device(w1, w3)
     S.check_mult32("I (w1.shape[-2])", w1.shape[-2])
     S.check_mult32("D (w1.shape[-1])", w1.shape[-1])
+    if gate_up_tile < 0:
+        raise ValueError(f"gate_up_tile must be 0 (concatenated W13) or a positive multiple of 32, got {gate_up_tile}")
     if gate_up_tile and (gate_up_tile % 32 or w1.shape[-2] % gate_up_tile):
         raise ValueError(f"gate_up_tile = {gate_up_tile} must be a multiple of 32 dividing I = {w1.shape[-2]} "
                          f"(pad w1/w3 to a multiple of {gate_up_tile} rows, or pass gate_up_tile=0)")
