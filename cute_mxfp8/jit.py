@@ -251,6 +251,27 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
 
 @functools.lru_cache(maxsize=None)
 @disk_cached(skip_if="keep_ptx")
+def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
+                      arch: str = "sm_90a", keep_ptx: bool = False):
+    """Compiled SM90 MXFP8 GEMM (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`): ``fn(a, b, sfa, sfb, d)``,
+    a (M, K) and b (N, K) fp8 (``a_elem`` / ``b_elem``) K-major, sfa / sfb their 1-D blocked E8M0 scale buffers
+    (uint8 view, 16-byte aligned), d (M, N) ``out_dtype`` row-major.  Trusts its arguments (the ops layer checks
+    them, :mod:`cute_mxfp8.ops.gemm_sm90`)."""
+    if arch != "sm_90a":
+        raise ValueError(f"the WGMMA GEMM needs arch sm_90a, got {arch!r}")
+    cutlass, _ = _cutlass()
+    from .kernels.gemm_sm90 import MXGemmSm90
+
+    kernel = MXGemmSm90(a_elem, b_elem, out_dtype, n_tile)
+    fake, sym = _fake, _sym
+    scales = [fake(cutlass.Uint8, (sym(),), align=16) for _ in range(2)]
+    args = (fake(kernel.a_dtype, (sym(), sym(32))), fake(kernel.b_dtype, (sym(), sym(32))), *scales,
+            fake(kernel.d_dtype, (sym(), sym())))
+    return _compile(kernel, args, arch, keep_ptx)
+
+
+@functools.lru_cache(maxsize=None)
+@disk_cached(skip_if="keep_ptx")
 def compile_epilogue_check(mode: str, h13_dtype: str, elem: str, scale_mode: str, emit_hp: bool, arch: str,
                            keep_ptx: bool = False):
     """Compiled :class:`~cute_mxfp8.kernels.gemm_checks.EpilogueCheckKernel`: the SM100 GEMM's fused epilogue

@@ -157,7 +157,7 @@ def _cublas_mx(a, a_s, b, b_s, out_dtype=torch.bfloat16):
 
 
 def _gemm_cases(large: bool) -> list[Case]:
-    dense_shapes = [(8192, 8192, 8192), (16384, 7168, 2048)] if large else [(512, 512, 512)]
+    dense_shapes = [(8192, 8192, 8192), (16384, 7168, 2048), (16384, 2048, 7168)] if large else [(512, 512, 512)]
     m_mlp, d_mlp, i_mlp = (16384, 4096, 14336) if large else (256, 256, 512)  # tokens, model dim, hidden
     m, n, k, g = (8192, 8192, 8192, 8) if large else (512, 512, 512, 4)
     cases = []
@@ -169,6 +169,10 @@ def _gemm_cases(large: bool) -> list[Case]:
             fn = lambda be: _q.mm(a, a_s, b, b_s, backend=be)  # noqa: E731
             if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] == 10:
                 fn.baselines = {"cuBLAS _scaled_mm": _cublas_mx(a, a_s, b, b_s)}
+            elif dev.type == "cuda":  # no MXFP8 in cuBLAS before SM100: the bf16 GEMM is the bar to beat
+                xb, wb = torch.randn(m, k, device=dev, dtype=torch.bfloat16), torch.randn(n, k, device=dev,
+                                                                                       dtype=torch.bfloat16)
+                fn.baselines = {"cuBLAS bf16 mm": lambda: torch.mm(xb, wb.t())}
             return fn, (m * k + n * k) * _FP8_OUT + 2 * m * n, 2 * m * n * k
         cases.append(Case("gemm", "mm", f"{dm}x{dn}x{dk}", dense))
 
@@ -342,8 +346,9 @@ def main(args) -> int:
                    headers=["op", "backend", "shape", "ms", "GB/s", "% copy", "TFLOP/s", "% MXFP8 peak",
                             "vs baseline"]))
     if "gemm" in groups and peak is None and device.type == "cuda":
-        print("note: this GPU has no MXFP8 tensor cores: the GEMM rows time the reference emulation; the tcgen05 "
-              "kernels run on SM100 only (`python -m cute_mxfp8 inspect --arch sm_100a` reports their builds).")
+        print("note: this GPU has no MXFP8 tensor cores: `mm` on sm90 is the WGMMA kernel with per-block scale "
+              "promotion (vs cuBLAS bf16); the other GEMM rows time the reference emulation; the tcgen05 kernels run "
+              "on SM100 only (`python -m cute_mxfp8 inspect --arch sm_100a` reports their builds).")
     if device.type == "cpu":
         print("note: on CPU these time the torch reference (emulation), not kernels.")
     if getattr(args, "json", None):

@@ -58,6 +58,18 @@ def block_scale(amax_bits: cutlass.Int32, emax: cutlass.Constexpr[int], rceil: c
 
 
 @cute.jit
+def e8m0_to_f32(byte: cutlass.Int32):
+    """The fp32 value ``2**(byte - 127)`` of an E8M0 scale byte (0..255), as ``formats.e8m0_to_float``: byte 0 is
+    ``2**-127`` (a subnormal, never 0.0), byte 255 NaN; every other byte is the exponent field of a normal float."""
+    bits = byte << 23
+    if byte == 0:
+        bits = cutlass.Int32(0x00400000)
+    if byte == 255:
+        bits = cutlass.Int32(0x7FC00000)
+    return bits.bitcast(cutlass.Float32)
+
+
+@cute.jit
 def apply_scale(xv: cute.TensorSSA, factor: cutlass.Float32):
     """Scaled fp32 elements of a block, ready for the fp8 conversion.  No clamp is needed: the conversion is
     ``cvt.rn.satfinite`` (round to nearest even, finite overflow saturates to +-max, NaN stays NaN)."""

@@ -8,7 +8,8 @@ activations and 3-D (E, N, K) expert weights with K % 32 == 0, plain or blocked 
 (``offs``) on 2-D inputs: grouped-M blocked rowwise scales, grouped-K colwise blocks (2d-2d wgrad operands);
 ``swiglu_quant`` / ``dswiglu_quant`` (fused SwiGLU or its derivative + dual quantization, dense or grouped).
 The ``sm100`` backend adds the dense GEMM ops on the tcgen05 kernel (:mod:`.gemm_sm100`: ``mm``,
-``mm_swiglu_quant``, ``mm_dswiglu_quant``), which the SwiGLU MLP then uses fused.
+``mm_swiglu_quant``, ``mm_dswiglu_quant``), which the SwiGLU MLP then uses fused; the ``sm90`` backend the dense
+``mm`` on the WGMMA kernel (:mod:`.gemm_sm90`).
 Other ops are not implemented by these backends yet: automatic selection passes over them (the reference runs),
 and an explicit ``backend="sm90"`` for them raises with the reason (:class:`BackendUnavailableError`).
 """
@@ -22,7 +23,7 @@ import torch
 
 from .. import formats as F
 from ..jit import compile_quant, compile_swiglu_quant
-from . import gemm_sm100
+from . import gemm_sm90, gemm_sm100
 from .backends import Backend, register_backend
 from .gate_up import pack_gate_up_casts
 from .shapes import colwise_shapes, rowwise_shapes
@@ -288,13 +289,16 @@ _QUANT_LIMITS = {"quantize_rowwise": _limits, "quantize_colwise": _limits, "quan
                  "quantize_gate_up": _gate_up_limits}
 _SWIGLU_LIMITS = {"swiglu_quant": _swiglu_limits, "dswiglu_quant": _swiglu_limits}
 
+# the dense GEMM per arch: tcgen05 (with the fused SwiGLU epilogues) on SM100, WGMMA (plain mm) on SM90
+_GEMMS = {"sm90": gemm_sm90, "sm100": gemm_sm100}
+
 for _name, (_, _arch, _) in _ARCHS.items():
-    _gemm = _name == "sm100"  # the tcgen05 GEMM (and its fused SwiGLU epilogues) exists for SM100 only
+    _gemm = _GEMMS[_name]
     register_backend(Backend(
         name=_name,
         priority=10,
         unavailable_reason=_unavailable(_name),
-        ops={**_ops(_arch), **_swiglu_ops(_arch), **(gemm_sm100.OPS if _gemm else {})},
-        limits={**_QUANT_LIMITS, **_SWIGLU_LIMITS, **(gemm_sm100.LIMITS if _gemm else {})},
-        fuses_mlp=_gemm,
+        ops={**_ops(_arch), **_swiglu_ops(_arch), **_gemm.OPS},
+        limits={**_QUANT_LIMITS, **_SWIGLU_LIMITS, **_gemm.LIMITS},
+        fuses_mlp="mm_swiglu_quant" in _gemm.OPS,
     ))

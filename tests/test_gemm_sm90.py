@@ -1,0 +1,134 @@
+"""The SM90 WGMMA MXFP8 GEMM (``kernels/gemm_sm90.py``, issue 12): every variant compiles for ``sm_90a`` on the CPU
+with its SASS checked (fp8 WGMMA, TMA loads, no spills); on the H200 (``-m gpu``) it equals the reference bit for
+bit on integer-valued data (every sum exact) and stays within the fp32 summation bound on random data."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is a dependency; install the package")
+
+from cute_mxfp8 import MXFP8Config  # noqa: E402
+from cute_mxfp8 import formats as F  # noqa: E402
+from cute_mxfp8 import ops  # noqa: E402
+from cute_mxfp8.cli import sass_facts  # noqa: E402
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+ELEMS = {"e4m3": E4M3, "e5m2": E5M2}
+VARIANTS = list(itertools.product([("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e4m3", "e5m2")], ["bfloat16", "float32"]))
+needs_sass = pytest.mark.skipif(sass_facts.find_nvdisasm() is None, reason="nvdisasm not installed (test extra)")
+sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+                          reason="needs an SM90 GPU (run on the H200 with -m gpu)")
+
+
+@needs_sass
+@pytest.mark.parametrize("elems,out", VARIANTS, ids=str)
+def test_gemm_compiles_for_sm90_with_wgmma(elems, out):
+    from cute_mxfp8.jit import compile_gemm_sm90
+
+    fn = compile_gemm_sm90(*elems, out, 128, "sm_90a", True)
+    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
+    assert res["local_frame"] == 0 and fn.launch_smem[0] <= 232448  # H100/H200: 227 KB of shared memory per CTA
+    counts = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
+
+    def count(prefix):
+        return sum(v for k, v in counts.items() if k.startswith(prefix))
+
+    assert count("QGMMA") == 4  # one fp8 WGMMA (K = 32 = one MX block) per block of the 128-deep stage
+    assert count("UTMALDG") == 2 and count("LDL") == count("STL") == 0
+
+
+def test_sm90_mm_limits_name_the_fix():
+    from cute_mxfp8.ops import gemm_sm90 as G
+
+    a, a_s = ops.quantize_rowwise(torch.randn(64, 64))
+    assert G.LIMITS["mm"](a, a_s, a, a_s, torch.bfloat16) is None
+    shifted = a.view(torch.uint8).view(-1)[8:8 + 56 * 64].view(56, 64).view(E4M3)  # 8 bytes past a boundary
+    assert "16-byte aligned" in G.LIMITS["mm"](shifted, a_s, a, a_s, torch.bfloat16)
+    assert "K = 0" in G.LIMITS["mm"](a[:, :0], a_s[:0], a[:, :0], a_s[:0], torch.bfloat16)
+
+
+def _integer_operands(m, n, k, ea, eb, rng):
+    """MXFP8 operands whose dequantized values are small integers times powers of two: every product and every
+    fp32 sum of the GEMM is exact, so any correct summation order gives the same bits."""
+    x = torch.randint(-8, 9, (m, k), generator=rng).float() * 2.0 ** torch.randint(-3, 4, (m, 1), generator=rng)
+    w = torch.randint(-8, 9, (n, k), generator=rng).float() * 2.0 ** torch.randint(-3, 4, (1, k), generator=rng)
+    return (*ops.quantize_rowwise(x.cuda(), elem_dtype=ELEMS[ea]), *ops.quantize_rowwise(w.cuda(), elem_dtype=ELEMS[eb]))
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("elems,out", VARIANTS, ids=str)
+@pytest.mark.parametrize("m,n,k", [(128, 128, 128), (300, 200, 96), (1, 33, 32), (257, 129, 416), (640, 384, 2048)])
+def test_sm90_mm_integer_data_is_bit_exact(elems, out, m, n, k, rng):
+    a, a_s, b, b_s = _integer_operands(m, n, k, *elems, rng)
+    dt = getattr(torch, out)
+    got = ops.mm(a, a_s, b, b_s, out_dtype=dt, backend="sm90")
+    want = ops.mm(a, a_s, b, b_s, out_dtype=dt, backend="reference")
+    assert got.shape == (m, n) and got.dtype == dt
+    bad = (got.float() != want.float()).sum().item()
+    assert bad == 0, f"{bad} of {m * n} outputs differ; first at {(got != want).nonzero()[0].tolist()}"
+    bias = (torch.randint(-64, 64, (n,), generator=rng) / 4).cuda()
+    torch.testing.assert_close(ops.mm(a, a_s, b, b_s, out_dtype=dt, bias=bias, backend="sm90"),
+                               ops.mm(a, a_s, b, b_s, out_dtype=dt, bias=bias, backend="reference"), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("m,n,k", [(512, 384, 1024), (1000, 130, 4128)])
+def test_sm90_mm_random_data_within_the_fp32_bound(m, n, k, rng):
+    x = torch.randn(m, k, generator=rng).cuda() * torch.logspace(-3, 3, k, device="cuda")
+    w = torch.randn(n, k, generator=rng).cuda()
+    a, a_s = ops.quantize_rowwise(x)
+    b, b_s = ops.quantize_rowwise(w)
+    got = ops.mm(a, a_s, b, b_s, out_dtype=torch.float32, backend="sm90")
+    da = F.dequantize_mxfp8(a, F.from_blocked_scales(a_s, m, k // 32)).double()
+    db = F.dequantize_mxfp8(b, F.from_blocked_scales(b_s, n, k // 32)).double()
+    exact = da @ db.t()
+    # fp32 accumulation of k products in any order: |error| <= k * 2**-24 * sum |a| |b| (first-order bound)
+    bound = k * 2.0 ** -24 * (da.abs() @ db.abs().t())
+    err = (got.double() - exact).abs()
+    assert bool((err <= bound).all()), f"max error / bound {(err / bound.clamp_min(1e-300)).max().item():.3g}"
+
+
+@pytest.mark.gpu
+@sm90
+def test_sm90_mm_nan_blocks_propagate_as_the_reference(rng):
+    x = torch.randn(200, 256, generator=rng).cuda()
+    x[5, 40] = float("nan")  # block (5, 1): scale byte 255, all its elements NaN
+    x[150, 200] = float("inf")
+    w = torch.randn(160, 256, generator=rng).cuda()
+    w[7, 0] = float("nan")
+    a, a_s = ops.quantize_rowwise(x)
+    b, b_s = ops.quantize_rowwise(w)
+    got = ops.mm(a, a_s, b, b_s, out_dtype=torch.float32, backend="sm90")
+    want = ops.mm(a, a_s, b, b_s, out_dtype=torch.float32, backend="reference")
+    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().sum() == 200 + 160 * 2 - 2
+    ok = ~want.isnan()
+    torch.testing.assert_close(got[ok], want[ok], rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.gpu
+@sm90
+def test_sm90_is_the_automatic_gemm_and_the_mlp_matches_the_reference(rng):
+    from cute_mxfp8.ops import mxfp8_swiglu_mlp
+    from cute_mxfp8.ops.backends import resolve_backend
+
+    a, a_s = ops.quantize_rowwise(torch.randn(64, 64, device="cuda"))
+    assert resolve_backend(a.device, op="mm", args=(a, a_s, a, a_s, torch.bfloat16)) == "sm90"
+    x = torch.randn(300, 256, generator=rng)
+    ws = [torch.randn(512, 256, generator=rng) / 16, torch.randn(256, 512, generator=rng) / 22,
+          torch.randn(512, 256, generator=rng) / 16]
+    outs = {}
+    for backend in ("reference", None):
+        leaves = [t.detach().cuda().requires_grad_() for t in (x, *ws)]
+        cfg = MXFP8Config(backend=backend)
+        y = mxfp8_swiglu_mlp(*leaves, config=cfg)
+        y.backward(torch.ones_like(y))
+        outs[backend] = [y.detach()] + [t.grad for t in leaves]
+    for r, g in zip(outs["reference"], outs[None]):
+        sqnr = 10 * torch.log10(r.pow(2).sum() / (r - g).pow(2).sum().clamp_min(1e-30))
+        assert sqnr > 35
