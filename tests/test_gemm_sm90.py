@@ -52,11 +52,16 @@ def test_sm90_mm_limits_name_the_fix():
 
 
 def _integer_operands(m, n, k, ea, eb, rng):
-    """MXFP8 operands whose dequantized values are small integers times powers of two: every product and every
-    fp32 sum of the GEMM is exact, so any correct summation order gives the same bits."""
-    x = torch.randint(-8, 9, (m, k), generator=rng).float() * 2.0 ** torch.randint(-3, 4, (m, 1), generator=rng)
-    w = torch.randint(-8, 9, (n, k), generator=rng).float() * 2.0 ** torch.randint(-3, 4, (1, k), generator=rng)
-    return (*ops.quantize_rowwise(x.cuda(), elem_dtype=ELEMS[ea]), *ops.quantize_rowwise(w.cuda(), elem_dtype=ELEMS[eb]))
+    """MXFP8 operands whose dequantized values are integers in [-8, 8] times a power of two in [2**-1, 2**1] per
+    (row, 32-block): a block's 32 products sum to an integer of at most 12 bits (exact even in the fp8 WGMMA's
+    ~14-bit accumulation) and the fp32 sum over K <= 2048 spans at most 12 + 4 + 6 bits, so every summation
+    order gives the same bits."""
+    def operand(rows, elem):
+        ints = torch.randint(-8, 9, (rows, k), generator=rng).float()
+        exps = torch.randint(-1, 2, (rows, k // 32), generator=rng).float().repeat_interleave(32, dim=1)
+        return ops.quantize_rowwise((ints * 2.0 ** exps).cuda(), elem_dtype=ELEMS[elem])
+
+    return (*operand(m, ea), *operand(n, eb))
 
 
 @pytest.mark.gpu
@@ -79,7 +84,7 @@ def test_sm90_mm_integer_data_is_bit_exact(elems, out, m, n, k, rng):
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("m,n,k", [(512, 384, 1024), (1000, 130, 4128)])
-def test_sm90_mm_random_data_within_the_fp32_bound(m, n, k, rng):
+def test_sm90_mm_random_data_within_the_accumulation_bound(m, n, k, rng):
     x = torch.randn(m, k, generator=rng).cuda() * torch.logspace(-3, 3, k, device="cuda")
     w = torch.randn(n, k, generator=rng).cuda()
     a, a_s = ops.quantize_rowwise(x)
@@ -88,10 +93,15 @@ def test_sm90_mm_random_data_within_the_fp32_bound(m, n, k, rng):
     da = F.dequantize_mxfp8(a, F.from_blocked_scales(a_s, m, k // 32)).double()
     db = F.dequantize_mxfp8(b, F.from_blocked_scales(b_s, n, k // 32)).double()
     exact = da @ db.t()
-    # fp32 accumulation of k products in any order: |error| <= k * 2**-24 * sum |a| |b| (first-order bound)
-    bound = k * 2.0 ** -24 * (da.abs() @ db.abs().t())
+    mag = da.abs() @ db.abs().t()
+    # Hopper's fp8 WGMMA adds one instruction's 32 products (one MX block) with about 14 significant bits
+    # (DeepSeek-V3 technical report, section 3.3.2; the integer test above stays inside that), so each block's
+    # partial is within ~2**-13 of its sum of |products|; the promotion then adds the blocks in fp32.
+    bound = (2.0 ** -12 + k * 2.0 ** -24) * mag
     err = (got.double() - exact).abs()
-    assert bool((err <= bound).all()), f"max error / bound {(err / bound.clamp_min(1e-300)).max().item():.3g}"
+    ratio = (err / mag.clamp_min(1e-300)).max().item()
+    print(f"max |error| / sum |a||b| = {ratio:.3g} (2**{torch.tensor(ratio).log2().item():.1f})")
+    assert bool((err <= bound).all()), f"max error / sum|a||b| {ratio:.3g}"
 
 
 @pytest.mark.gpu

@@ -70,8 +70,11 @@ class MXGemmSm90:
             self.a_dtype, self.b_dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
             cutlass.Float32, (self.CONSUMERS, 1, 1), tiler_mn=(64, self.n_tile))
         self.stage_bytes = (self.TILE_M + self.n_tile) * self.K_STAGE  # fp8: one byte per element
-        capacity = utils.get_smem_capacity_in_bytes("sm_90")
-        self.stages = min(8, (capacity - 4096) // self.stage_bytes)
+        capacity = cutlass.memory.get_smem_capacity_in_bytes("sm_90")
+        # decoded scales: per buffer (2) and consumer warpgroup, 64 rows and n_tile columns x 4 blocks of fp32
+        self.DEC_WORDS = (64 + self.n_tile) * self.BLOCKS
+        dec_bytes = 2 * self.CONSUMERS * self.DEC_WORDS * 4
+        self.stages = min(8, (capacity - 4096 - dec_bytes) // self.stage_bytes)
         self.a_smem = sm90.make_smem_layout_a(_K_MAJOR, self.tiler, self.a_dtype, self.stages)
         self.b_smem = sm90.make_smem_layout_b(_K_MAJOR, self.tiler, self.b_dtype, self.stages)
 
@@ -100,6 +103,7 @@ class MXGemmSm90:
             bars: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             sa: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem.outer)], 1024]
             sb: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem.outer)], 1024]
+            sdec: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, 2 * self.CONSUMERS * self.DEC_WORDS], 16]
 
         self.shared = Shared
         grid = ((m + self.TILE_M - 1) // self.TILE_M, (n + self.n_tile - 1) // self.n_tile, 1)
@@ -120,7 +124,7 @@ class MXGemmSm90:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
 
-        st = cutlass.utils.SmemAllocator().allocate(self.shared)
+        st = cutlass.memory.SmemAllocator().allocate(self.shared)
         pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=st.bars.data_ptr(), num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
@@ -149,58 +153,75 @@ class MXGemmSm90:
                 pipe.producer_tail(state)
         else:
             cute.arch.warpgroup_reg_alloc(232)
-            self.consume(mma, pipe, sa, sb, sfa_w, sfb_w, d, rows, cols, k_tiles, tidx - 128, bm, bn)
+            sdec = st.sdec.get_tensor(cute.make_layout(2 * self.CONSUMERS * self.DEC_WORDS))
+            self.consume(mma, pipe, sa, sb, sdec, sfa_w, sfb_w, d, rows, cols, k_tiles, tidx - 128, bm, bn)
 
     @cute.jit
-    def consume(self, mma: cute.TiledMma, pipe, sa: cute.Tensor, sb: cute.Tensor, sfa_w: cute.Tensor,
-                sfb_w: cute.Tensor, d: cute.Tensor, rows: cutlass.Int32, cols: cutlass.Int32,
+    def consume(self, mma: cute.TiledMma, pipe, sa: cute.Tensor, sb: cute.Tensor, sdec: cute.Tensor,
+                sfa_w: cute.Tensor, sfb_w: cute.Tensor, d: cute.Tensor, rows: cutlass.Int32, cols: cutlass.Int32,
                 k_tiles: cutlass.Int32, ct: cutlass.Int32, bm: cutlass.Int32, bn: cutlass.Int32):
         """A consumer warpgroup: 64 rows x ``n_tile`` of the tile.  Thread ``t`` of warp ``w`` holds the WGMMA
         accumulator rows ``16 w + t // 4 (+ 8)`` and columns ``8 j + 2 (t % 4) (+ 1)``: fragment element
-        ``e + 2 rs + 4 j`` is (row + 8 rs, column 8 j + 2 (t % 4) + e)."""
+        ``e + 2 rs + 4 j`` is (row + 8 rs, column 8 j + 2 (t % 4) + e).
+
+        Per 128-deep K stage the warpgroup first decodes the stage's scales once into shared memory (thread t: the
+        4 block scales of row t (t < 64) and of column t, one 32-bit load each; double-buffered, one named barrier
+        per stage), then runs the stage's 4 WGMMAs one ahead of the promotion: WGMMA b + 1 runs on the tensor cores
+        while the CUDA cores add partial b, times ``sa[row] * sb[col]``, to the accumulator."""
         wgi = ct // 128
+        t = ct % 128
         lane = ct % 32
-        w = (ct % 128) // 32
+        w = t // 32
         thr = mma.get_slice(wgi * 128)
-        tcsa = thr.partition_A(sa)
-        tcsb = thr.partition_B(sb)
-        fa = mma.make_fragment_A(tcsa)
-        fb = mma.make_fragment_B(tcsb)
+        fa = mma.make_fragment_A(thr.partition_A(sa))
+        fb = mma.make_fragment_B(thr.partition_B(sb))
         acc_shape = thr.partition_C(cute.make_identity_tensor((self.TILE_M, self.n_tile))).shape
         acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
-        part = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
+        parts = (cute.make_rmem_tensor(acc_shape, cutlass.Float32), cute.make_rmem_tensor(acc_shape, cutlass.Float32))
         acc.fill(0.0)
         ncol = self.n_tile // 4  # accumulator columns per thread
-        sbw = cute.make_rmem_tensor((ncol,), cutlass.Uint32)
-        r0 = wgi * 64 + w * 16 + lane // 4  # tile row of fragment elements with rs = 0
-        a_word = (r0 % 32) * 4 + r0 // 32  # rs = 1 (row + 8) is 32 words further
+        rl = w * 16 + lane // 4  # warpgroup-local row of fragment elements with rs = 0
+        ra = wgi * 64 + t  # the tile row whose scales this thread decodes (t < 64)
+        mma.set(warpgroup.Field.ACCUMULATE, False)  # every WGMMA is one MX block: it starts its partial at zero
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         for kt in cutlass.range(k_tiles, unroll=1):
-            pipe.consumer_wait(state)
-            abase = (bm * k_tiles + kt) * 128
-            bbase = (bn * k_tiles + kt) * 128
-            sa0 = sfa_w[abase + a_word]
-            sa1 = sfa_w[abase + a_word + 32]
-            for q in cutlass.range_constexpr(ncol):
-                c = 8 * (q // 2) + 2 * (lane % 4) + q % 2
-                sbw[q] = sfb_w[bbase + (c % 32) * 4 + c // 32]
+            # decode this stage's scales into this warpgroup's half of buffer kt % 2
+            base = ((kt % 2) * self.CONSUMERS + wgi) * self.DEC_WORDS
+            bw = sfb_w[(bn * k_tiles + kt) * 128 + (t % 32) * 4 + t // 32]
             for blk in cutlass.range_constexpr(self.BLOCKS):
-                mma.set(warpgroup.Field.ACCUMULATE, False)
-                warpgroup.fence()
-                cute.gemm(mma, part, fa[(None, None, blk, state.index)], fb[(None, None, blk, state.index)], part)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                scale_a = (e8m0_to_f32(cutlass.Int32((sa0 >> (8 * blk)) & 0xFF)),
-                           e8m0_to_f32(cutlass.Int32((sa1 >> (8 * blk)) & 0xFF)))
+                sdec[base + 64 * self.BLOCKS + blk * self.n_tile + t] = \
+                    e8m0_to_f32(cutlass.Int32((bw >> (8 * blk)) & 0xFF))
+            if t < 64:
+                aw = sfa_w[(bm * k_tiles + kt) * 128 + (ra % 32) * 4 + ra // 32]
+                for blk in cutlass.range_constexpr(self.BLOCKS):
+                    sdec[base + blk * 64 + t] = e8m0_to_f32(cutlass.Int32((aw >> (8 * blk)) & 0xFF))
+            cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)
+            pipe.consumer_wait(state)
+            warpgroup.fence()
+            cute.gemm(mma, parts[0], fa[(None, None, 0, state.index)], fb[(None, None, 0, state.index)], parts[0])
+            warpgroup.commit_group()
+            for blk in cutlass.range_constexpr(self.BLOCKS):
+                if cutlass.const_expr(blk + 1 < self.BLOCKS):
+                    nxt = parts[(blk + 1) % 2]
+                    warpgroup.fence()
+                    cute.gemm(mma, nxt, fa[(None, None, blk + 1, state.index)], fb[(None, None, blk + 1, state.index)],
+                              nxt)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)
+                else:
+                    warpgroup.wait_group(0)
+                part = parts[blk % 2]
+                scale_a = (sdec[base + blk * 64 + rl], sdec[base + blk * 64 + rl + 8])
                 for q in cutlass.range_constexpr(ncol):
-                    scale_b = e8m0_to_f32(cutlass.Int32((sbw[q] >> (8 * blk)) & 0xFF))
+                    c = 8 * (q // 2) + 2 * (lane % 4) + q % 2
+                    scale_b = sdec[base + 64 * self.BLOCKS + blk * self.n_tile + c]
                     for rs in cutlass.range_constexpr(2):
                         i = q % 2 + 2 * rs + 4 * (q // 2)
                         acc[i] = acc[i] + part[i] * (scale_a[rs] * scale_b)
             pipe.consumer_release(state)
             state.advance()
 
-        row0 = bm * self.TILE_M + r0
+        row0 = bm * self.TILE_M + wgi * 64 + rl
         for q in cutlass.range_constexpr(ncol):
             col = bn * self.n_tile + 8 * (q // 2) + 2 * (lane % 4) + q % 2
             for rs in cutlass.range_constexpr(2):
