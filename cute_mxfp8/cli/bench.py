@@ -1,8 +1,9 @@
 """``python -m cute_mxfp8 bench [GROUP ...]``: per-op timing on every backend this machine can run.
 
 Groups: ``quantize`` (rowwise / colwise / dual casts), ``swiglu`` (fused SwiGLU + dual quant, fwd and bwd),
-``gemm`` (dense at 8192³ and 16384x7168x2048, the MLP's GEMM1 / w2-dgrad with their fused SwiGLU epilogues at
-M=16384 D=4096 I=14336, 2d-3d and 2d-2d grouped).  Reports the median time, GB/s for the bytes the op must move
+``gemm`` (dense at 8192³, 16384x7168x2048 and 16384x2048x7168, the MLP's GEMM1 / w2-dgrad with their fused SwiGLU
+epilogues at M=16384 D=4096 I=14336, 2d-3d and 2d-2d grouped), ``mlp`` (a SwiGLU MLP and grouped experts training
+step, bf16 vs MXFP8, :mod:`cute_mxfp8.cli.bench_mlp`).  Reports the median time, GB/s for the bytes the op must move
 (read + written), TFLOP/s for GEMMs and, on SM100, % of the 4.5 PFLOP/s dense MXFP8 peak.  On CPU only the ``reference`` backend runs, at small shapes; GPU shapes are the
 ones the kernel issues name.  Timing: CUDA -> ``triton.testing.do_bench`` (median) when triton is installed,
 else CUDA events; CPU -> wall clock median.  Numbers from the reference backend measure torch emulation, not kernels.
@@ -27,7 +28,7 @@ from typing import Callable
 
 import torch
 
-GROUPS = ("quantize", "swiglu", "gemm")
+GROUPS = ("quantize", "swiglu", "gemm", "mlp")
 _FP8_OUT = 1.0 + 1.0 / 32  # bytes per element written by one MXFP8 cast: data + one E8M0 scale per 32
 
 
@@ -303,7 +304,8 @@ def main(args) -> int:
     large = device.type == "cuda"
     cases = []
     for g in groups:
-        cases += {"quantize": _quantize_cases, "swiglu": _swiglu_cases, "gemm": _gemm_cases}[g](large)
+        if g != "mlp":
+            cases += {"quantize": _quantize_cases, "swiglu": _swiglu_cases, "gemm": _gemm_cases}[g](large)
     print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
           f"backends registered: {ops.registered_backends()}")
     for name in ops.registered_backends():
@@ -340,19 +342,29 @@ def main(args) -> int:
     pct = (lambda r: "" if copy_gbps is None else f"{100 * r.gbps / copy_gbps:.0f}")
     peak = MXFP8_PEAK_TFLOPS.get(torch.cuda.get_device_capability(device)[0]) if device.type == "cuda" else None
     pct_peak = (lambda r: "" if peak is None or r.tflops is None else f"{100 * r.tflops / peak:.0f}")
-    print(tabulate([[r.op, r.backend, r.shape, f"{r.ms:.3f}", f"{r.gbps:.3g}", pct(r),
-                     "" if r.tflops is None else f"{r.tflops:.3g}", pct_peak(r),
-                     "" if r.speedup is None else f"{r.speedup:.2f}x"] for r in rows],
-                   headers=["op", "backend", "shape", "ms", "GB/s", "% copy", "TFLOP/s", "% MXFP8 peak",
-                            "vs baseline"]))
+    if rows:
+        print(tabulate([[r.op, r.backend, r.shape, f"{r.ms:.3f}", f"{r.gbps:.3g}", pct(r),
+                         "" if r.tflops is None else f"{r.tflops:.3g}", pct_peak(r),
+                         "" if r.speedup is None else f"{r.speedup:.2f}x"] for r in rows],
+                       headers=["op", "backend", "shape", "ms", "GB/s", "% copy", "TFLOP/s", "% MXFP8 peak",
+                                "vs baseline"]))
     if "gemm" in groups and peak is None and device.type == "cuda":
         print("note: this GPU has no MXFP8 tensor cores: `mm` on sm90 is the WGMMA kernel with per-block scale "
               "promotion (vs cuBLAS bf16); the other GEMM rows time the reference emulation; the tcgen05 kernels run "
               "on SM100 only (`python -m cute_mxfp8 inspect --arch sm_100a` reports their builds).")
     if device.type == "cpu":
         print("note: on CPU these time the torch reference (emulation), not kernels.")
+    mlp = []
+    if "mlp" in groups:
+        from cute_mxfp8.cli.bench_mlp import mlp_rows
+
+        mlp = mlp_rows(device, _time_ms)
+        print(tabulate([[w, s, f"{b:.2f}", f"{q:.2f}", f"{r:.2f}x", "" if pb is None else f"{pb:.0f}",
+                         "" if pq is None else f"{pq:.0f}"] for w, s, b, q, r, pb, pq in mlp],
+                       headers=["fwd+bwd step", "shape", "bf16 ms", "MXFP8 ms", "MXFP8 / bf16", "bf16 peak MiB",
+                                "MXFP8 peak MiB"]))
     if getattr(args, "json", None):
         with open(args.json, "w") as f:
             json.dump({"device": str(device), "copy_gbps": copy_gbps, "launch_overhead_us": overhead,
-                       "rows": [asdict(r) for r in rows]}, f, indent=2)
+                       "rows": [asdict(r) for r in rows], "mlp_steps": mlp}, f, indent=2)
     return 0

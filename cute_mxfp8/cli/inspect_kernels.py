@@ -75,6 +75,9 @@ FAMILIES = [
              functools.partial(jit.compile_swiglu_quant, grouped=grouped, emit_hp=hp),
              {"direction": [d], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, **_BLOCKED})
       for d in ("fwd", "bwd") for grouped in (False, True) for hp in (False, True)),
+    Family("gemm_sm90", jit.compile_gemm_sm90,
+           {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "n_tile": [128]},
+           archs=("sm_90a",)),
     Family("gemm_sm100", jit.compile_gemm_sm100,
            {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "n_tile": [128, 256]},
            archs=("sm_100a",)),

@@ -1,0 +1,81 @@
+"""``bench mlp``: one training step (forward + backward) of a SwiGLU MLP and of grouped experts, bf16 vs MXFP8.
+
+The bf16 side is what a user runs without this package: three ``nn.Linear`` (dense) or ``torch._grouped_mm`` with
+the same token-group offsets (grouped experts, where torch has it); the MXFP8 side the drop-in module with the same
+weights (``MXFP8SwiGLUMLP`` / ``MXFP8GroupedExperts``, bf16 parameters, automatic backends).  Reports the median
+step time, the ratio MXFP8 / bf16, and the peak memory the step allocates above its inputs and weights.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# (workload, shape): the shapes of issue 12's table on a GPU; small ones on the CPU
+GPU_CASES = [("SwiGLU MLP", dict(m=16384, d=4096, i=14336)), ("SwiGLU MLP", dict(m=8192, d=2048, i=8192)),
+             ("grouped experts", dict(m=32768, d=2048, i=1536, e=8))]
+CPU_CASES = [("SwiGLU MLP", dict(m=256, d=256, i=512)), ("grouped experts", dict(m=512, d=256, i=256, e=4))]
+
+
+def _dense(dev, m, d, i):
+    from cute_mxfp8.nn import MXFP8SwiGLUMLP
+
+    mx = MXFP8SwiGLUMLP(d, i, device=dev, dtype=torch.bfloat16)
+    w1, w2, w3 = (lin.weight for lin in (mx.w1, mx.w2, mx.w3))
+
+    def bf16(x):
+        return F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
+
+    return bf16, mx, (m, d), None
+
+
+def _grouped(dev, m, d, i, e):
+    from cute_mxfp8.nn import MXFP8GroupedExperts
+
+    mx = MXFP8GroupedExperts(d, i, e, device=dev, dtype=torch.bfloat16)
+    counts = torch.full((e,), m // e, dtype=torch.int64, device=dev)
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+
+    def bf16(x):
+        mm = torch._grouped_mm
+        h = F.silu(mm(x, mx.w1.transpose(-2, -1), offs=offs)) * mm(x, mx.w3.transpose(-2, -1), offs=offs)
+        return mm(h, mx.w2.transpose(-2, -1), offs=offs)
+
+    return bf16, mx, (m, d), counts
+
+
+def _step(fn, x, dy):
+    x.grad = None
+    fn(x).backward(dy)
+
+
+def _peak_mib(fn, x, dy, dev) -> float | None:
+    if dev.type != "cuda":
+        return None
+    torch.cuda.synchronize(dev)
+    base = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    _step(fn, x, dy)
+    torch.cuda.synchronize(dev)
+    return (torch.cuda.max_memory_allocated(dev) - base) / 2**20
+
+
+def mlp_rows(device: torch.device, time_ms) -> list[list]:
+    """One row per workload: [workload, shape, bf16 ms, MXFP8 ms, ratio, bf16 peak MiB, MXFP8 peak MiB]."""
+    rows = []
+    for name, shape in (GPU_CASES if device.type == "cuda" else CPU_CASES):
+        make = _grouped if "e" in shape else _dense
+        if make is _grouped and (device.type != "cuda" or not hasattr(torch, "_grouped_mm")):
+            continue  # torch._grouped_mm (the bf16 baseline) is CUDA only
+        bf16, mx, xshape, counts = make(device, **shape)
+        x = torch.randn(*xshape, device=device, dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(*xshape, device=device, dtype=torch.bfloat16)
+        mxfp8 = mx if counts is None else (lambda x, mx=mx, counts=counts: mx(x, counts))
+        times, peaks = [], []
+        for fn in (bf16, mxfp8):
+            peaks.append(_peak_mib(fn, x, dy, device))
+            times.append(time_ms(lambda fn=fn: _step(fn, x, dy), device, budget_s=1.0))
+        label = " ".join(f"{k.upper()}={v}" for k, v in shape.items())
+        rows.append([name, label, times[0], times[1], times[1] / times[0], *peaks])
+        del bf16, mx, mxfp8, x, dy
+    return rows
