@@ -209,7 +209,8 @@ def test_sm100_gemm_limits_name_the_fix(rng):
 
     sm100 = _BACKENDS["sm100"]
     assert sm100.fuses_mlp and not _BACKENDS["sm90"].fuses_mlp and not _BACKENDS["reference"].fuses_mlp
-    assert {"mm", "mm_swiglu_quant", "mm_dswiglu_quant"} <= set(sm100.ops) and "mm" not in _BACKENDS["sm90"].ops
+    assert {"mm", "mm_swiglu_quant", "mm_dswiglu_quant"} <= set(sm100.ops)
+    assert "mm" in _BACKENDS["sm90"].ops and "mm_swiglu_quant" not in _BACKENDS["sm90"].ops  # SM90: plain mm only
     a, a_s = ops.quantize_rowwise(torch.randn(64, 96, generator=rng))
     b, b_s = ops.quantize_rowwise(torch.randn(136, 96, generator=rng))
     assert G.LIMITS["mm"](a, a_s, b, b_s, torch.bfloat16) is None

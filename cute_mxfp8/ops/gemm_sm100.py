@@ -15,11 +15,11 @@ import warnings
 import torch
 
 from ..jit import compile_gemm_sm100
+from .gemm_common import MAX_ELEMENTS, mm_with_bias, operand_limits
 from .shapes import colwise_shapes, rowwise_shapes
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
-_MAX_ELEMENTS = 2**31 - 1  # the kernel's coordinates and scale offsets are 32-bit
 # The configuration the ops run: a 2-CTA MMA (256 x 128 tiles over a CTA pair, each CTA loading half of B) with two
 # TMEM accumulator stages, so each tile's epilogue overlaps the next tile's mainloop; the (2, 2) cluster multicasts
 # A to two pairs, cutting L2 traffic to the ratio of a 256 x 256 tile (docs/sm100_gemm.md).  Unmeasured: no SM100.
@@ -81,13 +81,8 @@ def _e8m0(q, qs, qt, qts, hp):
 def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
     """With a bias the kernel stores its fp32 accumulator and the bias is added before the one rounding to
     ``out_dtype`` (the plain epilogue has no bias input yet: an extra pass over D)."""
-    acc_dtype = out_dtype if bias is None else torch.float32
-    d = torch.empty(a.shape[0], b.shape[0], dtype=acc_dtype, device=a.device)
-    if d.numel():
-        _kernel(a, b, acc_dtype)(a, b, _u8(a_scales), _u8(b_scales), d)
-    if bias is not None:
-        d = d.add_(bias.float()).to(out_dtype)
-    return d
+    return mm_with_bias(lambda d: _kernel(a, b, d.dtype)(a, b, _u8(a_scales), _u8(b_scales), d), a, b, out_dtype,
+                        bias)
 
 
 def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
@@ -111,17 +106,6 @@ def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit
     return _e8m0(*out)
 
 
-def _operand_limits(a, a_scales, b, b_scales) -> str | None:
-    for name, t in (("a", a), ("b", b), ("a_scales", a_scales), ("b_scales", b_scales)):
-        if not t.is_contiguous() or t.data_ptr() % 16:
-            return f"{name} must be contiguous with a 16-byte aligned data pointer for TMA (call .contiguous())"
-        if t.numel() > _MAX_ELEMENTS:
-            return f"{name} has {t.numel()} elements; the kernel indexes with int32 (at most {_MAX_ELEMENTS})"
-    if a.shape[1] == 0:
-        return "K = 0: nothing to multiply (the reference backend returns zeros)"
-    return None
-
-
 def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None):
     return _gemm_limits(a, a_scales, b, b_scales, out_dtype if bias is None else torch.float32, "plain")
 
@@ -129,7 +113,7 @@ def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None):
 def _gemm_limits(a, a_scales, b, b_scales, out_dtype, epilogue):
     from ..kernels.gemm_sm100 import MXGemmSm100
 
-    why = _operand_limits(a, a_scales, b, b_scales)
+    why = operand_limits(a, a_scales, b, b_scales)
     if why is None and a.shape[0] and b.shape[0]:  # an empty output launches nothing
         why = MXGemmSm100.can_implement(a.shape[0], b.shape[0], a.shape[1], _OUT[out_dtype], epilogue)
     return why
@@ -137,7 +121,7 @@ def _gemm_limits(a, a_scales, b, b_scales, out_dtype, epilogue):
 
 def _mm_swiglu_limits(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
     why = _gemm_limits(a, a_scales, b13, b13_scales, out_dtype, "swiglu")
-    if why is None and a.shape[0] * b13.shape[0] > _MAX_ELEMENTS:
+    if why is None and a.shape[0] * b13.shape[0] > MAX_ELEMENTS:
         return f"h13 would have {a.shape[0] * b13.shape[0]} elements; the kernel indexes with int32: split M"
     return why
 
@@ -146,7 +130,7 @@ def _mm_dswiglu_limits(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, em
     why = _gemm_limits(a, a_scales, b, b_scales, h13.dtype, "dswiglu")
     if why is None and (not h13.is_contiguous() or h13.data_ptr() % 16):
         return "h13 must be contiguous with a 16-byte aligned data pointer (call .contiguous())"
-    if why is None and h13.numel() > _MAX_ELEMENTS:
+    if why is None and h13.numel() > MAX_ELEMENTS:
         return f"h13 has {h13.numel()} elements; the kernel indexes with int32: split M"
     return why
 
