@@ -2,7 +2,8 @@
 
 Each op is defined once with ``torch.library.custom_op``; its fake impl returns empty tensors of the exact output
 shapes, dtypes and (contiguous) strides from :mod:`cute_mxfp8.ops.shapes`, so the ops trace under torch.compile
-and pass ``torch.library.opcheck``.  The real impl validates the inputs and calls the implementation chosen by
+and pass ``torch.library.opcheck``; the real impl returns exactly those strides for inputs of any layout and runs
+with autocast off (:func:`_call`).  The real impl validates the inputs and calls the implementation chosen by
 :func:`cute_mxfp8.ops.backends.get_impl` (``backend=""`` means "automatic"; see that module for the rules).
 
 Public, documented entry points are the wrappers at the bottom of this file (re-exported by ``cute_mxfp8.ops``).
@@ -30,7 +31,6 @@ def _call(op: str, device: torch.device, backend: str, *args):
 
     * Layouts: a transposed or sliced input is copied to a contiguous one first, so it runs on the same kernel
       (and, on the reference, the same matmul) as its contiguous copy and gives the same bytes.
-
     * Autocast: the ops' arithmetic is fixed by the MX numerics, so ``torch.autocast`` must change nothing
       (no fp32 matmul of the reference running in bf16, no ``torch.cat`` / ``torch.stack`` of fp8 or E8M0
       tensors reaching autocast's type promotion, which rejects them).
