@@ -66,7 +66,8 @@ def mlp_rows(device: torch.device, time_ms) -> list[list]:
     for name, shape in (GPU_CASES if device.type == "cuda" else CPU_CASES):
         make = _grouped if "e" in shape else _dense
         if make is _grouped and (device.type != "cuda" or not hasattr(torch, "_grouped_mm")):
-            continue  # torch._grouped_mm (the bf16 baseline) is CUDA only
+            print(f"bench mlp: {name} skipped (its bf16 baseline, torch._grouped_mm, needs CUDA)")
+            continue
         bf16, mx, xshape, counts = make(device, **shape)
         x = torch.randn(*xshape, device=device, dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(*xshape, device=device, dtype=torch.bfloat16)

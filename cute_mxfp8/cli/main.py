@@ -79,7 +79,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
     p_bench = sub.add_parser("bench", help="benchmark the MXFP8 ops", description="Benchmark the MXFP8 ops.")
     p_bench.add_argument("groups", nargs="*", metavar="GROUP",
-                         help="op groups to time: quantize, swiglu, gemm (default: all)")
+                         help="op groups to time: quantize, swiglu, gemm, mlp (default: all)")
     p_bench.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON to PATH")
     p_bench.add_argument("--device", default=None, help="device to bench on (default: cuda if available, else cpu)")
     p_bench.set_defaults(func=_run_bench)

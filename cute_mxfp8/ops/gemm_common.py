@@ -18,7 +18,7 @@ def operand_limits(a, a_scales, b, b_scales) -> str | None:
         if t.numel() > MAX_ELEMENTS:
             return f"{name} has {t.numel()} elements; the kernel indexes with int32 (at most {MAX_ELEMENTS})"
     if a.shape[1] == 0:
-        return "K = 0: nothing to multiply (the reference backend returns zeros)"
+        return "K = 0: nothing to multiply (the reference backend returns zeros, plus the bias if given)"
     return None
 
 
