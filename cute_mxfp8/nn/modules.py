@@ -20,21 +20,12 @@ import torch
 from torch import Tensor, nn
 
 from ..config import MXFP8Config, resolve_config
-from ..formats import BLOCK_SIZE
 from ..ops.autograd import mxfp8_linear, mxfp8_swiglu_mlp
+from ..ops.shapes import mxfp8_dims_reason
 
 _INT32_MAX = 2**31 - 1
 
 __all__ = ["MXFP8Linear", "MXFP8SwiGLUMLP", "MXFP8GroupedExperts", "mxfp8_dims_reason", "offsets_from_counts"]
-
-
-def mxfp8_dims_reason(**dims: int) -> str | None:
-    """None if every named dim is a multiple of 32, else a sentence naming the offending dims and the rule."""
-    bad = {k: v for k, v in dims.items() if v % BLOCK_SIZE != 0}
-    if not bad:
-        return None
-    got = ", ".join(f"{k}={v}" for k, v in bad.items())
-    return f"{got} not a multiple of the MX block size {BLOCK_SIZE} (every GEMM dim of an MXFP8 layer must be)"
 
 
 def _require_dims(cls_name: str, **dims: int) -> None:

@@ -52,12 +52,17 @@ def _check_offs(offs, required: bool = False) -> None:
                          f"{type(offs).__name__}" + ("; the grouped GEMMs require it" if required else ""))
 
 
-def _check_types(blocked, emit_hp=False, offs=None, **tensors) -> None:
-    """The schema's type checks, for calls that skip the dispatcher (``tensors``: argument name -> value)."""
-    _check_offs(offs)
+def _check_tensors(**tensors) -> None:
+    """TypeError naming the first argument (name -> value) that is not a tensor."""
     for name, t in tensors.items():
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _check_types(blocked, emit_hp=False, offs=None, **tensors) -> None:
+    """The schema's type checks, for calls that skip the dispatcher (``tensors``: argument name -> value)."""
+    _check_offs(offs)
+    _check_tensors(**tensors)
     for name, flag in (("blocked", blocked), ("emit_hp", emit_hp)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")

@@ -27,11 +27,12 @@ import torch
 from torch import Tensor
 
 from ..config import resolve_config
-from ..formats import BLOCK_SIZE, group_bounds
+from ..formats import group_bounds
 from ..swiglu import GATE_UP_TILE, split_gate_up
 from . import api
 from .amp import autocast_input, autocast_off
 from .backends import fuses_mlp
+from .shapes import mxfp8_dims_reason
 
 __all__ = ["mxfp8_linear", "mxfp8_grouped_mm", "mxfp8_swiglu_mlp"]
 
@@ -108,7 +109,6 @@ class _LinearFn(torch.autograd.Function):
     @staticmethod
     @_no_autocast
     def forward(ctx, x, weight, bias, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend):
-        k = x.shape[-1]
         x2 = _rows(x)
         x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, None, not wgrad_with_hp)
         w_row, w_row_s, w_col, w_col_s = api.quantize_dual(weight, scale_mode=scale_mode,
@@ -127,7 +127,6 @@ class _LinearFn(torch.autograd.Function):
         x_saved, x_col_s, w_col, w_col_s = ctx.saved_tensors
         scale_mode, gdt, hp, backend = ctx.cfg
         x_shape, x_dtype, w_dtype, b_dtype = ctx.meta
-        n = dy.shape[-1]
         dy2 = _rows(dy)
         need_w = ctx.needs_input_grad[1]
         dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, None, need_w and not hp)
@@ -177,7 +176,6 @@ class _SwiGLUMLPFn(torch.autograd.Function):
     @staticmethod
     @_no_autocast
     def forward(ctx, x, w1, w2, w3, offs, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, fused):
-        d = x.shape[-1]
         x2 = _rows(x)
         qw = dict(scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend)
         tile = GATE_UP_TILE if fused else None  # the fused epilogues want W13 (and so h13, dh13) interleaved
@@ -250,20 +248,12 @@ def fused_epilogues_enabled(config, device, i: int, grouped: bool) -> bool:
     return c.fused_epilogues
 
 
-def _check_tensors(**tensors) -> None:
-    for name, t in tensors.items():
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-
-
 def _check_dims32(**dims: int) -> None:
     """Every GEMM dim of an MXFP8 layer is scaled in blocks of 32 in some product (forward, dgrad or wgrad): check
     them all before the forward, so no backward fails on a dim the forward did not scale."""
-    bad = ", ".join(f"{k} = {v}" for k, v in dims.items() if v % BLOCK_SIZE)
-    if bad:
-        raise ValueError(f"{bad} must be a multiple of the MX block size {BLOCK_SIZE} (every GEMM dim of an MXFP8 "
-                         "layer is quantized in blocks of 32): pad the weights with zeros, or keep this layer in "
-                         "high precision")
+    why = mxfp8_dims_reason(**dims)
+    if why is not None:
+        raise ValueError(f"{why}: pad the weights with zeros, or keep this layer in high precision")
 
 
 def _check_weight(name: str, w: Tensor, shape: tuple) -> None:
@@ -288,7 +278,7 @@ def mxfp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, config=N
         config: :class:`cute_mxfp8.config.MXFP8Config` (default one if None).
     Returns: (..., N) in ``x.dtype``.
     """
-    _check_tensors(x=x, weight=weight)
+    api._check_tensors(x=x, weight=weight)
     if weight.dim() != 2:
         raise ValueError(f"weight must be (out_features, in_features), got shape {tuple(weight.shape)}")
     n, k = weight.shape
@@ -307,7 +297,7 @@ def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None) -> Te
         x: (M, K) tokens sorted by group; weight: (E, N, K); offs: (E,) int32 cumulative end offsets.
     Returns: (M, N) in ``x.dtype``; rows at or past ``offs[-1]`` are zero.
     """
-    _check_tensors(x=x, weight=weight)
+    api._check_tensors(x=x, weight=weight)
     api._check_offs(offs, required=True)
     if weight.dim() != 3:
         raise ValueError(f"weight must be (E, N, K) expert weights, got shape {tuple(weight.shape)}")
@@ -327,7 +317,7 @@ def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor
         offs: None (dense) or (E,) int32 cumulative end offsets of the token groups (grouped experts).
     Returns: x's shape and dtype.
     """
-    _check_tensors(x=x, w1=w1, w2=w2, w3=w3)
+    api._check_tensors(x=x, w1=w1, w2=w2, w3=w3)
     grouped = offs is not None
     if grouped:
         api._check_offs(offs, required=True)

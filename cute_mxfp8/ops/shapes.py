@@ -39,6 +39,15 @@ def check_mult32(what: str, n: int) -> None:
         raise ValueError(f"{what} = {n} must be a multiple of the MX block size {BLOCK_SIZE} (pad it with zeros)")
 
 
+def mxfp8_dims_reason(**dims: int) -> str | None:
+    """None if every named dim is a multiple of 32, else a sentence naming the offending dims and the rule."""
+    bad = {k: v for k, v in dims.items() if v % BLOCK_SIZE != 0}
+    if not bad:
+        return None
+    got = ", ".join(f"{k}={v}" for k, v in bad.items())
+    return f"{got} not a multiple of the MX block size {BLOCK_SIZE} (every GEMM dim of an MXFP8 layer must be)"
+
+
 def check_offs(offs: torch.Tensor | None, device: torch.device, num_groups: int | None = None) -> None:
     if offs is None:
         return
