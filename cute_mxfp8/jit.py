@@ -251,18 +251,22 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
 
 @functools.lru_cache(maxsize=None)
 @disk_cached(skip_if="keep_ptx")
-def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
+def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mainloop: str = "dequant",
                       arch: str = "sm_90a", keep_ptx: bool = False):
-    """Compiled SM90 MXFP8 GEMM (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`): ``fn(a, b, sfa, sfb, d)``,
-    a (M, K) and b (N, K) fp8 (``a_elem`` / ``b_elem``) K-major, sfa / sfb their 1-D blocked E8M0 scale buffers
-    (uint8 view, 16-byte aligned), d (M, N) ``out_dtype`` row-major.  Trusts its arguments (the ops layer checks
-    them, :mod:`cute_mxfp8.ops.gemm_sm90`)."""
+    """Compiled SM90 MXFP8 GEMM: ``fn(a, b, sfa, sfb, d)``, a (M, K) and b (N, K) fp8 (``a_elem`` / ``b_elem``)
+    K-major, sfa / sfb their 1-D blocked E8M0 scale buffers (uint8 view, 16-byte aligned), d (M, N) ``out_dtype``
+    row-major.  ``mainloop``: ``"dequant"`` (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90Dequant`, bf16 WGMMA
+    on scaled operands) or ``"promote"`` (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`, fp8 WGMMA per block).
+    Trusts its arguments (the ops layer checks them, :mod:`cute_mxfp8.ops.gemm_sm90`)."""
     if arch != "sm_90a":
         raise ValueError(f"the WGMMA GEMM needs arch sm_90a, got {arch!r}")
+    if mainloop not in ("dequant", "promote"):
+        raise ValueError(f"mainloop must be 'dequant' or 'promote', got {mainloop!r}")
     cutlass, _ = _cutlass()
-    from .kernels.gemm_sm90 import MXGemmSm90
+    from .kernels.gemm_sm90 import MXGemmSm90, MXGemmSm90Dequant
 
-    kernel = MXGemmSm90(a_elem, b_elem, out_dtype, n_tile)
+    kernel = MXGemmSm90Dequant(a_elem, b_elem, out_dtype) if mainloop == "dequant" else \
+        MXGemmSm90(a_elem, b_elem, out_dtype)
     fake, sym = _fake, _sym
     scales = [fake(cutlass.Uint8, (sym(),), align=16) for _ in range(2)]
     args = (fake(kernel.a_dtype, (sym(), sym(32))), fake(kernel.b_dtype, (sym(), sym(32))), *scales,

@@ -25,11 +25,12 @@ sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_devi
 
 
 @needs_sass
+@pytest.mark.parametrize("mainloop", ["dequant", "promote"])
 @pytest.mark.parametrize("elems,out", VARIANTS, ids=str)
-def test_gemm_compiles_for_sm90_with_wgmma(elems, out):
+def test_gemm_compiles_for_sm90_with_wgmma(elems, out, mainloop):
     from cute_mxfp8.jit import compile_gemm_sm90
 
-    fn = compile_gemm_sm90(*elems, out, 128, "sm_90a", True)
+    fn = compile_gemm_sm90(*elems, out, mainloop, "sm_90a", True)
     (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
     assert res["local_frame"] == 0 and fn.launch_smem[0] <= 232448  # H100/H200: 227 KB of shared memory per CTA
     counts = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
@@ -37,7 +38,13 @@ def test_gemm_compiles_for_sm90_with_wgmma(elems, out):
     def count(prefix):
         return sum(v for k, v in counts.items() if k.startswith(prefix))
 
-    assert count("QGMMA") == 4  # one fp8 WGMMA (K = 32 = one MX block) per block of the 128-deep stage
+    if mainloop == "promote":
+        assert count("QGMMA") == 4  # one fp8 WGMMA (K = 32 = one MX block) per block of the 128-deep stage
+    else:
+        # per 64-deep stage: 2 chunks x 2 row halves x 2 k16 steps of bf16 WGMMA, A from registers; the fp8 ->
+        # f16 conversions in hardware (consumers: 32 per stage, transform warps: 48)
+        assert count("HGMMA") == 8 and count("QGMMA") == 0
+        assert sum(count(f"F2FP.F16.{e.upper()}.UNPACK_B") for e in set(elems)) == 80
     assert count("UTMALDG") == 2 and count("LDL") == count("STL") == 0
 
 
@@ -49,6 +56,15 @@ def test_sm90_mm_limits_name_the_fix():
     shifted = a.view(torch.uint8).view(-1)[8:8 + 56 * 64].view(56, 64).view(E4M3)  # 8 bytes past a boundary
     assert "16-byte aligned" in G.LIMITS["mm"](shifted, a_s, a, a_s, torch.bfloat16)
     assert "K = 0" in G.LIMITS["mm"](a[:, :0], a_s[:0], a[:, :0], a_s[:0], torch.bfloat16)
+
+
+@pytest.fixture(params=["dequant", "promote"])
+def mainloop(request, monkeypatch):
+    """Runs a test once per SM90 mainloop (``ops.gemm_sm90.MAINLOOP``)."""
+    from cute_mxfp8.ops import gemm_sm90 as G
+
+    monkeypatch.setattr(G, "MAINLOOP", request.param)
+    return request.param
 
 
 def _integer_operands(m, n, k, ea, eb, rng):
@@ -68,7 +84,7 @@ def _integer_operands(m, n, k, ea, eb, rng):
 @sm90
 @pytest.mark.parametrize("elems,out", VARIANTS, ids=str)
 @pytest.mark.parametrize("m,n,k", [(128, 128, 128), (300, 200, 96), (1, 33, 32), (257, 129, 416), (640, 384, 2048)])
-def test_sm90_mm_integer_data_is_bit_exact(elems, out, m, n, k, rng):
+def test_sm90_mm_integer_data_is_bit_exact(elems, out, m, n, k, rng, mainloop):
     a, a_s, b, b_s = _integer_operands(m, n, k, *elems, rng)
     dt = getattr(torch, out)
     got = ops.mm(a, a_s, b, b_s, out_dtype=dt, backend="sm90")
@@ -84,7 +100,7 @@ def test_sm90_mm_integer_data_is_bit_exact(elems, out, m, n, k, rng):
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("m,n,k", [(512, 384, 1024), (1000, 130, 4128)])
-def test_sm90_mm_random_data_within_the_accumulation_bound(m, n, k, rng):
+def test_sm90_mm_random_data_within_the_accumulation_bound(m, n, k, rng, mainloop):
     x = torch.randn(m, k, generator=rng).cuda() * torch.logspace(-3, 3, k, device="cuda")
     w = torch.randn(n, k, generator=rng).cuda()
     a, a_s = ops.quantize_rowwise(x)
@@ -100,13 +116,13 @@ def test_sm90_mm_random_data_within_the_accumulation_bound(m, n, k, rng):
     bound = (2.0 ** -12 + k * 2.0 ** -24) * mag
     err = (got.double() - exact).abs()
     ratio = (err / mag.clamp_min(1e-300)).max().item()
-    print(f"max |error| / sum |a||b| = {ratio:.3g} (2**{torch.tensor(ratio).log2().item():.1f})")
+    print(f"{mainloop}: max |error| / sum |a||b| = {ratio:.3g} (2**{torch.tensor(ratio).log2().item():.1f})")
     assert bool((err <= bound).all()), f"max error / sum|a||b| {ratio:.3g}"
 
 
 @pytest.mark.gpu
 @sm90
-def test_sm90_mm_nan_blocks_propagate_as_the_reference(rng):
+def test_sm90_mm_nan_blocks_propagate_as_the_reference(rng, mainloop):
     x = torch.randn(200, 256, generator=rng).cuda()
     x[5, 40] = float("nan")  # block (5, 1): scale byte 255, all its elements NaN
     x[150, 200] = float("inf")
@@ -145,3 +161,36 @@ def test_sm90_is_the_automatic_gemm_and_the_mlp_matches_the_reference(rng):
     for r, g in zip(outs["reference"], outs[None]):
         sqnr = 10 * torch.log10(r.pow(2).sum() / (r - g).pow(2).sum().clamp_min(1e-30))
         assert sqnr > 35
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("elem", ["e4m3", "e5m2"])
+def test_sm90_mm_special_codes_with_finite_scales(elem, rng, mainloop):
+    """fp8 NaN (and e5m2 Inf) codes under ordinary scales and, for the dequantize mainloop, a scale at the top of the
+    E8M0 range whose scaled elements overflow fp32: NaN / Inf land where the reference puts them (the reference
+    dequantizes in fp32; the promotion mainloop scales block sums, not elements, so only the first part holds)."""
+    dt = ELEMS[elem]
+    m, n, k = 160, 136, 192
+    a = (torch.randn(m, k, generator=rng) * 4).to(dt).cuda()
+    b = (torch.randn(n, k, generator=rng) * 4).to(dt).cuda()
+    a_plain = torch.randint(120, 134, (m, k // 32), generator=rng, dtype=torch.uint8)
+    b_plain = torch.randint(120, 134, (n, k // 32), generator=rng, dtype=torch.uint8)
+    nan = {"e4m3": 0x7F, "e5m2": 0x7E}[elem]
+    a.view(torch.uint8)[3, 70] = nan
+    b.view(torch.uint8)[9, 5] = nan
+    if elem == "e5m2":
+        a.view(torch.uint8)[100, 33] = 0x7C  # +inf
+    if mainloop == "dequant":
+        a_plain[140, 2] = 254  # 2**127 times values >= 2: +-inf in fp32, as in the reference
+    a_s = F.to_blocked_scales(a_plain.cuda().view(torch.float8_e8m0fnu))
+    b_s = F.to_blocked_scales(b_plain.cuda().view(torch.float8_e8m0fnu))
+    got = ops.mm(a, a_s, b, b_s, out_dtype=torch.float32, backend="sm90")
+    want = ops.mm(a, a_s, b, b_s, out_dtype=torch.float32, backend="reference")
+    assert torch.equal(got.isnan(), want.isnan()) and want[3].isnan().all() and want[:, 9].isnan().all()
+    assert torch.equal(got.isinf(), want.isinf()) and torch.equal(got[got.isinf()], want[want.isinf()])
+    ok = want.isfinite()
+    da = F.dequantize_mxfp8(a, a_plain.cuda().view(torch.float8_e8m0fnu)).nan_to_num(0, 0, 0).double()
+    db = F.dequantize_mxfp8(b, b_plain.cuda().view(torch.float8_e8m0fnu)).nan_to_num(0, 0, 0).double()
+    bound = 2.0 ** -12 * (da.abs() @ db.abs().t())
+    assert bool(((got.double() - want.double()).abs()[ok] <= bound[ok]).all())

@@ -76,7 +76,7 @@ FAMILIES = [
              {"direction": [d], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, **_BLOCKED})
       for d in ("fwd", "bwd") for grouped in (False, True) for hp in (False, True)),
     Family("gemm_sm90", jit.compile_gemm_sm90,
-           {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "n_tile": [128]},
+           {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["dequant", "promote"]},
            archs=("sm_90a",)),
     Family("gemm_sm100", jit.compile_gemm_sm100,
            {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "n_tile": [128, 256]},

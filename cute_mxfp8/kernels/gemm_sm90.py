@@ -1,5 +1,9 @@
-"""SM90 (Hopper) MXFP8 GEMM on fp8 WGMMA with per-block scale promotion: ``D = A · Bᵀ`` with E8M0 scales per 32
-elements along K (issue 12, the *promotion* mainloop; first cut, correctness before speed).
+"""SM90 (Hopper) MXFP8 GEMMs ``D = A · Bᵀ`` with E8M0 scales per 32 elements along K (issue 12), two mainloops:
+
+* :class:`MXGemmSm90Dequant` (*dequantize*, the default): fp8 -> bf16 with the block scale folded in (exact), then
+  bf16 WGMMA with one long fp32 accumulation; A from registers, B from shared memory.
+* :class:`MXGemmSm90` (*promotion*): one fp8 WGMMA per MX block into a partial accumulator, scaled into the fp32
+  accumulator on the CUDA cores.  Kept for comparison (``docs/sm90_gemm.md`` has both measured).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from .mx_math import ELEM_DTYPES, e8m0_to_f32
+from .mx_math import ELEM_DTYPES, blocked_scale_offset, dequant_pair_bf16, e8m0_to_f32
 
 _OUT_DTYPES = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
 _K_MAJOR = utils.LayoutEnum.ROW_MAJOR  # A (M, K) and B (N, K) with K contiguous
@@ -228,3 +232,267 @@ class MXGemmSm90:
                 row = row0 + 8 * rs
                 if row < rows and col < cols:
                     d[row, col] = acc[q % 2 + 2 * rs + 4 * (q // 2)].to(self.d_dtype)
+
+
+class MXGemmSm90Dequant:
+    """MXFP8 GEMM for SM90, *dequantize* mainloop: ``D (M, N) = Σ_k (A[m, k] · sa[m, k // 32]) ·
+    (B[n, k] · sb[n, k // 32])`` in fp32, rounded once to ``out_dtype``: the reference's product (OCP MX v1.0
+    blocks of 32 along K), with every scaled operand element exact in bf16 (an fp8 value has at most 4 significant
+    bits and bf16 has fp32's exponent range; see :func:`~.mx_math.dequant_pair_bf16` for the subnormal corner).
+
+    Operands: A (M, K) and B (N, K) fp8, e4m3 or e5m2 each, K-major; scales the blocked E8M0 buffers of
+    ``quantize_rowwise(..., blocked=True)`` (cuBLAS block-scaling layout), read a byte at a time from global memory
+    (:func:`~.mx_math.blocked_scale_offset`).
+
+    CTA tile 256 x 128, 64-deep K stages (2 MX blocks).  Warp roles (384 threads):
+
+    * warp 0: TMA loads of the fp8 A (256 x 64) and B (128 x 64) stage tiles (``PipelineTmaAsync``, up to 8
+      stages, 64-byte swizzle);
+    * warps 1-3 (*transform*): B fp8 -> scaled bf16, written into a 3-stage ring of 128 x 64 bf16 tiles in the
+      128-byte-swizzled layout bf16 WGMMA reads (``PipelineAsync`` to the consumers);
+    * warpgroups 1, 2 (*consumers*, 128 rows each as two 64-row WGMMA tiles): per 32-deep chunk they load their A
+      rows from shared memory, scale and convert them into the WGMMA A-operand registers (two register buffers:
+      chunk c + 1 is converted while the WGMMAs of chunk c run), and issue ``wgmma.m64n128k16.bf16`` with A from
+      registers and B from the bf16 ring, accumulating in fp32 over the whole K.
+
+    The K order inside a stage is permuted the same way for A and B (a GEMM's sum does not depend on the order):
+    thread ``t % 4`` of a quad takes the 16 contiguous bytes ``[16 (t % 4), 16 (t % 4) + 16)`` of a row, one MX
+    block, so each A load is 8 contiguous bytes and each thread needs one scale per row and stage; logical k
+    ``16 j + 2 c + e % 2 + 8 (e // 2)`` of the WGMMA holds physical k ``16 c + 4 j + e`` (``c`` < 4, ``e`` < 4).
+
+    Epilogue: per-thread predicated stores of the fp32 accumulator converted to ``out_dtype``.  One CTA per tile.
+
+    Constraints (:meth:`can_implement`): K % 32 == 0 (TMA zero-fills past K; the blocked scales' padding is zero),
+    16-byte aligned contiguous operands; any M, N >= 1.
+    """
+
+    TILE_M = 256
+    TILE_N = 128
+    K_STAGE = 64
+    B_STAGES = 3
+    TRANSFORM_THREADS = 96
+    THREADS = 384
+    CONSUMER_WARPS = 8
+
+    def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16"):
+        if a_elem not in ELEM_DTYPES or b_elem not in ELEM_DTYPES:
+            raise ValueError(f"A/B element types must be in {sorted(ELEM_DTYPES)}, got {a_elem!r}, {b_elem!r}")
+        if out_dtype not in _OUT_DTYPES:
+            raise ValueError(f"out_dtype must be one of {sorted(_OUT_DTYPES)}, got {out_dtype!r}")
+        self.a_elem, self.b_elem = a_elem, b_elem
+        self.a_dtype, self.b_dtype = ELEM_DTYPES[a_elem][0], ELEM_DTYPES[b_elem][0]
+        self.d_dtype = _OUT_DTYPES[out_dtype]
+
+    can_implement = MXGemmSm90.can_implement
+
+    def _configure(self):
+        self.tiler = (self.TILE_M, self.TILE_N, self.K_STAGE)
+        self.tiled_mma = sm90.make_trivial_tiled_mma(
+            cutlass.BFloat16, cutlass.BFloat16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            cutlass.Float32, (1, 1, 1), tiler_mn=(64, self.TILE_N), a_source=warpgroup.OperandSource.RMEM)
+        self.a_bytes = self.TILE_M * self.K_STAGE  # fp8: one byte per element
+        self.b_bytes = self.TILE_N * self.K_STAGE
+        self.bh_bytes = 2 * self.TILE_N * self.K_STAGE
+        capacity = cutlass.memory.get_smem_capacity_in_bytes("sm_90")
+        self.stages = min(8, (capacity - 2048 - self.B_STAGES * self.bh_bytes) // (self.a_bytes + self.b_bytes))
+        self.a_smem = sm90.make_smem_layout_a(_K_MAJOR, self.tiler, self.a_dtype, self.stages)
+        self.b_smem = sm90.make_smem_layout_b(_K_MAJOR, self.tiler, self.b_dtype, self.stages)
+        self.bh_smem = sm90.make_smem_layout_b(_K_MAJOR, self.tiler, cutlass.BFloat16, self.B_STAGES)
+
+    @cute.jit
+    def __call__(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor,
+                 stream: cuda.CUstream):
+        """``a`` (M, K), ``b`` (N, K) fp8 K-major; ``sfa``/``sfb`` the 1-D blocked E8M0 buffers (bytes); ``d``
+        (M, N) row-major."""
+        self._configure()
+        m, k = a.shape
+        n = b.shape[0]
+        tma_a, ga = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), a,
+                                                cute.slice_(self.a_smem, (None, None, 0)), (self.TILE_M, self.K_STAGE))
+        tma_b, gb = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), b,
+                                                cute.slice_(self.b_smem, (None, None, 0)), (self.TILE_N, self.K_STAGE))
+
+        @cute.struct
+        class Shared:
+            bars: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+            bbars: cute.struct.MemRange[cutlass.Int64, self.B_STAGES * 2]
+            sa: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem.outer)], 1024]
+            sb: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem.outer)], 1024]
+            sbh: cute.struct.Align[cute.struct.MemRange[cutlass.BFloat16, cute.cosize(self.bh_smem.outer)], 1024]
+
+        self.shared = Shared
+        grid = ((m + self.TILE_M - 1) // self.TILE_M, (n + self.TILE_N - 1) // self.TILE_N, 1)
+        self.kernel(self.tiled_mma, tma_a, ga, tma_b, gb, sfa, sfb, d, m, n, k // 32,
+                    (k + self.K_STAGE - 1) // self.K_STAGE, self.a_smem, self.b_smem, self.bh_smem).launch(
+            grid=grid, block=[self.THREADS, 1, 1], smem=Shared.size_in_bytes(), stream=stream)
+
+    @cute.kernel
+    def kernel(self, mma: cute.TiledMma, tma_a: cute.CopyAtom, ga: cute.Tensor, tma_b: cute.CopyAtom,
+               gb: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor, rows: cutlass.Int32,
+               cols: cutlass.Int32, kblocks: cutlass.Int32, k_tiles: cutlass.Int32, a_smem: cute.ComposedLayout,
+               b_smem: cute.ComposedLayout, bh_smem: cute.ComposedLayout):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg = warp // 4
+        bm, bn, _ = cute.arch.block_idx()
+        if warp == 0:
+            cpasync.prefetch_descriptor(tma_a)
+            cpasync.prefetch_descriptor(tma_b)
+
+        st = cutlass.memory.SmemAllocator().allocate(self.shared)
+        pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=st.bars.data_ptr(), num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.CONSUMER_WARPS + 3),  # per warp
+            tx_count=self.a_bytes + self.b_bytes)
+        pipe_b = pipeline.PipelineAsync.create(
+            barrier_storage=st.bbars.data_ptr(), num_stages=self.B_STAGES,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.TRANSFORM_THREADS),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * self.CONSUMER_WARPS))
+        # raw views for the hand-addressed loads and stores (byte offsets computed with the swizzles spelled out)
+        sa8 = cute.make_tensor(cute.recast_ptr(st.sa.data_ptr(), dtype=cutlass.Uint64),
+                               cute.make_layout(self.stages * self.a_bytes // 8))
+        sb8 = cute.make_tensor(cute.recast_ptr(st.sb.data_ptr(), dtype=cutlass.Uint64),
+                               cute.make_layout(self.stages * self.b_bytes // 8))
+        sbh32 = cute.make_tensor(cute.recast_ptr(st.sbh.data_ptr(), dtype=cutlass.Uint32),
+                                 cute.make_layout(self.B_STAGES * self.bh_bytes // 4))
+
+        if wg == 0:
+            cute.arch.warpgroup_reg_dealloc(56)
+            if warp == 0:  # TMA producer
+                sa = st.sa.get_tensor(a_smem.outer, swizzle=a_smem.inner)
+                sb = st.sb.get_tensor(b_smem.outer, swizzle=b_smem.inner)
+                gak = cute.local_tile(ga, (self.TILE_M, self.K_STAGE), (bm, None))
+                gbk = cute.local_tile(gb, (self.TILE_N, self.K_STAGE), (bn, None))
+                tas, tag = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sa, 0, 2),
+                                                 cute.group_modes(gak, 0, 2))
+                tbs, tbg = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sb, 0, 2),
+                                                 cute.group_modes(gbk, 0, 2))
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                for kt in cutlass.range(k_tiles, unroll=1):
+                    pipe.producer_acquire(state)
+                    bar = pipe.producer_get_barrier(state)
+                    cute.copy(tma_a, tag[(None, kt)], tas[(None, state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_b, tbg[(None, kt)], tbs[(None, state.index)], tma_bar_ptr=bar)
+                    pipe.producer_commit(state)
+                    state.advance()
+                pipe.producer_tail(state)
+            else:
+                self.transform(pipe, pipe_b, sb8, sbh32, sfb, bn, kblocks, k_tiles, tidx - 32)
+        else:
+            cute.arch.warpgroup_reg_alloc(224)
+            sbh = st.sbh.get_tensor(bh_smem.outer, swizzle=bh_smem.inner)
+            self.consume(mma, pipe, pipe_b, sa8, sbh, sfa, d, rows, cols, kblocks, k_tiles, tidx - 128, bm, bn)
+
+    @cute.jit
+    def transform(self, pipe, pipe_b, sb8: cute.Tensor, sbh32: cute.Tensor, sfb: cute.Tensor, bn: cutlass.Int32,
+                  kblocks: cutlass.Int32, k_tiles: cutlass.Int32, tt: cutlass.Int32):
+        """Warps 1-3: per stage, B's 128 rows x 4 sixteen-byte pieces (item ``it``: row ``it // 4``, piece
+        ``c = it % 4``, one MX block's half) -> scaled bf16 at the permuted logical k of the class docstring.  A warp
+        writes 8 rows x 4 pieces: the 128-byte swizzle puts the 8 rows in 8 different 16-byte bank groups."""
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        bstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.B_STAGES)
+        items = self.TILE_N * 4
+        for kt in cutlass.range(k_tiles, unroll=1):
+            pipe.consumer_wait(state)
+            pipe_b.producer_acquire(bstate)
+            for r in cutlass.range_constexpr((items + self.TRANSFORM_THREADS - 1) // self.TRANSFORM_THREADS):
+                it = tt + self.TRANSFORM_THREADS * r
+                if it < items:
+                    n = it // 4
+                    c = it % 4
+                    factor = e8m0_to_f32(cutlass.Int32(
+                        sfb[blocked_scale_offset(bn * self.TILE_N + n, 2 * kt + c // 2, kblocks)]))
+                    src = (state.index * self.b_bytes + n * 64 + ((c ^ ((n >> 1) & 3)) << 4)) // 8  # 64B swizzle
+                    w01 = sb8[src]
+                    w23 = sb8[src + 1]
+                    words = (cutlass.Uint32(w01 & 0xFFFFFFFF), cutlass.Uint32(w01 >> 32),
+                             cutlass.Uint32(w23 & 0xFFFFFFFF), cutlass.Uint32(w23 >> 32))
+                    dst = (bstate.index * self.bh_bytes + n * 128 + 4 * c) // 4
+                    for j in cutlass.range_constexpr(4):  # bytes 4j..4j+3 -> logical k 16j + 2c (+1), +8 (+1)
+                        sbh32[dst + ((((2 * j) ^ (n % 8)) << 4) // 4)] = dequant_pair_bf16(
+                            words[j], factor, self.b_elem, False)
+                        sbh32[dst + ((((2 * j + 1) ^ (n % 8)) << 4) // 4)] = dequant_pair_bf16(
+                            words[j], factor, self.b_elem, True)
+            cute.arch.fence_proxy("async.shared", space="cta")  # generic-proxy stores -> WGMMA (async proxy)
+            pipe_b.producer_commit(bstate)
+            pipe.consumer_release(state)
+            state.advance()
+            bstate.advance()
+
+    @cute.jit
+    def consume(self, mma: cute.TiledMma, pipe, pipe_b, sa8: cute.Tensor, sbh: cute.Tensor, sfa: cute.Tensor,
+                d: cute.Tensor, rows: cutlass.Int32, cols: cutlass.Int32, kblocks: cutlass.Int32,
+                k_tiles: cutlass.Int32, ct: cutlass.Int32, bm: cutlass.Int32, bn: cutlass.Int32):
+        """A consumer warpgroup: rows ``128 wg + 64 h + 16 w + t // 4 (+ 8)`` (h = 0, 1) of the tile, all 128
+        columns.  WGMMA A-fragment register ``v1 + 2 v2 + 4 kk`` (as bf16 pairs) is row ``+ 8 v1``, logical k
+        ``16 kk + 2 (t % 4) + 8 v2`` of the chunk's two k16 steps; accumulator element ``e + 2 rs + 4 q`` is
+        (row + 8 rs, column 8 q + 2 (t % 4) + e)."""
+        wgi = ct // 128
+        t = ct % 128
+        lane = ct % 32
+        w = t // 32
+        c = lane % 4
+        thr = mma.get_slice(t)
+        fb = mma.make_fragment_B(thr.partition_B(sbh))
+        acc_shape = thr.partition_shape_C((64, self.TILE_N))
+        accs = [cute.make_rmem_tensor(acc_shape, cutlass.Float32) for _ in range(2)]
+        for h in cutlass.range_constexpr(2):
+            accs[h].fill(0.0)
+        fas = [[mma.make_fragment_A(thr.partition_shape_A((64, 32))) for _ in range(2)] for _ in range(2)]
+        fa32 = [[cute.recast_tensor(x, cutlass.Uint32) for x in bufs] for bufs in fas]
+        local = [[128 * wgi + 64 * h + 16 * w + lane // 4 + 8 * v1 for v1 in range(2)] for h in range(2)]
+        scale_rows = (rows + 127) // 128 * 128  # rows the blocked buffer has
+        mma.set(warpgroup.Field.ACCUMULATE, True)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        bstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.B_STAGES)
+        brel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.B_STAGES)
+        for kt in cutlass.range(k_tiles, unroll=1):
+            factors = [[cutlass.Float32(0.0), cutlass.Float32(0.0)], [cutlass.Float32(0.0), cutlass.Float32(0.0)]]
+            for h in cutlass.range_constexpr(2):
+                for v1 in cutlass.range_constexpr(2):
+                    r = bm * self.TILE_M + local[h][v1]
+                    byte = cutlass.Int32(0)
+                    if r < scale_rows:
+                        byte = cutlass.Int32(sfa[blocked_scale_offset(r, 2 * kt + c // 2, kblocks)])
+                    factors[h][v1] = e8m0_to_f32(byte)
+            pipe.consumer_wait(state)
+            pipe_b.consumer_wait(bstate)
+            for i in cutlass.range_constexpr(2):
+                for h in cutlass.range_constexpr(2):
+                    for v1 in cutlass.range_constexpr(2):
+                        r = local[h][v1]
+                        w64 = sa8[(state.index * self.a_bytes + r * 64 + ((c ^ ((r >> 1) & 3)) << 4) + 8 * i) // 8]
+                        lo = cutlass.Uint32(w64 & 0xFFFFFFFF)
+                        hi = cutlass.Uint32(w64 >> 32)
+                        f = factors[h][v1]
+                        fa32[i][h][v1] = dequant_pair_bf16(lo, f, self.a_elem, False)
+                        fa32[i][h][v1 + 2] = dequant_pair_bf16(lo, f, self.a_elem, True)
+                        fa32[i][h][v1 + 4] = dequant_pair_bf16(hi, f, self.a_elem, False)
+                        fa32[i][h][v1 + 6] = dequant_pair_bf16(hi, f, self.a_elem, True)
+                if cutlass.const_expr(i == 1):
+                    pipe.consumer_release(state)  # this warpgroup's A reads of the stage are done
+                warpgroup.fence()
+                for h in cutlass.range_constexpr(2):
+                    for kk in cutlass.range_constexpr(2):
+                        cute.gemm(mma, accs[h], fas[i][h][(None, None, kk)],
+                                  fb[(None, None, 2 * i + kk, bstate.index)], accs[h])
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)  # the previous chunk's WGMMAs are done: its A registers are free
+                if cutlass.const_expr(i == 0):
+                    if kt > 0:
+                        pipe_b.consumer_release(brel)  # ... and so is the previous stage's bf16 B tile
+                        brel.advance()
+            state.advance()
+            bstate.advance()
+        warpgroup.wait_group(0)
+
+        for h in cutlass.range_constexpr(2):
+            row0 = bm * self.TILE_M + local[h][0]
+            acc = accs[h]
+            for q in cutlass.range_constexpr(self.TILE_N // 4):
+                col = bn * self.TILE_N + 8 * (q // 2) + 2 * c + q % 2
+                for rs in cutlass.range_constexpr(2):
+                    row = row0 + 8 * rs
+                    if row < rows and col < cols:
+                        d[row, col] = acc[q % 2 + 2 * rs + 4 * (q // 2)].to(self.d_dtype)
