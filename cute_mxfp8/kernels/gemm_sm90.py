@@ -16,7 +16,7 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from .mx_math import ELEM_DTYPES, blocked_scale_offset, dequant_pair_bf16, e8m0_to_f32
+from .mx_math import ELEM_DTYPES, blocked_scale_offset, dequant_pair_bf16, e8m0_to_f32, pack_bf16x2
 
 _OUT_DTYPES = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
 _K_MAJOR = utils.LayoutEnum.ROW_MAJOR  # A (M, K) and B (N, K) with K contiguous
@@ -393,16 +393,29 @@ class MXGemmSm90Dequant:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         bstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.B_STAGES)
         items = self.TILE_N * 4
+        reps = (items + self.TRANSFORM_THREADS - 1) // self.TRANSFORM_THREADS
+        # scale bytes one stage ahead: the global loads of stage kt + 1 fly while stage kt converts
+        nxt = [cutlass.Int32(0) for _ in range(reps)]
+        for r in cutlass.range_constexpr(reps):
+            it = tt + self.TRANSFORM_THREADS * r
+            if it < items:
+                nxt[r] = cutlass.Int32(sfb[blocked_scale_offset(bn * self.TILE_N + it // 4, (it % 4) // 2, kblocks)])
         for kt in cutlass.range(k_tiles, unroll=1):
+            cur = [nxt[r] for r in range(reps)]
+            if kt + 1 < k_tiles:
+                for r in cutlass.range_constexpr(reps):
+                    it = tt + self.TRANSFORM_THREADS * r
+                    if it < items:
+                        nxt[r] = cutlass.Int32(
+                            sfb[blocked_scale_offset(bn * self.TILE_N + it // 4, 2 * kt + 2 + (it % 4) // 2, kblocks)])
             pipe.consumer_wait(state)
             pipe_b.producer_acquire(bstate)
-            for r in cutlass.range_constexpr((items + self.TRANSFORM_THREADS - 1) // self.TRANSFORM_THREADS):
+            for r in cutlass.range_constexpr(reps):
                 it = tt + self.TRANSFORM_THREADS * r
                 if it < items:
                     n = it // 4
                     c = it % 4
-                    factor = e8m0_to_f32(cutlass.Int32(
-                        sfb[blocked_scale_offset(bn * self.TILE_N + n, 2 * kt + c // 2, kblocks)]))
+                    factor = e8m0_to_f32(cur[r])
                     src = (state.index * self.b_bytes + n * 64 + ((c ^ ((n >> 1) & 3)) << 4)) // 8  # 64B swizzle
                     w01 = sb8[src]
                     w23 = sb8[src + 1]
@@ -447,15 +460,19 @@ class MXGemmSm90Dequant:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         bstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.B_STAGES)
         brel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.B_STAGES)
+        # scale bytes one stage ahead (the global loads of stage kt + 1 fly while stage kt runs)
+        nxt = [cutlass.Int32(0) for _ in range(4)]
+        for q in cutlass.range_constexpr(4):
+            r = bm * self.TILE_M + local[q // 2][q % 2]
+            if r < scale_rows:
+                nxt[q] = cutlass.Int32(sfa[blocked_scale_offset(r, c // 2, kblocks)])
         for kt in cutlass.range(k_tiles, unroll=1):
-            factors = [[cutlass.Float32(0.0), cutlass.Float32(0.0)], [cutlass.Float32(0.0), cutlass.Float32(0.0)]]
-            for h in cutlass.range_constexpr(2):
-                for v1 in cutlass.range_constexpr(2):
-                    r = bm * self.TILE_M + local[h][v1]
-                    byte = cutlass.Int32(0)
+            factors = [[e8m0_to_f32(nxt[2 * h + v1]) for v1 in range(2)] for h in range(2)]
+            if kt + 1 < k_tiles:
+                for q in cutlass.range_constexpr(4):
+                    r = bm * self.TILE_M + local[q // 2][q % 2]
                     if r < scale_rows:
-                        byte = cutlass.Int32(sfa[blocked_scale_offset(r, 2 * kt + c // 2, kblocks)])
-                    factors[h][v1] = e8m0_to_f32(byte)
+                        nxt[q] = cutlass.Int32(sfa[blocked_scale_offset(r, 2 * kt + 2 + c // 2, kblocks)])
             pipe.consumer_wait(state)
             pipe_b.consumer_wait(bstate)
             for i in cutlass.range_constexpr(2):
@@ -487,12 +504,36 @@ class MXGemmSm90Dequant:
             bstate.advance()
         warpgroup.wait_group(0)
 
-        for h in cutlass.range_constexpr(2):
-            row0 = bm * self.TILE_M + local[h][0]
-            acc = accs[h]
-            for q in cutlass.range_constexpr(self.TILE_N // 4):
-                col = bn * self.TILE_N + 8 * (q // 2) + 2 * c + q % 2
-                for rs in cutlass.range_constexpr(2):
-                    row = row0 + 8 * rs
-                    if row < rows and col < cols:
-                        d[row, col] = acc[q % 2 + 2 * rs + 4 * (q // 2)].to(self.d_dtype)
+        self.store(accs, d, rows, cols, bm * self.TILE_M + local[0][0], bn * self.TILE_N + 2 * c)
+
+    @cute.jit
+    def store(self, accs, d: cute.Tensor, rows: cutlass.Int32, cols: cutlass.Int32, row0: cutlass.Int32,
+              col0: cutlass.Int32):
+        """Epilogue: accumulator element pairs (columns ``col0 + 8 q``, ``+ 1``) stored as one 32-bit (bf16) or
+        64-bit (fp32) word where N is even (row starts stay aligned), element by element otherwise; predicated on
+        M and N."""
+        if cols % 2 == 0:
+            wide = cutlass.Uint32 if cutlass.const_expr(self.d_dtype is cutlass.BFloat16) else cutlass.Uint64
+            dw = cute.make_tensor(cute.recast_ptr(d.iterator, dtype=wide),
+                                  cute.make_layout((rows, cols // 2), stride=(cols // 2, 1)))
+            for h in cutlass.range_constexpr(2):
+                for q in cutlass.range_constexpr(self.TILE_N // 8):
+                    col = col0 + 8 * q
+                    for rs in cutlass.range_constexpr(2):
+                        row = row0 + 64 * h + 8 * rs
+                        lo = accs[h][2 * rs + 4 * q]
+                        hi = accs[h][1 + 2 * rs + 4 * q]
+                        if row < rows and col < cols:
+                            if cutlass.const_expr(self.d_dtype is cutlass.BFloat16):
+                                dw[row, col // 2] = pack_bf16x2(lo, hi)
+                            else:
+                                dw[row, col // 2] = (cutlass.Uint64(hi.bitcast(cutlass.Uint32)) << 32) | \
+                                    cutlass.Uint64(lo.bitcast(cutlass.Uint32))
+        else:
+            for h in cutlass.range_constexpr(2):
+                for q in cutlass.range_constexpr(self.TILE_N // 4):
+                    col = col0 + 8 * (q // 2) + q % 2
+                    for rs in cutlass.range_constexpr(2):
+                        row = row0 + 64 * h + 8 * rs
+                        if row < rows and col < cols:
+                            d[row, col] = accs[h][q % 2 + 2 * rs + 4 * (q // 2)].to(self.d_dtype)

@@ -270,3 +270,12 @@ def dequant_pair_bf16(word: cutlass.Uint32, factor: cutlass.Float32, elem: cutla
         T.i32(), [cutlass.Uint32(word).ir_value(loc=loc, ip=ip), cutlass.Float32(factor).ir_value(loc=loc, ip=ip)],
         _dequant_pair_asm(elem, upper), "=r,r,f", has_side_effects=False, is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def pack_bf16x2(lo: cutlass.Float32, hi: cutlass.Float32, *, loc=None, ip=None) -> cutlass.Uint32:
+    """``lo`` and ``hi`` rounded to nearest-even bf16 and packed (``lo`` in the lower half): ``cvt.rn.bf16x2.f32``."""
+    return cutlass.Uint32(llvm.inline_asm(
+        T.i32(), [cutlass.Float32(hi).ir_value(loc=loc, ip=ip), cutlass.Float32(lo).ir_value(loc=loc, ip=ip)],
+        "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
