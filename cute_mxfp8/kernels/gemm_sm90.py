@@ -394,44 +394,69 @@ class MXGemmSm90Dequant:
         bstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.B_STAGES)
         items = self.TILE_N * 4
         reps = (items + self.TRANSFORM_THREADS - 1) // self.TRANSFORM_THREADS
-        # scale bytes one stage ahead: the global loads of stage kt + 1 fly while stage kt converts
-        nxt = [cutlass.Int32(0) for _ in range(reps)]
-        for r in cutlass.range_constexpr(reps):
-            it = tt + self.TRANSFORM_THREADS * r
-            if it < items:
-                nxt[r] = cutlass.Int32(sfb[blocked_scale_offset(bn * self.TILE_N + it // 4, (it % 4) // 2, kblocks)])
-        for kt in cutlass.range(k_tiles, unroll=1):
-            cur = [nxt[r] for r in range(reps)]
-            if kt + 1 < k_tiles:
-                for r in cutlass.range_constexpr(reps):
-                    it = tt + self.TRANSFORM_THREADS * r
-                    if it < items:
-                        nxt[r] = cutlass.Int32(
-                            sfb[blocked_scale_offset(bn * self.TILE_N + it // 4, 2 * kt + 2 + (it % 4) // 2, kblocks)])
-            pipe.consumer_wait(state)
-            pipe_b.producer_acquire(bstate)
-            for r in cutlass.range_constexpr(reps):
-                it = tt + self.TRANSFORM_THREADS * r
-                if it < items:
-                    n = it // 4
-                    c = it % 4
-                    factor = e8m0_to_f32(cur[r])
-                    src = (state.index * self.b_bytes + n * 64 + ((c ^ ((n >> 1) & 3)) << 4)) // 8  # 64B swizzle
-                    w01 = sb8[src]
-                    w23 = sb8[src + 1]
-                    words = (cutlass.Uint32(w01 & 0xFFFFFFFF), cutlass.Uint32(w01 >> 32),
-                             cutlass.Uint32(w23 & 0xFFFFFFFF), cutlass.Uint32(w23 >> 32))
-                    dst = (bstate.index * self.bh_bytes + n * 128 + 4 * c) // 4
-                    for j in cutlass.range_constexpr(4):  # bytes 4j..4j+3 -> logical k 16j + 2c (+1), +8 (+1)
-                        sbh32[dst + ((((2 * j) ^ (n % 8)) << 4) // 4)] = dequant_pair_bf16(
-                            words[j], factor, self.b_elem, False)
-                        sbh32[dst + ((((2 * j + 1) ^ (n % 8)) << 4) // 4)] = dequant_pair_bf16(
-                            words[j], factor, self.b_elem, True)
-            cute.arch.fence_proxy("async.shared", space="cta")  # generic-proxy stores -> WGMMA (async proxy)
-            pipe_b.producer_commit(bstate)
-            pipe.consumer_release(state)
+        row_step = self.TRANSFORM_THREADS // 4  # rows between a thread's items; a multiple of 8, so the swizzle
+        c = tt % 4                               # phases (row % 8, (row >> 1) % 4) and the piece are per thread
+        n0 = tt // 4
+        src0 = (n0 * 64 + ((c ^ ((n0 >> 1) & 3)) << 4)) >> 3  # u64 index of the piece in stage 0 (64B swizzle)
+        dst0 = [(n0 * 128 + (((2 * j + half) ^ (n0 % 8)) << 4) + 4 * c) >> 2  # u32 index, 128B swizzle
+                for j in range(4) for half in range(2)]
+        tiles_k = (kblocks + 3) // 4
+        srow = [(bn * tiles_k * 512 + ((n0 + row_step * r) % 32) * 16 + ((n0 + row_step * r) // 32) * 4)
+                for r in range(reps)]  # blocked_scale_offset's row part (rows < 128 of this N tile)
+
+        def block_part(kb):
+            return (kb // 4) * 512 + kb % 4
+
+        # scale bytes two stages ahead, issued after the stage's proxy fence (which waits for this thread's
+        # outstanding loads): stage kt's bytes, loaded during stage kt - 2, are long there.  The loop is unrolled
+        # by two so the two register sets alternate without moves (a move would wait for its load).
+        valid = [cutlass.const_expr(r + 1 < reps) or tt + self.TRANSFORM_THREADS * r < items for r in range(reps)]
+        ra = self.scale_loads(sfb, srow, block_part(c // 2), valid)
+        rb = self.scale_loads(sfb, srow, block_part(cutlass.min(2, 2 * k_tiles - 2) + c // 2), valid)
+        for kt2 in cutlass.range(k_tiles // 2, unroll=1):
+            kt = 2 * kt2
+            self.transform_stage(pipe, pipe_b, state, bstate, sb8, sbh32, src0, dst0, ra, valid, row_step)
+            ra = self.scale_loads(sfb, srow, block_part(cutlass.min(kt + 2, k_tiles - 1) * 2 + c // 2), valid)
             state.advance()
             bstate.advance()
+            self.transform_stage(pipe, pipe_b, state, bstate, sb8, sbh32, src0, dst0, rb, valid, row_step)
+            rb = self.scale_loads(sfb, srow, block_part(cutlass.min(kt + 3, k_tiles - 1) * 2 + c // 2), valid)
+            state.advance()
+            bstate.advance()
+        if k_tiles % 2 == 1:
+            self.transform_stage(pipe, pipe_b, state, bstate, sb8, sbh32, src0, dst0, ra, valid, row_step)
+
+    @cute.jit
+    def scale_loads(self, sf: cute.Tensor, srow: list, kb_part: cutlass.Int32, valid: list):
+        """The scale bytes ``sf[srow[r] + kb_part]`` (those with ``valid[r]``; 0 for the others) as Int32."""
+        out = [cutlass.Int32(0) for _ in range(len(srow))]
+        for r in cutlass.range_constexpr(len(srow)):
+            if valid[r]:
+                out[r] = cutlass.Int32(sf[srow[r] + kb_part])
+        return out
+
+    @cute.jit
+    def transform_stage(self, pipe, pipe_b, state, bstate, sb8: cute.Tensor, sbh32: cute.Tensor, src0, dst0: list,
+                        scales: list, valid: list, row_step: cutlass.Constexpr[int]):
+        """One stage of the transform warps: wait for the fp8 stage and a free bf16 slot, convert, fence, hand over."""
+        pipe.consumer_wait(state)
+        pipe_b.producer_acquire(bstate)
+        src = src0 + state.index * (self.b_bytes >> 3)
+        dst = [x + bstate.index * (self.bh_bytes >> 2) for x in dst0]
+        for r in cutlass.range_constexpr(len(scales)):
+            if valid[r]:
+                factor = e8m0_to_f32(scales[r])
+                w01 = sb8[src + r * row_step * 8]
+                w23 = sb8[src + r * row_step * 8 + 1]
+                words = (cutlass.Uint32(w01 & 0xFFFFFFFF), cutlass.Uint32(w01 >> 32),
+                         cutlass.Uint32(w23 & 0xFFFFFFFF), cutlass.Uint32(w23 >> 32))
+                for j in cutlass.range_constexpr(4):  # bytes 4j..4j+3 -> logical k 16j + 2c (+1), +8 (+1)
+                    for half in cutlass.range_constexpr(2):
+                        sbh32[dst[2 * j + half] + r * row_step * 32] = dequant_pair_bf16(
+                            words[j], factor, self.b_elem, half == 1)
+        cute.arch.fence_proxy("async.shared", space="cta")  # generic-proxy stores -> WGMMA (async proxy)
+        pipe_b.producer_commit(bstate)
+        pipe.consumer_release(state)
 
     @cute.jit
     def consume(self, mma: cute.TiledMma, pipe, pipe_b, sa8: cute.Tensor, sbh: cute.Tensor, sfa: cute.Tensor,
@@ -460,26 +485,31 @@ class MXGemmSm90Dequant:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         bstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.B_STAGES)
         brel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.B_STAGES)
-        # scale bytes one stage ahead (the global loads of stage kt + 1 fly while stage kt runs)
-        nxt = [cutlass.Int32(0) for _ in range(4)]
-        for q in cutlass.range_constexpr(4):
-            r = bm * self.TILE_M + local[q // 2][q % 2]
-            if r < scale_rows:
-                nxt[q] = cutlass.Int32(sfa[blocked_scale_offset(r, c // 2, kblocks)])
+        # scale bytes one stage ahead (the global loads of stage kt + 1 fly while stage kt runs); branch-free: rows
+        # past the blocked buffer read its last row (their A rows are TMA zero fill and are never stored), the last
+        # stage reloads its own bytes
+        tiles_k = (kblocks + 3) // 4
+        lrows = [local[q // 2][q % 2] for q in range(4)]
+        grows = [cutlass.min(bm * self.TILE_M + lr, scale_rows - 1) for lr in lrows]
+        srow = [((r // 128) * tiles_k) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 for r in grows]
+        src_row = [(lr * 64 + ((c ^ ((lr >> 1) & 3)) << 4)) >> 3 for lr in lrows]  # u64 index, stage 0 (64B swizzle)
+
+        def block_part(kb):
+            return (kb // 4) * 512 + kb % 4
+
+        nxt = [cutlass.Int32(sfa[srow[q] + block_part(c // 2)]) for q in range(4)]
         for kt in cutlass.range(k_tiles, unroll=1):
             factors = [[e8m0_to_f32(nxt[2 * h + v1]) for v1 in range(2)] for h in range(2)]
-            if kt + 1 < k_tiles:
-                for q in cutlass.range_constexpr(4):
-                    r = bm * self.TILE_M + local[q // 2][q % 2]
-                    if r < scale_rows:
-                        nxt[q] = cutlass.Int32(sfa[blocked_scale_offset(r, 2 * kt + 2 + c // 2, kblocks)])
+            kb_next = block_part(cutlass.min(2 * kt + 2, 2 * k_tiles - 2) + c // 2)
+            for q in cutlass.range_constexpr(4):
+                nxt[q] = cutlass.Int32(sfa[srow[q] + kb_next])
             pipe.consumer_wait(state)
             pipe_b.consumer_wait(bstate)
+            base = state.index * (self.a_bytes >> 3)
             for i in cutlass.range_constexpr(2):
                 for h in cutlass.range_constexpr(2):
                     for v1 in cutlass.range_constexpr(2):
-                        r = local[h][v1]
-                        w64 = sa8[(state.index * self.a_bytes + r * 64 + ((c ^ ((r >> 1) & 3)) << 4) + 8 * i) // 8]
+                        w64 = sa8[base + src_row[2 * h + v1] + i]
                         lo = cutlass.Uint32(w64 & 0xFFFFFFFF)
                         hi = cutlass.Uint32(w64 >> 32)
                         f = factors[h][v1]
