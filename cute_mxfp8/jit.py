@@ -252,12 +252,13 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
 @functools.lru_cache(maxsize=None)
 @disk_cached(skip_if="keep_ptx")
 def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mainloop: str = "dequant",
-                      arch: str = "sm_90a", keep_ptx: bool = False):
+                      arch: str = "sm_90a", keep_ptx: bool = False, transform_warps: int = 7):
     """Compiled SM90 MXFP8 GEMM: ``fn(a, b, sfa, sfb, d)``, a (M, K) and b (N, K) fp8 (``a_elem`` / ``b_elem``)
     K-major, sfa / sfb their 1-D blocked E8M0 scale buffers (uint8 view, 16-byte aligned), d (M, N) ``out_dtype``
     row-major.  ``mainloop``: ``"dequant"`` (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90Dequant`, bf16 WGMMA
     on scaled operands) or ``"promote"`` (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`, fp8 WGMMA per block).
-    Trusts its arguments (the ops layer checks them, :mod:`cute_mxfp8.ops.gemm_sm90`)."""
+    ``transform_warps`` (dequant only): warps converting B, 3 (384 threads) or 7 (512).  Trusts its arguments (the ops
+    layer checks them, :mod:`cute_mxfp8.ops.gemm_sm90`)."""
     if arch != "sm_90a":
         raise ValueError(f"the WGMMA GEMM needs arch sm_90a, got {arch!r}")
     if mainloop not in ("dequant", "promote"):
@@ -265,7 +266,7 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     cutlass, _ = _cutlass()
     from .kernels.gemm_sm90 import MXGemmSm90, MXGemmSm90Dequant
 
-    kernel = MXGemmSm90Dequant(a_elem, b_elem, out_dtype) if mainloop == "dequant" else \
+    kernel = MXGemmSm90Dequant(a_elem, b_elem, out_dtype, transform_warps) if mainloop == "dequant" else \
         MXGemmSm90(a_elem, b_elem, out_dtype)
     fake, sym = _fake, _sym
     scales = [fake(cutlass.Uint8, (sym(),), align=16) for _ in range(2)]

@@ -16,7 +16,7 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from .mx_math import ELEM_DTYPES, blocked_scale_offset, dequant_pair_bf16, e8m0_to_f32, pack_bf16x2
+from .mx_math import ELEM_DTYPES, blocked_scale_offset, dequant_pair_bf16, e8m0_bf16x2, e8m0_to_f32, pack_bf16x2
 
 _OUT_DTYPES = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
 _K_MAJOR = utils.LayoutEnum.ROW_MAJOR  # A (M, K) and B (N, K) with K contiguous
@@ -270,18 +270,23 @@ class MXGemmSm90Dequant:
     TILE_N = 128
     K_STAGE = 64
     B_STAGES = 3
-    TRANSFORM_THREADS = 96
-    THREADS = 384
     CONSUMER_WARPS = 8
 
-    def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16"):
+    def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", transform_warps: int = 7):
         if a_elem not in ELEM_DTYPES or b_elem not in ELEM_DTYPES:
             raise ValueError(f"A/B element types must be in {sorted(ELEM_DTYPES)}, got {a_elem!r}, {b_elem!r}")
         if out_dtype not in _OUT_DTYPES:
             raise ValueError(f"out_dtype must be one of {sorted(_OUT_DTYPES)}, got {out_dtype!r}")
+        if transform_warps not in (3, 7):
+            raise ValueError(f"transform_warps must be 3 (warpgroup 0 only) or 7 (plus warpgroup 3), got {transform_warps}")
         self.a_elem, self.b_elem = a_elem, b_elem
         self.a_dtype, self.b_dtype = ELEM_DTYPES[a_elem][0], ELEM_DTYPES[b_elem][0]
         self.d_dtype = _OUT_DTYPES[out_dtype]
+        self.TRANSFORM_THREADS = 32 * transform_warps
+        self.THREADS = 384 if transform_warps == 3 else 512
+        # setmaxnreg budgets (multiples of 8; 65536 registers per SM shared by the CTA's threads)
+        self.regs_consumer = 224 if transform_warps == 3 else 208
+        self.regs_other = (65536 - 256 * self.regs_consumer) // (self.THREADS - 256) // 8 * 8
 
     can_implement = MXGemmSm90.can_implement
 
@@ -343,7 +348,8 @@ class MXGemmSm90Dequant:
         pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=st.bars.data_ptr(), num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.CONSUMER_WARPS + 3),  # per warp
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,  # one arrival per warp
+                                                     self.CONSUMER_WARPS + self.TRANSFORM_THREADS // 32),
             tx_count=self.a_bytes + self.b_bytes)
         pipe_b = pipeline.PipelineAsync.create(
             barrier_storage=st.bbars.data_ptr(), num_stages=self.B_STAGES,
@@ -357,8 +363,8 @@ class MXGemmSm90Dequant:
         sbh32 = cute.make_tensor(cute.recast_ptr(st.sbh.data_ptr(), dtype=cutlass.Uint32),
                                  cute.make_layout(self.B_STAGES * self.bh_bytes // 4))
 
-        if wg == 0:
-            cute.arch.warpgroup_reg_dealloc(56)
+        if wg == 0 or wg == 3:
+            cute.arch.warpgroup_reg_dealloc(self.regs_other)
             if warp == 0:  # TMA producer
                 sa = st.sa.get_tensor(a_smem.outer, swizzle=a_smem.inner)
                 sb = st.sb.get_tensor(b_smem.outer, swizzle=b_smem.inner)
@@ -377,10 +383,11 @@ class MXGemmSm90Dequant:
                     pipe.producer_commit(state)
                     state.advance()
                 pipe.producer_tail(state)
-            else:
-                self.transform(pipe, pipe_b, sb8, sbh32, sfb, bn, kblocks, k_tiles, tidx - 32)
+            else:  # warps 1-3 are transform threads 0-95, warpgroup 3 (if any) 96-223
+                self.transform(pipe, pipe_b, sb8, sbh32, sfb, bn, kblocks, k_tiles,
+                               tidx - 32 if wg == 0 else tidx - 288)
         else:
-            cute.arch.warpgroup_reg_alloc(224)
+            cute.arch.warpgroup_reg_alloc(self.regs_consumer)
             sbh = st.sbh.get_tensor(bh_smem.outer, swizzle=bh_smem.inner)
             self.consume(mma, pipe, pipe_b, sa8, sbh, sfa, d, rows, cols, kblocks, k_tiles, tidx - 128, bm, bn)
 
@@ -445,7 +452,7 @@ class MXGemmSm90Dequant:
         dst = [x + bstate.index * (self.bh_bytes >> 2) for x in dst0]
         for r in cutlass.range_constexpr(len(scales)):
             if valid[r]:
-                factor = e8m0_to_f32(scales[r])
+                factor = e8m0_bf16x2(e8m0_to_f32(scales[r]))
                 w01 = sb8[src + r * row_step * 8]
                 w23 = sb8[src + r * row_step * 8 + 1]
                 words = (cutlass.Uint32(w01 & 0xFFFFFFFF), cutlass.Uint32(w01 >> 32),
@@ -499,7 +506,7 @@ class MXGemmSm90Dequant:
 
         nxt = [cutlass.Int32(sfa[srow[q] + block_part(c // 2)]) for q in range(4)]
         for kt in cutlass.range(k_tiles, unroll=1):
-            factors = [[e8m0_to_f32(nxt[2 * h + v1]) for v1 in range(2)] for h in range(2)]
+            factors = [[e8m0_bf16x2(e8m0_to_f32(nxt[2 * h + v1])) for v1 in range(2)] for h in range(2)]
             kb_next = block_part(cutlass.min(2 * kt + 2, 2 * k_tiles - 2) + c // 2)
             for q in cutlass.range_constexpr(4):
                 nxt[q] = cutlass.Int32(sfa[srow[q] + kb_next])

@@ -247,28 +247,37 @@ _CVT_FP8X2 = {"e4m3": "cvt.rn.f16x2.e4m3x2", "e5m2": "cvt.rn.f16x2.e5m2x2"}
 
 
 def _dequant_pair_asm(elem: str, upper: bool) -> str:
-    return ("{ .reg .b16 p0, p1, h0, h1; .reg .b32 h; .reg .f32 f0, f1;\n"
+    return ("{ .reg .b16 p0, p1, h0, h1; .reg .b32 h, z; .reg .f32 f0, f1;\n"
             " mov.b32 {p0, p1}, $1;\n"
             f" {_CVT_FP8X2[elem]} h, {'p1' if upper else 'p0'};\n"
             " mov.b32 {h0, h1}, h;\n"
             " cvt.f32.f16 f0, h0; cvt.f32.f16 f1, h1;\n"
-            " mul.rn.f32 f0, f0, $2; mul.rn.f32 f1, f1, $2;\n"
-            " cvt.rn.bf16x2.f32 $0, f1, f0; }")
+            " cvt.rn.bf16x2.f32 z, f1, f0;\n"
+            " mul.rn.bf16x2 $0, z, $2; }")
 
 
 @dsl_user_op
-def dequant_pair_bf16(word: cutlass.Uint32, factor: cutlass.Float32, elem: cutlass.Constexpr[str],
+def e8m0_bf16x2(factor: cutlass.Float32, *, loc=None, ip=None) -> cutlass.Uint32:
+    """The fp32 E8M0 factor of :func:`e8m0_to_f32` as a bf16x2 pair (both halves equal), for
+    :func:`dequant_pair_bf16`: a power of two (or 2**-127 or NaN) is exact in bf16, whose bits are the top half."""
+    bits = cutlass.Uint32(factor.bitcast(cutlass.Uint32) >> 16)
+    return bits | (bits << 16)
+
+
+@dsl_user_op
+def dequant_pair_bf16(word: cutlass.Uint32, factor2: cutlass.Uint32, elem: cutlass.Constexpr[str],
                       upper: cutlass.Constexpr[bool], *, loc=None, ip=None) -> cutlass.Uint32:
     """Two fp8 elements of ``word`` (bytes 0, 1, or 2, 3 if ``upper``; ``elem`` "e4m3"/"e5m2") times the E8M0
-    factor ``2**(byte - 127)`` (:func:`e8m0_to_f32`), as a packed bf16x2 (the lower byte in the lower half).
+    factor ``2**(byte - 127)`` (``factor2``: :func:`e8m0_bf16x2`), as a packed bf16x2 (the lower byte in the lower
+    half).
 
-    Exact where the reference's fp32 dequantization is and its result is a normal bf16 (bf16 shares fp32's exponent
-    range; an fp8 value has at most 4 significant bits): fp8 -> f16 (exact) -> fp32 -> one ``mul.rn.f32`` (a product
-    with a power of two, so overflow gives +-inf and NaN stays NaN, as in the reference) -> ``cvt.rn.bf16x2.f32``.
-    Only products below 2**-126 (factors under 2**-117) can lose low bits in bf16's subnormal range."""
+    fp8 -> f16 (exact) -> fp32 -> bf16x2 (exact: an fp8 value has at most 4 significant bits; NaN and e5m2's Inf
+    carried) -> one ``mul.rn.bf16x2`` by the power of two.  bf16 has fp32's exponent range, so this is the
+    reference's fp32 dequantization bit for bit, overflow to +-inf and NaN included, except where a product falls
+    below 2**-126 (factors under 2**-117): there bf16's subnormals keep fewer bits than fp32's."""
     return cutlass.Uint32(llvm.inline_asm(
-        T.i32(), [cutlass.Uint32(word).ir_value(loc=loc, ip=ip), cutlass.Float32(factor).ir_value(loc=loc, ip=ip)],
-        _dequant_pair_asm(elem, upper), "=r,r,f", has_side_effects=False, is_align_stack=False,
+        T.i32(), [cutlass.Uint32(word).ir_value(loc=loc, ip=ip), cutlass.Uint32(factor2).ir_value(loc=loc, ip=ip)],
+        _dequant_pair_asm(elem, upper), "=r,r,r", has_side_effects=False, is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
 
 
