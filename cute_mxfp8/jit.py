@@ -252,26 +252,38 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
 @functools.lru_cache(maxsize=None)
 @disk_cached(skip_if="keep_ptx")
 def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mainloop: str = "dequant",
-                      arch: str = "sm_90a", keep_ptx: bool = False, transform_warps: int = 7):
-    """Compiled SM90 MXFP8 GEMM: ``fn(a, b, sfa, sfb, d)``, a (M, K) and b (N, K) fp8 (``a_elem`` / ``b_elem``)
-    K-major, sfa / sfb their 1-D blocked E8M0 scale buffers (uint8 view, 16-byte aligned), d (M, N) ``out_dtype``
-    row-major.  ``mainloop``: ``"dequant"`` (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90Dequant`, bf16 WGMMA
-    on scaled operands) or ``"promote"`` (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`, fp8 WGMMA per block).
-    ``transform_warps`` (dequant only): warps converting B, 3 (384 threads) or 7 (512).  Trusts its arguments (the ops
-    layer checks them, :mod:`cute_mxfp8.ops.gemm_sm90`)."""
+                      arch: str = "sm_90a", keep_ptx: bool = False, transform_warps: int = 7,
+                      grouping: str = "none"):
+    """Compiled SM90 MXFP8 GEMM.  ``mainloop``: ``"dequant"``
+    (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90Dequant`, bf16 WGMMA on scaled operands) or ``"promote"``
+    (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`, fp8 WGMMA per block, dense only).
+
+    * ``"promote"``: ``fn(a, b, sfa, sfb, d)``, a (M, K) and b (N, K) fp8 K-major, sfa / sfb their 1-D blocked
+      E8M0 scale buffers (uint8 view, 16-byte aligned), d (M, N) ``out_dtype`` row-major.
+    * ``"dequant"``: ``fn(a, b, sfa, sfb, d, offs, sched)`` with the operands of ``grouping`` as
+      ``MXGemmSm90Dequant.__call__`` lists them (``"none"`` dense, ``"m"`` 2d-3d, ``"k"`` 2d-2d); offs (G,) and
+      sched (2, G) int32 (placeholders for dense).
+
+    ``transform_warps`` (dequant only): warps converting B, 3 (384 threads) or 7 (512).  Trusts its arguments (the
+    ops layer checks them, :mod:`cute_mxfp8.ops.gemm_sm90`)."""
     if arch != "sm_90a":
         raise ValueError(f"the WGMMA GEMM needs arch sm_90a, got {arch!r}")
     if mainloop not in ("dequant", "promote"):
         raise ValueError(f"mainloop must be 'dequant' or 'promote', got {mainloop!r}")
+    if mainloop == "promote" and grouping != "none":
+        raise ValueError(f"the promote mainloop is dense only, got grouping={grouping!r}")
     cutlass, _ = _cutlass()
     from .kernels.gemm_sm90 import MXGemmSm90, MXGemmSm90Dequant
 
-    kernel = MXGemmSm90Dequant(a_elem, b_elem, out_dtype, transform_warps) if mainloop == "dequant" else \
+    kernel = MXGemmSm90Dequant(a_elem, b_elem, out_dtype, transform_warps, grouping) if mainloop == "dequant" else \
         MXGemmSm90(a_elem, b_elem, out_dtype)
     fake, sym = _fake, _sym
     scales = [fake(cutlass.Uint8, (sym(),), align=16) for _ in range(2)]
-    args = (fake(kernel.a_dtype, (sym(), sym(32))), fake(kernel.b_dtype, (sym(), sym(32))), *scales,
+    kdiv = 16 if grouping == "k" else 32  # 2d-2d: K is the token count, a multiple of 16 (TMA's row pitch)
+    args = (fake(kernel.a_dtype, (sym(), sym(kdiv))), fake(kernel.b_dtype, (sym(), sym(kdiv))), *scales,
             fake(kernel.d_dtype, (sym(), sym())))
+    if mainloop == "dequant":
+        args += (fake(cutlass.Int32, (sym(),)), fake(cutlass.Int32, (sym(), sym())))
     return _compile(kernel, args, arch, keep_ptx)
 
 

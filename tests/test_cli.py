@@ -245,7 +245,27 @@ def test_inspect_compiles_every_variant_without_gpu(tmp_path, capsys):
     assert len(rows) == n >= 96 and all(r["status"] == "ok" for r in rows)
     casts = [r for r in rows if not r["kernel"].startswith("gemm_")]
     gemms = [r for r in rows if r["kernel"].startswith("gemm_")]
-    assert len(gemms) == 8 and all(r["local"] == 0 for r in rows)  # the SM90 WGMMA GEMM, 4 A x B dtypes x 2 outs
+    assert len(gemms) == 32 and all(r["local"] == 0 for r in rows)  # (promote + dequant dense, 2d-3d, 2d-2d) x 4 A x B dtypes x 2 outs
     assert all(r["cvt.satfinite"] > 0 for r in casts)
     assert all(r["bar.sync"] == 0 for r in casts)  # register tiles and shuffles, no shared-memory staging
     assert f"{n}/{n} variants compiled" in capsys.readouterr().out
+
+
+def test_bench_plot_draws_a_png_and_names_what_it_needs(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason="matplotlib is in the test extra")
+    from cute_mxfp8.cli import bench_plot
+
+    result = {"device": "cuda", "rows": [
+        {"op": "mm", "backend": "sm90", "shape": "8192x8192x8192", "tflops": 472.0},
+        {"op": "mm", "backend": "cuBLAS bf16 mm", "shape": "8192x8192x8192", "tflops": 678.0},
+        {"op": "quantize_rowwise", "backend": "sm90", "shape": "x", "tflops": None}],
+        "mlp_steps": [["SwiGLU MLP", "M=8192 D=2048 I=8192", 3.5, 4.1, 1.17, 900, 800]]}
+    src = tmp_path / "r.json"
+    src.write_text(__import__("json").dumps(result))
+    assert bench_plot.main([str(src), str(tmp_path / "c.png")]) == 0
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="nothing to draw"):
+        bench_plot.plot({"rows": [], "mlp_steps": []}, str(tmp_path / "d.png"))
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # as if not installed
+    with pytest.raises(RuntimeError, match=r"cute_mxfp8\[plot\]"):
+        bench_plot.plot(result, str(tmp_path / "e.png"))

@@ -194,3 +194,144 @@ def test_sm90_mm_special_codes_with_finite_scales(elem, rng, mainloop):
     db = F.dequantize_mxfp8(b, b_plain.cuda().view(torch.float8_e8m0fnu)).nan_to_num(0, 0, 0).double()
     bound = 2.0 ** -12 * (da.abs() @ db.abs().t())
     assert bool(((got.double() - want.double()).abs()[ok] <= bound[ok]).all())
+
+
+# ---- grouped: 2d-3d (grouped_mm) and 2d-2d (grouped_mm_wgrad) on the dequantize mainloop ----------------------
+
+@needs_sass
+@pytest.mark.parametrize("grouping", ["m", "k"])
+def test_grouped_gemms_compile_for_sm90_with_wgmma(grouping):
+    from cute_mxfp8.jit import compile_gemm_sm90
+
+    fn = compile_gemm_sm90("e4m3", "e5m2", "float32", "dequant", "sm_90a", True, grouping=grouping)
+    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
+    assert res["local_frame"] == 0 and fn.launch_smem[0] <= 232448
+    counts = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
+
+    def count(prefix):
+        return sum(v for k, v in counts.items() if k.startswith(prefix))
+
+    assert count("HGMMA") == 8 and count("UTMALDG") == 2 and count("LDL") == count("STL") == 0
+
+
+def test_sm90_grouped_limits_name_the_fix():
+    from cute_mxfp8.ops import gemm_sm90 as G
+
+    x = torch.randn(40, 64)
+    offs = torch.tensor([10, 40], dtype=torch.int32)
+    a, a_s = ops.quantize_colwise(x, offs=offs)
+    assert "multiple of 16" in G.LIMITS["grouped_mm_wgrad"](a, a_s, a, a_s, offs, torch.float32)
+    x = torch.randn(48, 64)
+    offs = torch.tensor([10, 48], dtype=torch.int32)
+    a, a_s = ops.quantize_colwise(x, offs=offs)
+    assert G.LIMITS["grouped_mm_wgrad"](a, a_s, a, a_s, offs, torch.float32) is None
+
+
+def test_group_schedule_counts_tiles_per_group():
+    from cute_mxfp8.ops.gemm_sm90 import group_schedule
+
+    offs = torch.tensor([0, 1, 257, 257, 900], dtype=torch.int32)
+    s = group_schedule(offs)
+    # sizes 0, 1, 256, 0, 643: 256-row tiles 0, 1, 1, 0, 3; 128-row scale tiles 0, 1, 2, 0, 6
+    assert s.dtype == torch.int32 and s.tolist() == [[0, 1, 2, 2, 5], [0, 0, 1, 3, 3]]
+
+
+def _exact_values(shape, rng):
+    """Integers in [-8, 8] times 2**{-1, 0, 1}: exact in e4m3 and e5m2 after any MX scaling, products multiples of
+    2**-2 below 2**8, so sums of up to 2**14 of them are exact in fp32 in any order."""
+    ints = torch.randint(-8, 9, shape, generator=rng).float()
+    return (ints * 2.0 ** torch.randint(-1, 2, shape, generator=rng).float()).cuda()
+
+
+GROUP_SIZES = [[0, 1, 31, 33, 129, 300], [257], [0, 0], [64, 0, 70]]
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("elems,out", VARIANTS, ids=str)
+@pytest.mark.parametrize("sizes", GROUP_SIZES, ids=str)
+@pytest.mark.parametrize("n,k", [(136, 96), (256, 320)])
+def test_sm90_grouped_mm_is_bit_exact_on_integer_data(elems, out, sizes, n, k, rng):
+    """2d-3d: every group on its own weight, rows past offs[-1] (40 of them) zero, empty groups and groups of
+    1, 31, 33, 129 rows (tiles crossing group ends), N and K not multiples of the tile."""
+    t = sum(sizes) + 40
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    a, a_s = ops.quantize_rowwise(_exact_values((t, k), rng), offs=offs, elem_dtype=ELEMS[elems[0]])
+    b, b_s = ops.quantize_rowwise(_exact_values((len(sizes), n, k), rng), elem_dtype=ELEMS[elems[1]])
+    dt = getattr(torch, out)
+    got = ops.grouped_mm(a, a_s, b, b_s, offs, out_dtype=dt, backend="sm90")
+    want = ops.grouped_mm(a, a_s, b, b_s, offs, out_dtype=dt, backend="reference")
+    assert got.shape == (t, n) and got.dtype == dt and torch.all(got[sum(sizes):] == 0)
+    bad = (got.float() != want.float()).sum().item()
+    assert bad == 0, f"{bad} of {t * n} outputs differ; first at {(got != want).nonzero()[0].tolist()}"
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("elems", [("e4m3", "e4m3"), ("e5m2", "e4m3")], ids=str)
+@pytest.mark.parametrize("out", ["float32", "bfloat16"])
+@pytest.mark.parametrize("sizes", GROUP_SIZES, ids=str)
+@pytest.mark.parametrize("n,k", [(96, 160), (288, 128)])
+def test_sm90_grouped_mm_wgrad_is_bit_exact_on_integer_data(elems, out, sizes, n, k, rng):
+    """2d-2d: K = the tokens of each group (blocks never cross a group end; the next group's tokens in a stage are
+    masked), empty groups give zero, tokens past offs[-1] are ignored."""
+    t = (sum(sizes) + 40 + 15) // 16 * 16
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    dy, x = _exact_values((t, n), rng), _exact_values((t, k), rng)
+    dy[sum(sizes):] = float("nan")  # never read: past offs[-1]
+    a, a_s = ops.quantize_colwise(dy, offs=offs, elem_dtype=ELEMS[elems[0]])
+    b, b_s = ops.quantize_colwise(x, offs=offs, elem_dtype=ELEMS[elems[1]])
+    dt = getattr(torch, out)
+    got = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, out_dtype=dt, backend="sm90")
+    want = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, out_dtype=dt, backend="reference")
+    assert got.shape == (len(sizes), n, k) and got.dtype == dt
+    assert all(torch.all(got[g] == 0) for g, s in enumerate(sizes) if s == 0)
+    bad = (got.float() != want.float()).sum().item()
+    assert bad == 0, f"{bad} of {got.numel()} outputs differ; first at {(got != want).nonzero()[0].tolist()}"
+
+
+@pytest.mark.gpu
+@sm90
+def test_sm90_grouped_nan_in_the_next_group_stays_there(rng):
+    """2d-2d: a NaN block of group 1 shares a 64-token stage with group 0's last tokens; group 0's dW is finite
+    (masked bytes), group 1's is NaN where the reference puts it."""
+    sizes = [40, 60]
+    t = 112
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    dy, x = torch.randn(t, 64, generator=rng).cuda(), torch.randn(t, 96, generator=rng).cuda()
+    dy[45, 3] = float("nan")
+    a, a_s = ops.quantize_colwise(dy, offs=offs)
+    b, b_s = ops.quantize_colwise(x, offs=offs)
+    got = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, out_dtype=torch.float32, backend="sm90")
+    want = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, out_dtype=torch.float32, backend="reference")
+    assert got[0].isfinite().all() and torch.equal(got.isnan(), want.isnan()) and got[1, 3].isnan().all()
+    ok = want.isfinite()
+    torch.testing.assert_close(got[ok], want[ok], rtol=2.0 ** -12, atol=1e-4)
+
+
+@pytest.mark.gpu
+@sm90
+def test_sm90_grouped_experts_autograd_matches_the_reference(rng):
+    """MXFP8GroupedExperts fwd + bwd with every GEMM on the SM90 kernels (automatic) vs the reference backend."""
+    from cute_mxfp8.nn import MXFP8GroupedExperts
+    from cute_mxfp8.ops.backends import resolve_backend
+
+    torch.manual_seed(0)
+    ex = MXFP8GroupedExperts(256, 192, 4).cuda()
+    counts = torch.tensor([100, 0, 37, 263], device="cuda")
+    x = torch.randn(420, 256, generator=rng).cuda()
+    offs = counts.cumsum(0).to(torch.int32)
+    a, a_s = ops.quantize_rowwise(x, offs=offs)
+    w, w_s = ops.quantize_rowwise(ex.w1.detach())
+    assert resolve_backend(x.device, op="grouped_mm", args=(a, a_s, w, w_s, offs, torch.bfloat16)) == "sm90"
+    outs = {}
+    for backend in ("reference", None):
+        ex.config = MXFP8Config(backend=backend)
+        ex.zero_grad()
+        xi = x.clone().requires_grad_()
+        y = ex(xi, counts)
+        y.backward(torch.ones_like(y))
+        outs[backend] = [y.detach(), xi.grad] + [p.grad.clone() for p in ex.parameters()]
+    for r, g in zip(outs["reference"], outs[None]):
+        sqnr = 10 * torch.log10(r.pow(2).sum() / (r - g).pow(2).sum().clamp_min(1e-30))
+        assert sqnr > 35

@@ -171,9 +171,9 @@ def _gemm_cases(large: bool) -> list[Case]:
             if dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] == 10:
                 fn.baselines = {"cuBLAS _scaled_mm": _cublas_mx(a, a_s, b, b_s)}
             elif dev.type == "cuda":  # no MXFP8 in cuBLAS before SM100: the bf16 GEMM is the bar to beat
-                xb, wb = torch.randn(m, k, device=dev, dtype=torch.bfloat16), torch.randn(n, k, device=dev,
-                                                                                       dtype=torch.bfloat16)
-                fn.baselines = {"cuBLAS bf16 mm": lambda: torch.mm(xb, wb.t())}
+                from cute_mxfp8.cli.bench_baselines import sm90_dense_baselines
+
+                fn.baselines = sm90_dense_baselines(a, a_s, b, b_s, SKIPPED_BASELINES)
             return fn, (m * k + n * k) * _FP8_OUT + 2 * m * n, 2 * m * n * k
         cases.append(Case("gemm", "mm", f"{dm}x{dn}x{dk}", dense))
 
@@ -206,25 +206,50 @@ def _gemm_cases(large: bool) -> list[Case]:
     cases += [Case("gemm", "mm_swiglu_quant", f"M={m_mlp} D={d_mlp} I={i_mlp}", mlp_gemm1),
               Case("gemm", "mm_dswiglu_quant", f"M={m_mlp} D={d_mlp} I={i_mlp}", mlp_gemm3)]
 
-    def offsets(dev):
+    grouped_shapes = [(65536, 7168, 2048, 8), (32768, 1536, 2048, 8), (32768, 2048, 1536, 8)] if large else \
+        [(512, 512, 512, 4)]
+
+    def offsets(dev, m, g):
         return torch.linspace(m / g, m, g, device=dev).round().to(torch.int32)
 
-    def grouped(dev):
-        offs = offsets(dev)
-        a, a_s = _q.quantize_rowwise(torch.randn(m, k, device=dev), offs=offs)
-        b, b_s = _q.quantize_rowwise(torch.randn(g, n, k, device=dev))
+    def grouped(dev, m, n, k, g):
+        offs = offsets(dev, m, g)
+        x, w = torch.randn(m, k, device=dev), torch.randn(g, n, k, device=dev)
+        a, a_s = _q.quantize_rowwise(x, offs=offs)
+        b, b_s = _q.quantize_rowwise(w)
         fn = lambda be: _q.grouped_mm(a, a_s, b, b_s, offs, backend=be)  # noqa: E731
+        if dev.type == "cuda":
+            xb, wb = x.bfloat16(), w.bfloat16().transpose(1, 2)
+            fn.baselines = _grouped_baseline("bf16 torch._grouped_mm", lambda: torch._grouped_mm(xb, wb, offs=offs))
         return fn, (m * k + g * n * k) * _FP8_OUT + 2 * m * n, 2 * m * n * k
 
-    def wgrad(dev):
-        offs = offsets(dev)
-        a, a_s = _q.quantize_colwise(torch.randn(m, n, device=dev), offs=offs)
-        b, b_s = _q.quantize_colwise(torch.randn(m, k, device=dev), offs=offs)
+    def wgrad(dev, m, n, k, g):
+        offs = offsets(dev, m, g)
+        dy, x = torch.randn(m, n, device=dev), torch.randn(m, k, device=dev)
+        a, a_s = _q.quantize_colwise(dy, offs=offs)
+        b, b_s = _q.quantize_colwise(x, offs=offs)
         fn = lambda be: _q.grouped_mm_wgrad(a, a_s, b, b_s, offs, backend=be)  # noqa: E731
+        if dev.type == "cuda":
+            dyt, xb = dy.bfloat16().t(), x.bfloat16()
+            fn.baselines = _grouped_baseline("bf16 torch._grouped_mm", lambda: torch._grouped_mm(dyt, xb, offs=offs))
         return fn, (m * k + m * n) * _FP8_OUT + 4 * g * n * k, 2 * m * n * k
 
-    return cases + [Case("gemm", "grouped_mm", f"{m}x{n}x{k} G={g}", grouped),
-                    Case("gemm", "grouped_mm_wgrad", f"{m}x{n}x{k} G={g}", wgrad)]
+    for m, n, k, g in grouped_shapes:
+        cases += [Case("gemm", "grouped_mm", f"{m}x{n}x{k} G={g}", functools.partial(grouped, m=m, n=n, k=k, g=g)),
+                  Case("gemm", "grouped_mm_wgrad", f"{m}x{n}x{k} G={g}",
+                       functools.partial(wgrad, m=m, n=n, k=k, g=g))]
+    return cases
+
+
+def _grouped_baseline(name: str, fn: Callable[[], object]) -> dict:
+    """``{name: fn}`` when ``fn`` runs on this GPU (bf16 ``torch._grouped_mm`` needs SM90+ and a recent torch),
+    else ``{}`` with the reason recorded in :data:`SKIPPED_BASELINES`."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - a baseline that cannot run is reported, not fatal
+        SKIPPED_BASELINES[name] = f"{type(e).__name__}: {e}"[:200]
+        return {}
+    return {name: fn}
 
 
 def _time_ms(fn: Callable[[], object], device: torch.device, budget_s: float) -> float:
@@ -253,6 +278,7 @@ def _time_ms(fn: Callable[[], object], device: torch.device, budget_s: float) ->
 
 
 _q = None  # cute_mxfp8.ops, imported lazily by main()
+SKIPPED_BASELINES: dict[str, str] = {}  # baseline name -> why it did not run here
 
 
 def launch_overhead_us(device: torch.device, calls: int = 2000) -> dict:
@@ -336,6 +362,8 @@ def main(args) -> int:
             rows.append(Row(case.group, case.op, backend, case.shape, ms, nbytes / ms / 1e6,
                             None if flops is None else flops / ms / 1e9,
                             None if base_ms is None or backend == "reference" else base_ms / ms))
+    for name, why in SKIPPED_BASELINES.items():
+        print(f"baseline not run: {name} ({why})")
     overhead = launch_overhead_us(device) if device.type == "cuda" and "quantize" in groups else {}
     for name, us in overhead.items():
         print(f"host time per call, {name}: {us:.1f} us")
@@ -349,8 +377,9 @@ def main(args) -> int:
                        headers=["op", "backend", "shape", "ms", "GB/s", "% copy", "TFLOP/s", "% MXFP8 peak",
                                 "vs baseline"]))
     if "gemm" in groups and peak is None and device.type == "cuda":
-        print("note: this GPU has no MXFP8 tensor cores: `mm` on sm90 is the WGMMA kernel with per-block scale "
-              "promotion (vs cuBLAS bf16); the other GEMM rows time the reference emulation; the tcgen05 kernels run "
+        print("note: this GPU has no MXFP8 tensor cores: `mm` on sm90 is the WGMMA kernel (dequantize mainloop: bf16 "
+              "WGMMA on operands scaled on the fly; 'sm90 promote mainloop' is the other design), its 'vs baseline' "
+              "is against cuBLAS bf16; the other GEMM rows time the reference emulation; the tcgen05 kernels run "
               "on SM100 only (`python -m cute_mxfp8 inspect --arch sm_100a` reports their builds).")
     if device.type == "cpu":
         print("note: on CPU these time the torch reference (emulation), not kernels.")
@@ -363,8 +392,14 @@ def main(args) -> int:
                          "" if pq is None else f"{pq:.0f}"] for w, s, b, q, r, pb, pq in mlp],
                        headers=["fwd+bwd step", "shape", "bf16 ms", "MXFP8 ms", "MXFP8 / bf16", "bf16 peak MiB",
                                 "MXFP8 peak MiB"]))
+    result = {"device": str(device), "copy_gbps": copy_gbps, "launch_overhead_us": overhead,
+              "rows": [asdict(r) for r in rows], "mlp_steps": mlp, "skipped_baselines": SKIPPED_BASELINES}
     if getattr(args, "json", None):
         with open(args.json, "w") as f:
-            json.dump({"device": str(device), "copy_gbps": copy_gbps, "launch_overhead_us": overhead,
-                       "rows": [asdict(r) for r in rows], "mlp_steps": mlp}, f, indent=2)
+            json.dump(result, f, indent=2)
+    if getattr(args, "plot", None):
+        from cute_mxfp8.cli.bench_plot import plot
+
+        plot(result, args.plot)
+        print(f"chart written to {args.plot}")
     return 0

@@ -82,6 +82,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                          help="op groups to time: quantize, swiglu, gemm, mlp (default: all)")
     p_bench.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON to PATH")
     p_bench.add_argument("--device", default=None, help="device to bench on (default: cuda if available, else cpu)")
+    p_bench.add_argument("--plot", metavar="PNG", default=None,
+                         help="also draw the GEMM TFLOP/s and MLP step times as a bar chart (needs matplotlib: "
+                              "pip install 'cute_mxfp8[plot]'); `python -m cute_mxfp8.cli.bench_plot JSON PNG` "
+                              "draws one from a saved --json")
     p_bench.set_defaults(func=_run_bench)
 
     p_inspect = sub.add_parser("inspect", help="compile every kernel variant for an arch (no GPU) and report",

@@ -16,7 +16,8 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from .mx_math import ELEM_DTYPES, blocked_scale_offset, dequant_pair_bf16, e8m0_bf16x2, e8m0_to_f32, pack_bf16x2
+from .mx_math import (ELEM_DTYPES, blocked_scale_offset, dequant_pair_bf16, e8m0_bf16x2, e8m0_to_f32,
+                      first_group_ending_after, pack_bf16x2)
 
 _OUT_DTYPES = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
 _K_MAJOR = utils.LayoutEnum.ROW_MAJOR  # A (M, K) and B (N, K) with K contiguous
@@ -244,12 +245,14 @@ class MXGemmSm90Dequant:
     ``quantize_rowwise(..., blocked=True)`` (cuBLAS block-scaling layout), read a byte at a time from global memory
     (:func:`~.mx_math.blocked_scale_offset`).
 
-    CTA tile 256 x 128, 64-deep K stages (2 MX blocks).  Warp roles (384 threads):
+    CTA tile 256 x 128, 64-deep K stages (2 MX blocks).  Warp roles (512 threads with the default
+    ``transform_warps=7``, 384 with 3):
 
     * warp 0: TMA loads of the fp8 A (256 x 64) and B (128 x 64) stage tiles (``PipelineTmaAsync``, up to 8
       stages, 64-byte swizzle);
-    * warps 1-3 (*transform*): B fp8 -> scaled bf16, written into a 3-stage ring of 128 x 64 bf16 tiles in the
-      128-byte-swizzled layout bf16 WGMMA reads (``PipelineAsync`` to the consumers);
+    * warps 1-3 and warpgroup 3 (*transform*, 7 warps; warps 1-3 only with ``transform_warps=3``): B fp8 ->
+      scaled bf16, written into a 3-stage ring of 128 x 64 bf16 tiles in the 128-byte-swizzled layout bf16 WGMMA
+      reads (``PipelineAsync`` to the consumers); their scale bytes are prefetched two stages ahead;
     * warpgroups 1, 2 (*consumers*, 128 rows each as two 64-row WGMMA tiles): per 32-deep chunk they load their A
       rows from shared memory, scale and convert them into the WGMMA A-operand registers (two register buffers:
       chunk c + 1 is converted while the WGMMAs of chunk c run), and issue ``wgmma.m64n128k16.bf16`` with A from
@@ -272,7 +275,11 @@ class MXGemmSm90Dequant:
     B_STAGES = 3
     CONSUMER_WARPS = 8
 
-    def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", transform_warps: int = 7):
+    def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", transform_warps: int = 7,
+                 grouping: str = "none"):
+        if grouping not in ("none", "m", "k"):
+            raise ValueError(f"grouping must be 'none' (dense), 'm' (2d-3d) or 'k' (2d-2d), got {grouping!r}")
+        self.grouping = grouping
         if a_elem not in ELEM_DTYPES or b_elem not in ELEM_DTYPES:
             raise ValueError(f"A/B element types must be in {sorted(ELEM_DTYPES)}, got {a_elem!r}, {b_elem!r}")
         if out_dtype not in _OUT_DTYPES:
@@ -306,9 +313,16 @@ class MXGemmSm90Dequant:
 
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor,
-                 stream: cuda.CUstream):
-        """``a`` (M, K), ``b`` (N, K) fp8 K-major; ``sfa``/``sfb`` the 1-D blocked E8M0 buffers (bytes); ``d``
-        (M, N) row-major."""
+                 offs: cute.Tensor, sched: cute.Tensor, stream: cuda.CUstream):
+        """Operands by ``grouping`` (all fp8 K-major, scales 1-D blocked E8M0 bytes, ``d`` row-major):
+
+        * ``"none"``: ``a`` (M, K), ``b`` (N, K), ``d`` (M, N); ``offs`` / ``sched`` unused placeholders.
+        * ``"m"`` (2d-3d): ``a`` (T, K) with token groups ``offs`` (E,) int32 cumulative ends; ``b`` (E * N, K), the
+          experts' (N, K) weights back to back; ``sfa`` grouped-M blocked, ``sfb`` the E blocked buffers back to
+          back; ``d`` (T, N); ``sched`` (2, E) int32: row 0 the cumulative 256-row tile counts of the groups,
+          row 1 their first 128-row scale tiles (``formats.group_tile_starts``).
+        * ``"k"`` (2d-2d): ``a`` (N, T), ``b`` (K', T) token-major; grouped-K blocked scales; ``d`` (E * N, K');
+          ``sched`` row 1 as for ``"m"`` (row 0 unused)."""
         self._configure()
         m, k = a.shape
         n = b.shape[0]
@@ -326,23 +340,112 @@ class MXGemmSm90Dequant:
             sbh: cute.struct.Align[cute.struct.MemRange[cutlass.BFloat16, cute.cosize(self.bh_smem.outer)], 1024]
 
         self.shared = Shared
-        grid = ((m + self.TILE_M - 1) // self.TILE_M, (n + self.TILE_N - 1) // self.TILE_N, 1)
-        self.kernel(self.tiled_mma, tma_a, ga, tma_b, gb, sfa, sfb, d, m, n, k // 32,
-                    (k + self.K_STAGE - 1) // self.K_STAGE, self.a_smem, self.b_smem, self.bh_smem).launch(
+        groups = cute.size(offs)
+        if cutlass.const_expr(self.grouping == "m"):  # a bound on the groups' tiles plus the tail's (rows >= offs[-1])
+            grid = (m // self.TILE_M + groups + 1, (d.shape[1] + self.TILE_N - 1) // self.TILE_N, 1)
+        elif cutlass.const_expr(self.grouping == "k"):
+            grid = ((m + self.TILE_M - 1) // self.TILE_M, (n + self.TILE_N - 1) // self.TILE_N, groups)
+        else:
+            grid = ((m + self.TILE_M - 1) // self.TILE_M, (n + self.TILE_N - 1) // self.TILE_N, 1)
+        self.kernel(self.tiled_mma, tma_a, ga, tma_b, gb, sfa, sfb, d, offs, sched, m, n, k, self.a_smem,
+                    self.b_smem, self.bh_smem).launch(
             grid=grid, block=[self.THREADS, 1, 1], smem=Shared.size_in_bytes(), stream=stream)
+
+    @cute.jit
+    def tile_work(self, offs: cute.Tensor, sched: cute.Tensor, d: cute.Tensor, m: cutlass.Int32, n: cutlass.Int32,
+                  k: cutlass.Int32, bm: cutlass.Int32, bn: cutlass.Int32, bz: cutlass.Int32):
+        """This CTA's work (every thread computes the same): TMA rows of A and B and first k, stage count, the
+        output rows (``d_row0`` .. limit ``rows``, columns < ``cols``), the A scale rows (``sa_base`` + local row,
+        clamped below ``sa_rows``; ``tiles_ka`` 128-deep tiles per 128-row scale tile, plus column tile ``ct0``),
+        the B scale byte offset of the tile, and the valid k of the last stage (``"k"`` grouping).  A CTA with
+        ``k_tiles == 0`` stores zeros: the rows past ``offs[-1]`` (``"m"``) or an empty group's dW (``"k"``)."""
+        zero = cutlass.Int32(0)
+        a_row0 = bm * self.TILE_M
+        b_row0 = bn * self.TILE_N
+        k0 = zero
+        k_tiles = (k + self.K_STAGE - 1) // self.K_STAGE
+        k_last = cutlass.Int32(self.K_STAGE)
+        d_row0 = a_row0
+        rows = m
+        cols = n
+        tiles_ka = (k // 32 + 3) // 4
+        sa_rows = (m + 127) // 128 * 128
+        ct0 = zero
+        sb_off = bn * tiles_ka * 512
+        sa_base = a_row0
+        if cutlass.const_expr(self.grouping == "m"):
+            groups = cute.size(offs)
+            cols = d.shape[1]
+            per_expert = (cols + 127) // 128 * tiles_ka * 512  # bytes of one expert's blocked B scales
+            sa_rows = (m // 128 + groups) * 128  # formats.grouped_scale_tiles
+            g = first_group_ending_after(bm, sched[0, None], groups)
+            if g < groups:
+                start = zero
+                before = zero
+                if g > 0:
+                    start = offs[g - 1]
+                    before = sched[0, g - 1]
+                t = bm - before
+                a_row0 = start + t * self.TILE_M
+                rows = offs[g]
+                sa_base = sched[1, g] * 128 + t * self.TILE_M
+                b_row0 = g * cols + bn * self.TILE_N
+                sb_off = g * per_expert + bn * tiles_ka * 512
+            else:  # the tail: rows past the last group's end are zero
+                end = zero
+                before = zero
+                if groups > 0:
+                    end = offs[groups - 1]
+                    before = sched[0, groups - 1]
+                a_row0 = end + (bm - before) * self.TILE_M
+                k_tiles = zero
+                sa_base = zero
+            d_row0 = a_row0
+        if cutlass.const_expr(self.grouping == "k"):
+            groups = cute.size(offs)
+            start = zero
+            if bz > 0:
+                start = offs[bz - 1]
+            size = offs[bz] - start
+            k0 = start
+            k_tiles = (size + self.K_STAGE - 1) // self.K_STAGE
+            k_last = size - (k_tiles - 1) * self.K_STAGE
+            tiles_ka = k // 128 + groups  # the aligned grouped-K scale columns' 128-deep tiles
+            ct0 = sched[1, bz]
+            sb_off = (bn * tiles_ka + ct0) * 512
+            d_row0 = bz * m + a_row0
+            rows = bz * m + m
+        return a_row0, b_row0, k0, k_tiles, k_last, d_row0, rows, cols, sa_base, sa_rows, tiles_ka, ct0, sb_off
+
+    @cute.jit
+    def k_masks(self, kt: cutlass.Int32, k_tiles: cutlass.Int32, k_last: cutlass.Int32, c: cutlass.Int32):
+        """``"k"`` grouping: byte masks for a thread's 16 bytes ``[16 c, 16 c + 16)`` of a stage's row (low 8,
+        high 8): the bytes at k past the group's end (the next group's tokens, which TMA loaded) become 0."""
+        valid = cutlass.Int32(self.K_STAGE)
+        if kt == k_tiles - 1:
+            valid = k_last
+        v = cutlass.max(cutlass.min(valid - 16 * c, cutlass.Int32(16)), cutlass.Int32(0))
+        vh = cutlass.max(v - 8, cutlass.Int32(0))
+        ones = cutlass.Uint64(0xFFFFFFFFFFFFFFFF)
+        one = cutlass.Uint64(1)
+        lo = cutlass.select_(v >= 8, ones, (one << cutlass.Uint64(8 * cutlass.min(v, cutlass.Int32(7)))) - one)
+        hi = cutlass.select_(vh >= 8, ones, (one << cutlass.Uint64(8 * cutlass.min(vh, cutlass.Int32(7)))) - one)
+        return lo, hi
 
     @cute.kernel
     def kernel(self, mma: cute.TiledMma, tma_a: cute.CopyAtom, ga: cute.Tensor, tma_b: cute.CopyAtom,
-               gb: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor, rows: cutlass.Int32,
-               cols: cutlass.Int32, kblocks: cutlass.Int32, k_tiles: cutlass.Int32, a_smem: cute.ComposedLayout,
+               gb: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor, offs: cute.Tensor,
+               sched: cute.Tensor, m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32, a_smem: cute.ComposedLayout,
                b_smem: cute.ComposedLayout, bh_smem: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
-        bm, bn, _ = cute.arch.block_idx()
+        bm, bn, bz = cute.arch.block_idx()
         if warp == 0:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
+        a_row0, b_row0, k0, k_tiles, k_last, d_row0, rows, cols, sa_base, sa_rows, tiles_ka, ct0, sb_off = \
+            self.tile_work(offs, sched, d, m, n, k, bm, bn, bz)
 
         st = cutlass.memory.SmemAllocator().allocate(self.shared)
         pipe = pipeline.PipelineTmaAsync.create(
@@ -368,8 +471,8 @@ class MXGemmSm90Dequant:
             if warp == 0:  # TMA producer
                 sa = st.sa.get_tensor(a_smem.outer, swizzle=a_smem.inner)
                 sb = st.sb.get_tensor(b_smem.outer, swizzle=b_smem.inner)
-                gak = cute.local_tile(ga, (self.TILE_M, self.K_STAGE), (bm, None))
-                gbk = cute.local_tile(gb, (self.TILE_N, self.K_STAGE), (bn, None))
+                gak = cute.local_tile(cute.domain_offset((a_row0, k0), ga), (self.TILE_M, self.K_STAGE), (0, None))
+                gbk = cute.local_tile(cute.domain_offset((b_row0, k0), gb), (self.TILE_N, self.K_STAGE), (0, None))
                 tas, tag = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sa, 0, 2),
                                                  cute.group_modes(gak, 0, 2))
                 tbs, tbg = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sb, 0, 2),
@@ -382,21 +485,25 @@ class MXGemmSm90Dequant:
                     cute.copy(tma_b, tbg[(None, kt)], tbs[(None, state.index)], tma_bar_ptr=bar)
                     pipe.producer_commit(state)
                     state.advance()
-                pipe.producer_tail(state)
-            else:  # warps 1-3 are transform threads 0-95, warpgroup 3 (if any) 96-223
-                self.transform(pipe, pipe_b, sb8, sbh32, sfb, bn, kblocks, k_tiles,
+                if k_tiles > 0:
+                    pipe.producer_tail(state)
+            elif k_tiles > 0:  # warps 1-3 are transform threads 0-95, warpgroup 3 (if any) 96-223
+                self.transform(pipe, pipe_b, sb8, sbh32, sfb, k_tiles, k_last, sb_off, tiles_ka,
                                tidx - 32 if wg == 0 else tidx - 288)
         else:
             cute.arch.warpgroup_reg_alloc(self.regs_consumer)
             sbh = st.sbh.get_tensor(bh_smem.outer, swizzle=bh_smem.inner)
-            self.consume(mma, pipe, pipe_b, sa8, sbh, sfa, d, rows, cols, kblocks, k_tiles, tidx - 128, bm, bn)
+            self.consume(mma, pipe, pipe_b, sa8, sbh, sfa, d, k_tiles, k_last, tidx - 128, sa_base, sa_rows,
+                         tiles_ka, ct0, d_row0, rows, cols, bn)
 
     @cute.jit
-    def transform(self, pipe, pipe_b, sb8: cute.Tensor, sbh32: cute.Tensor, sfb: cute.Tensor, bn: cutlass.Int32,
-                  kblocks: cutlass.Int32, k_tiles: cutlass.Int32, tt: cutlass.Int32):
+    def transform(self, pipe, pipe_b, sb8: cute.Tensor, sbh32: cute.Tensor, sfb: cute.Tensor,
+                  k_tiles: cutlass.Int32, k_last: cutlass.Int32, sb_off: cutlass.Int32, tiles_k: cutlass.Int32,
+                  tt: cutlass.Int32):
         """Warps 1-3: per stage, B's 128 rows x 4 sixteen-byte pieces (item ``it``: row ``it // 4``, piece
         ``c = it % 4``, one MX block's half) -> scaled bf16 at the permuted logical k of the class docstring.  A warp
-        writes 8 rows x 4 pieces: the 128-byte swizzle puts the 8 rows in 8 different 16-byte bank groups."""
+        writes 8 rows x 4 pieces: the 128-byte swizzle puts the 8 rows in 8 different 16-byte bank groups.
+        ``sb_off``: the byte offset of the tile's first scale (row 0, block 0) in ``sfb``."""
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         bstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.B_STAGES)
         items = self.TILE_N * 4
@@ -407,12 +514,11 @@ class MXGemmSm90Dequant:
         src0 = (n0 * 64 + ((c ^ ((n0 >> 1) & 3)) << 4)) >> 3  # u64 index of the piece in stage 0 (64B swizzle)
         dst0 = [(n0 * 128 + (((2 * j + half) ^ (n0 % 8)) << 4) + 4 * c) >> 2  # u32 index, 128B swizzle
                 for j in range(4) for half in range(2)]
-        tiles_k = (kblocks + 3) // 4
-        srow = [(bn * tiles_k * 512 + ((n0 + row_step * r) % 32) * 16 + ((n0 + row_step * r) // 32) * 4)
+        srow = [(sb_off + ((n0 + row_step * r) % 32) * 16 + ((n0 + row_step * r) // 32) * 4)
                 for r in range(reps)]  # blocked_scale_offset's row part (rows < 128 of this N tile)
 
-        def block_part(kb):
-            return (kb // 4) * 512 + kb % 4
+        def block_part(kb):  # kb >= 0: shifts, not signed division
+            return (kb >> 2) * 512 + (kb & 3)
 
         # scale bytes two stages ahead, issued after the stage's proxy fence (which waits for this thread's
         # outstanding loads): stage kt's bytes, loaded during stage kt - 2, are long there.  The loop is unrolled
@@ -422,16 +528,19 @@ class MXGemmSm90Dequant:
         rb = self.scale_loads(sfb, srow, block_part(cutlass.min(2, 2 * k_tiles - 2) + c // 2), valid)
         for kt2 in cutlass.range(k_tiles // 2, unroll=1):
             kt = 2 * kt2
-            self.transform_stage(pipe, pipe_b, state, bstate, sb8, sbh32, src0, dst0, ra, valid, row_step)
+            self.transform_stage(pipe, pipe_b, state, bstate, sb8, sbh32, src0, dst0, ra, valid, row_step,
+                                 kt, k_tiles, k_last, c)
             ra = self.scale_loads(sfb, srow, block_part(cutlass.min(kt + 2, k_tiles - 1) * 2 + c // 2), valid)
             state.advance()
             bstate.advance()
-            self.transform_stage(pipe, pipe_b, state, bstate, sb8, sbh32, src0, dst0, rb, valid, row_step)
+            self.transform_stage(pipe, pipe_b, state, bstate, sb8, sbh32, src0, dst0, rb, valid, row_step,
+                                 kt + 1, k_tiles, k_last, c)
             rb = self.scale_loads(sfb, srow, block_part(cutlass.min(kt + 3, k_tiles - 1) * 2 + c // 2), valid)
             state.advance()
             bstate.advance()
         if k_tiles % 2 == 1:
-            self.transform_stage(pipe, pipe_b, state, bstate, sb8, sbh32, src0, dst0, ra, valid, row_step)
+            self.transform_stage(pipe, pipe_b, state, bstate, sb8, sbh32, src0, dst0, ra, valid, row_step,
+                                 k_tiles - 1, k_tiles, k_last, c)
 
     @cute.jit
     def scale_loads(self, sf: cute.Tensor, srow: list, kb_part: cutlass.Int32, valid: list):
@@ -444,17 +553,23 @@ class MXGemmSm90Dequant:
 
     @cute.jit
     def transform_stage(self, pipe, pipe_b, state, bstate, sb8: cute.Tensor, sbh32: cute.Tensor, src0, dst0: list,
-                        scales: list, valid: list, row_step: cutlass.Constexpr[int]):
+                        scales: list, valid: list, row_step: cutlass.Constexpr[int], kt: cutlass.Int32,
+                        k_tiles: cutlass.Int32, k_last: cutlass.Int32, c: cutlass.Int32):
         """One stage of the transform warps: wait for the fp8 stage and a free bf16 slot, convert, fence, hand over."""
+        if cutlass.const_expr(self.grouping == "k"):
+            mlo, mhi = self.k_masks(kt, k_tiles, k_last, c)
         pipe.consumer_wait(state)
         pipe_b.producer_acquire(bstate)
         src = src0 + state.index * (self.b_bytes >> 3)
         dst = [x + bstate.index * (self.bh_bytes >> 2) for x in dst0]
         for r in cutlass.range_constexpr(len(scales)):
             if valid[r]:
-                factor = e8m0_bf16x2(e8m0_to_f32(scales[r]))
+                factor = e8m0_bf16x2(scales[r])
                 w01 = sb8[src + r * row_step * 8]
                 w23 = sb8[src + r * row_step * 8 + 1]
+                if cutlass.const_expr(self.grouping == "k"):
+                    w01 = w01 & mlo
+                    w23 = w23 & mhi
                 words = (cutlass.Uint32(w01 & 0xFFFFFFFF), cutlass.Uint32(w01 >> 32),
                          cutlass.Uint32(w23 & 0xFFFFFFFF), cutlass.Uint32(w23 >> 32))
                 for j in cutlass.range_constexpr(4):  # bytes 4j..4j+3 -> logical k 16j + 2c (+1), +8 (+1)
@@ -467,8 +582,9 @@ class MXGemmSm90Dequant:
 
     @cute.jit
     def consume(self, mma: cute.TiledMma, pipe, pipe_b, sa8: cute.Tensor, sbh: cute.Tensor, sfa: cute.Tensor,
-                d: cute.Tensor, rows: cutlass.Int32, cols: cutlass.Int32, kblocks: cutlass.Int32,
-                k_tiles: cutlass.Int32, ct: cutlass.Int32, bm: cutlass.Int32, bn: cutlass.Int32):
+                d: cute.Tensor, k_tiles: cutlass.Int32, k_last: cutlass.Int32, ct: cutlass.Int32,
+                sa_base: cutlass.Int32, sa_rows: cutlass.Int32, tiles_k: cutlass.Int32, ct0: cutlass.Int32,
+                d_row0: cutlass.Int32, rows: cutlass.Int32, cols: cutlass.Int32, bn: cutlass.Int32):
         """A consumer warpgroup: rows ``128 wg + 64 h + 16 w + t // 4 (+ 8)`` (h = 0, 1) of the tile, all 128
         columns.  WGMMA A-fragment register ``v1 + 2 v2 + 4 kk`` (as bf16 pairs) is row ``+ 8 v1``, logical k
         ``16 kk + 2 (t % 4) + 8 v2`` of the chunk's two k16 steps; accumulator element ``e + 2 rs + 4 q`` is
@@ -487,29 +603,29 @@ class MXGemmSm90Dequant:
         fas = [[mma.make_fragment_A(thr.partition_shape_A((64, 32))) for _ in range(2)] for _ in range(2)]
         fa32 = [[cute.recast_tensor(x, cutlass.Uint32) for x in bufs] for bufs in fas]
         local = [[128 * wgi + 64 * h + 16 * w + lane // 4 + 8 * v1 for v1 in range(2)] for h in range(2)]
-        scale_rows = (rows + 127) // 128 * 128  # rows the blocked buffer has
         mma.set(warpgroup.Field.ACCUMULATE, True)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         bstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.B_STAGES)
         brel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.B_STAGES)
         # scale bytes one stage ahead (the global loads of stage kt + 1 fly while stage kt runs); branch-free: rows
-        # past the blocked buffer read its last row (their A rows are TMA zero fill and are never stored), the last
-        # stage reloads its own bytes
-        tiles_k = (kblocks + 3) // 4
+        # past the scale buffer read its last row (their A rows are TMA zero fill or another group's and are never
+        # stored), the last stage reloads its own bytes
         lrows = [local[q // 2][q % 2] for q in range(4)]
-        grows = [cutlass.min(bm * self.TILE_M + lr, scale_rows - 1) for lr in lrows]
-        srow = [((r // 128) * tiles_k) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 for r in grows]
+        grows = [cutlass.min(sa_base + lr, sa_rows - 1) for lr in lrows]
+        srow = [((r // 128) * tiles_k + ct0) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 for r in grows]
         src_row = [(lr * 64 + ((c ^ ((lr >> 1) & 3)) << 4)) >> 3 for lr in lrows]  # u64 index, stage 0 (64B swizzle)
 
-        def block_part(kb):
-            return (kb // 4) * 512 + kb % 4
+        def block_part(kb):  # kb >= 0: shifts, not signed division
+            return (kb >> 2) * 512 + (kb & 3)
 
         nxt = [cutlass.Int32(sfa[srow[q] + block_part(c // 2)]) for q in range(4)]
         for kt in cutlass.range(k_tiles, unroll=1):
-            factors = [[e8m0_bf16x2(e8m0_to_f32(nxt[2 * h + v1])) for v1 in range(2)] for h in range(2)]
+            factors = [[e8m0_bf16x2(nxt[2 * h + v1]) for v1 in range(2)] for h in range(2)]
             kb_next = block_part(cutlass.min(2 * kt + 2, 2 * k_tiles - 2) + c // 2)
             for q in cutlass.range_constexpr(4):
                 nxt[q] = cutlass.Int32(sfa[srow[q] + kb_next])
+            if cutlass.const_expr(self.grouping == "k"):
+                masks = self.k_masks(kt, k_tiles, k_last, c)
             pipe.consumer_wait(state)
             pipe_b.consumer_wait(bstate)
             base = state.index * (self.a_bytes >> 3)
@@ -517,6 +633,8 @@ class MXGemmSm90Dequant:
                 for h in cutlass.range_constexpr(2):
                     for v1 in cutlass.range_constexpr(2):
                         w64 = sa8[base + src_row[2 * h + v1] + i]
+                        if cutlass.const_expr(self.grouping == "k"):
+                            w64 = w64 & masks[i]
                         lo = cutlass.Uint32(w64 & 0xFFFFFFFF)
                         hi = cutlass.Uint32(w64 >> 32)
                         f = factors[h][v1]
@@ -541,7 +659,7 @@ class MXGemmSm90Dequant:
             bstate.advance()
         warpgroup.wait_group(0)
 
-        self.store(accs, d, rows, cols, bm * self.TILE_M + local[0][0], bn * self.TILE_N + 2 * c)
+        self.store(accs, d, rows, cols, d_row0 + local[0][0], bn * self.TILE_N + 2 * c)
 
     @cute.jit
     def store(self, accs, d: cute.Tensor, rows: cutlass.Int32, cols: cutlass.Int32, row0: cutlass.Int32,

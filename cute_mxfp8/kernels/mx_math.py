@@ -129,6 +129,23 @@ def last_group_at_or_below(vb: cutlass.Int32, tile_starts: cute.Tensor, num_grou
 
 
 @cute.jit
+def first_group_ending_after(idx: cutlass.Int32, tile_ends: cute.Tensor, num_groups: cutlass.Int32):
+    """Smallest g with ``tile_ends[g] > idx`` (``tile_ends`` non-decreasing: the cumulative per-group tile counts
+    of a grouped GEMM's M tiles), or ``num_groups`` when ``idx`` is past every group's tiles: 17 fixed
+    binary-search steps (up to 131072 groups; the ops layer allows 65536)."""
+    lo = cutlass.Int32(0)
+    hi = num_groups
+    for _ in cutlass.range_constexpr(17):
+        if lo < hi:
+            mid = (lo + hi) // 2
+            if tile_ends[mid] > idx:
+                hi = mid
+            else:
+                lo = mid + 1
+    return lo
+
+
+@cute.jit
 def reduce_scatter_max(a: cute.Tensor, n: cutlass.Constexpr[int], low_bit: cutlass.Constexpr[int], lane):
     """Max-reduce the ``n`` Int32 values ``a[0..n)`` of every lane over the ``log2(n)`` lanes that differ in lane
     bits ``[low_bit, low_bit + log2(n))``, leaving in ``a[0]`` of each lane the total of value index
@@ -256,12 +273,17 @@ def _dequant_pair_asm(elem: str, upper: bool) -> str:
             " mul.rn.bf16x2 $0, z, $2; }")
 
 
-@dsl_user_op
-def e8m0_bf16x2(factor: cutlass.Float32, *, loc=None, ip=None) -> cutlass.Uint32:
-    """The fp32 E8M0 factor of :func:`e8m0_to_f32` as a bf16x2 pair (both halves equal), for
-    :func:`dequant_pair_bf16`: a power of two (or 2**-127 or NaN) is exact in bf16, whose bits are the top half."""
-    bits = cutlass.Uint32(factor.bitcast(cutlass.Uint32) >> 16)
-    return bits | (bits << 16)
+@cute.jit
+def e8m0_bf16x2(byte: cutlass.Int32):
+    """The factor ``2**(byte - 127)`` of an E8M0 scale byte (0..255) as a bf16x2 pair (both halves equal), for
+    :func:`dequant_pair_bf16`; the values of :func:`e8m0_to_f32`: byte 0 is ``2**-127`` (bf16 subnormal 0x0040),
+    byte 255 NaN, every other byte the exponent field of a normal bf16."""
+    pair = byte * 0x00800080
+    if byte == 0:
+        pair = cutlass.Int32(0x00400040)
+    if byte == 255:
+        pair = cutlass.Int32(0x7FC07FC0)
+    return cutlass.Uint32(pair)
 
 
 @dsl_user_op

@@ -1,33 +1,82 @@
-"""The ``sm90`` backend's GEMM op on the WGMMA kernels (:mod:`cute_mxfp8.kernels.gemm_sm90`): ``mm``, same signature
-and outputs as the reference backend's.  :data:`MAINLOOP` picks the kernel: ``"dequant"`` (the default, bf16 WGMMA on
-operands scaled on the fly, :class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90Dequant`) or ``"promote"`` (fp8 WGMMA
-per MX block, :class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`); both give the reference's result within the
-bound ``tests/test_gemm_sm90.py`` states.
+"""The ``sm90`` backend's GEMM ops on the WGMMA kernels (:mod:`cute_mxfp8.kernels.gemm_sm90`): ``mm``,
+``grouped_mm`` (2d-3d) and ``grouped_mm_wgrad`` (2d-2d), same signatures and outputs as the reference backend's.
+:data:`MAINLOOP` picks the dense kernel: ``"dequant"`` (the default, bf16 WGMMA on operands scaled on the fly,
+:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90Dequant`) or ``"promote"`` (fp8 WGMMA per MX block,
+:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`); both give the reference's result within the bound
+``tests/test_gemm_sm90.py`` states.  The grouped GEMMs run the dequantize mainloop with its token-group scheduling
+(``grouping="m"`` / ``"k"``); the group offsets stay on the device (no host sync in the launch path).
 
 Inputs arrive checked by :mod:`cute_mxfp8.ops.library` (shapes, dtypes, devices, contiguous); :data:`LIMITS` adds
-what the kernel needs beyond that (16-byte aligned operands for TMA, K > 0, 32-bit indexing) and refuses the call
-with the reason otherwise.  The grouped GEMMs and the fused-epilogue ops have no SM90 kernel yet (the reference runs
-them; an explicit ``backend="sm90"`` raises).
+what the kernels need beyond that (16-byte aligned operands for TMA, K > 0, 32-bit indexing, for 2d-2d a token
+count that is a multiple of 16) and refuses the call with the reason otherwise.  The fused-epilogue ops have no
+SM90 kernel yet (the reference runs them; an explicit ``backend="sm90"`` raises).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from .. import formats as F
 from ..jit import compile_gemm_sm90
 from .gemm_common import MAX_ELEMENTS, mm_with_bias, operand_limits
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 MAINLOOP = "dequant"
+_TILE_M = 256  # MXGemmSm90Dequant.TILE_M: the 2d-3d schedule counts each group's M tiles of this many rows
+_MAX_GRID = 65535  # CUDA's grid y / z limit (N tiles; 2d-2d groups)
+
+
+@functools.lru_cache(maxsize=None)
+def _placeholders(device: torch.device):
+    """(offs, sched) arguments of a dense launch (read by no thread)."""
+    return torch.zeros(1, dtype=torch.int32, device=device), torch.zeros(2, 1, dtype=torch.int32, device=device)
+
+
+def group_schedule(offs: torch.Tensor) -> torch.Tensor:
+    """(2, G) int32 on ``offs``'s device, computed there (no sync): row 0 the cumulative count of each group's
+    256-row M tiles (the 2d-3d kernel's tile -> group lookup), row 1 the groups' first 128-row scale tiles
+    (:func:`cute_mxfp8.formats.group_tile_starts`, where the grouped scale layouts start each group)."""
+    o = offs.to(torch.int64)
+    sizes = torch.diff(o, prepend=o.new_zeros(1))
+    ends = torch.cumsum((sizes + _TILE_M - 1) // _TILE_M, 0)
+    return torch.stack([ends.to(torch.int32), F.group_tile_starts(offs)])
 
 
 def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
     def run(d):
         fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[d.dtype], MAINLOOP)
-        fn(a, b, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d)
+        if MAINLOOP == "promote":
+            fn(a, b, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d)
+        else:
+            fn(a, b, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d, *_placeholders(a.device))
 
     return mm_with_bias(run, a, b, out_dtype, bias)
+
+
+def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
+    """2d-3d: ``out[rows of group g] = a[rows of g] · b[g]ᵀ``; rows at or past ``offs[-1]`` are zero."""
+    e, n, k = b.shape
+    d = torch.empty(a.shape[0], n, dtype=out_dtype, device=a.device)
+    if d.numel():
+        fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="m")
+        fn(a, b.view(e * n, k), a_scales.view(torch.uint8), b_scales.view(torch.uint8).reshape(-1), d, offs,
+           group_schedule(offs))
+    return d
+
+
+def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
+    """2d-2d: ``out[g] = a[:, tokens of g] · b[:, tokens of g]ᵀ`` (G, N, K); an empty group's slice is zero."""
+    (n, _), k = a.shape, b.shape[0]
+    g = offs.shape[0]
+    d = torch.empty(g, n, k, dtype=out_dtype, device=a.device)
+    if d.numel():
+        fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="k")
+        fn(a, b, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d.view(g * n, k), offs,
+           group_schedule(offs))
+    return d
 
 
 def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None):
@@ -41,5 +90,28 @@ def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None):
     return why
 
 
-OPS = {"mm": mm}
-LIMITS = {"mm": _mm_limits}
+def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype):
+    why = operand_limits(a, a_scales, b, b_scales)
+    t, n = a.shape[0], b.shape[1]
+    if why is None and t * n > MAX_ELEMENTS:
+        return f"the output would have {t * n} elements; the kernel indexes with int32: split the tokens"
+    if why is None and (n + 127) // 128 > _MAX_GRID:
+        return f"N = {n} needs more than {_MAX_GRID} 128-column tiles"
+    return why
+
+
+def _grouped_mm_wgrad_limits(a, a_scales, b, b_scales, offs, out_dtype):
+    why = operand_limits(a, a_scales, b, b_scales)
+    (n, t), k, g = a.shape, b.shape[0], offs.shape[0]
+    if why is None and t % 16:
+        return (f"the token count (K of the 2d-2d GEMM) = {t} must be a multiple of 16 for TMA (16-byte row pitch "
+                f"of the token-major operands): pad the tokens with rows past offs[-1]")
+    if why is None and g * n * k > MAX_ELEMENTS:
+        return f"the output would have {g * n * k} elements; the kernel indexes with int32: split the groups"
+    if why is None and (g > _MAX_GRID or (k + 127) // 128 > _MAX_GRID):
+        return f"{g} groups or K = {k} exceed the grid limit ({_MAX_GRID} groups, 128-column tiles)"
+    return why
+
+
+OPS = {"mm": mm, "grouped_mm": grouped_mm, "grouped_mm_wgrad": grouped_mm_wgrad}
+LIMITS = {"mm": _mm_limits, "grouped_mm": _grouped_mm_limits, "grouped_mm_wgrad": _grouped_mm_wgrad_limits}
