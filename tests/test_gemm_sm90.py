@@ -214,17 +214,22 @@ def test_grouped_gemms_compile_for_sm90_with_wgmma(grouping):
     assert count("HGMMA") == 8 and count("UTMALDG") == 2 and count("LDL") == count("STL") == 0
 
 
-def test_sm90_grouped_limits_name_the_fix():
-    from cute_mxfp8.ops import gemm_sm90 as G
+@pytest.mark.parametrize("sizes", [[3, 0, 17, 32], [0], [1] * 40, [129, 0, 0, 16, 5]], ids=str)
+def test_aligned_token_layout_maps_every_group_token(sizes, rng):
+    """The 2d-2d kernel's operand layout: every group starts on a 16-aligned column and its columns are its tokens
+    in order; the laid-out width is a multiple of 16 (TMA's row pitch) whatever T is."""
+    from cute_mxfp8.ops.gemm_sm90 import aligned_token_layout
 
-    x = torch.randn(40, 64)
-    offs = torch.tensor([10, 40], dtype=torch.int32)
-    a, a_s = ops.quantize_colwise(x, offs=offs)
-    assert "multiple of 16" in G.LIMITS["grouped_mm_wgrad"](a, a_s, a, a_s, offs, torch.float32)
-    x = torch.randn(48, 64)
-    offs = torch.tensor([10, 48], dtype=torch.int32)
-    a, a_s = ops.quantize_colwise(x, offs=offs)
-    assert G.LIMITS["grouped_mm_wgrad"](a, a_s, a, a_s, offs, torch.float32) is None
+    t = sum(sizes) + 7
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32)
+    src, starts = aligned_token_layout(offs, t)
+    assert src.numel() % 16 == 0 and bool((starts % 16 == 0).all()) and bool(((src >= 0) & (src < t)).all())
+    first = 0
+    for g, size in enumerate(sizes):
+        assert src[starts[g]:starts[g] + size].tolist() == list(range(first, first + size))
+        if g + 1 < len(sizes):
+            assert starts[g + 1] >= starts[g] + size
+        first += size
 
 
 def test_group_schedule_counts_tiles_per_group():

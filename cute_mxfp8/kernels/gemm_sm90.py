@@ -321,8 +321,11 @@ class MXGemmSm90Dequant:
           experts' (N, K) weights back to back; ``sfa`` grouped-M blocked, ``sfb`` the E blocked buffers back to
           back; ``d`` (T, N); ``sched`` (2, E) int32: row 0 the cumulative 256-row tile counts of the groups,
           row 1 their first 128-row scale tiles (``formats.group_tile_starts``).
-        * ``"k"`` (2d-2d): ``a`` (N, T), ``b`` (K', T) token-major; grouped-K blocked scales; ``d`` (E * N, K');
-          ``sched`` row 1 as for ``"m"`` (row 0 unused)."""
+        * ``"k"`` (2d-2d): ``a`` (N, T'), ``b`` (K', T') token-major, every group starting on a 16-aligned token
+          (TMA takes 16-byte aligned inner coordinates; the ops layer lays the groups out so); grouped-K blocked
+          scales of the T-token operands; ``d`` (E * N, K'); ``sched`` (3, E): row 0 the groups' first tokens in
+          ``a`` / ``b``, row 1 as for ``"m"``, ``sched[2, 0]`` the scale matrix's 128-deep column tiles
+          (``grouped_scale_tiles(T, E)``).  The group sizes come from ``offs``."""
         self._configure()
         m, k = a.shape
         n = b.shape[0]
@@ -407,10 +410,10 @@ class MXGemmSm90Dequant:
             if bz > 0:
                 start = offs[bz - 1]
             size = offs[bz] - start
-            k0 = start
+            k0 = sched[0, bz]  # the group's first token in the operands (16-aligned: TMA's inner coordinate)
             k_tiles = (size + self.K_STAGE - 1) // self.K_STAGE
             k_last = size - (k_tiles - 1) * self.K_STAGE
-            tiles_ka = k // 128 + groups  # the aligned grouped-K scale columns' 128-deep tiles
+            tiles_ka = sched[2, 0]  # the grouped-K scale matrix's 128-deep column tiles, grouped_scale_tiles(T, G)
             ct0 = sched[1, bz]
             sb_off = (bn * tiles_ka + ct0) * 512
             d_row0 = bz * m + a_row0

@@ -7,8 +7,7 @@
 (``grouping="m"`` / ``"k"``); the group offsets stay on the device (no host sync in the launch path).
 
 Inputs arrive checked by :mod:`cute_mxfp8.ops.library` (shapes, dtypes, devices, contiguous); :data:`LIMITS` adds
-what the kernels need beyond that (16-byte aligned operands for TMA, K > 0, 32-bit indexing, for 2d-2d a token
-count that is a multiple of 16) and refuses the call with the reason otherwise.  The fused-epilogue ops have no
+what the kernels need beyond that (16-byte aligned operands for TMA, K > 0, 32-bit indexing) and refuses the call with the reason otherwise.  The fused-epilogue ops have no
 SM90 kernel yet (the reference runs them; an explicit ``backend="sm90"`` raises).
 """
 
@@ -67,15 +66,43 @@ def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     return d
 
 
+def aligned_token_layout(offs: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the 2d-2d kernel reads each group's tokens: every group moved to a 16-aligned first token (TMA loads
+    need 16-byte aligned inner coordinates; groups start anywhere).  Returns (``src`` int64 (T',): the source token
+    of each of the T' = ceil16(T) + 16 G columns of the laid-out operand (clamped into [0, T); the columns
+    between groups are never used: the kernel masks past a group's end), ``starts`` int32 (G,): each group's first
+    column there).  Computed on ``offs``'s device, no sync."""
+    g = offs.numel()
+    o = offs.to(torch.int64)
+    sizes = torch.diff(o, prepend=o.new_zeros(1))
+    padded = (sizes + 15) // 16 * 16
+    ends = torch.cumsum(padded, 0)
+    starts = ends - padded
+    p = torch.arange((t + 15) // 16 * 16 + 16 * g, device=offs.device)
+    grp = torch.searchsorted(ends, p, right=True).clamp_(max=g - 1)
+    src = (o[grp] - sizes[grp] + p - starts[grp]).clamp_(0, max(t - 1, 0))
+    return src, starts.to(torch.int32)
+
+
 def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
-    """2d-2d: ``out[g] = a[:, tokens of g] · b[:, tokens of g]ᵀ`` (G, N, K); an empty group's slice is zero."""
-    (n, _), k = a.shape, b.shape[0]
+    """2d-2d: ``out[g] = a[:, tokens of g] · b[:, tokens of g]ᵀ`` (G, N, K); an empty group's slice is zero.
+
+    The token-major operands are first gathered so that every group starts on a 16-aligned column
+    (:func:`aligned_token_layout`; one pass over both, on the device): the kernel's TMA loads need it and group
+    sizes are arbitrary."""
+    (n, t), k = a.shape, b.shape[0]
     g = offs.shape[0]
     d = torch.empty(g, n, k, dtype=out_dtype, device=a.device)
     if d.numel():
+        src, starts = aligned_token_layout(offs, t)
+        a2 = a.view(torch.uint8).index_select(1, src).view(a.dtype)
+        b2 = b.view(torch.uint8).index_select(1, src).view(b.dtype)
+        sched = torch.zeros(3, g, dtype=torch.int32, device=a.device)
+        sched[0] = starts
+        sched[1] = F.group_tile_starts(offs)
+        sched[2, 0] = F.grouped_scale_tiles(t, g)
         fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="k")
-        fn(a, b, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d.view(g * n, k), offs,
-           group_schedule(offs))
+        fn(a2, b2, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d.view(g * n, k), offs, sched)
     return d
 
 
@@ -103,9 +130,8 @@ def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype):
 def _grouped_mm_wgrad_limits(a, a_scales, b, b_scales, offs, out_dtype):
     why = operand_limits(a, a_scales, b, b_scales)
     (n, t), k, g = a.shape, b.shape[0], offs.shape[0]
-    if why is None and t % 16:
-        return (f"the token count (K of the 2d-2d GEMM) = {t} must be a multiple of 16 for TMA (16-byte row pitch "
-                f"of the token-major operands): pad the tokens with rows past offs[-1]")
+    if why is None and max(n, k) * ((t + 15) // 16 * 16 + 16 * g) > MAX_ELEMENTS:
+        return f"the group-aligned operands would exceed {MAX_ELEMENTS} elements; the kernel indexes with int32"
     if why is None and g * n * k > MAX_ELEMENTS:
         return f"the output would have {g * n * k} elements; the kernel indexes with int32: split the groups"
     if why is None and (g > _MAX_GRID or (k + 127) // 128 > _MAX_GRID):
