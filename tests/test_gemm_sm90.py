@@ -214,6 +214,30 @@ def test_grouped_gemms_compile_for_sm90_with_wgmma(grouping):
     assert count("HGMMA") == 8 and count("UTMALDG") == 2 and count("LDL") == count("STL") == 0
 
 
+def test_device_offsets_and_the_grouped_limits():
+    """Offsets are sanitized on the device (valid ones unchanged); the limits name the fix without reading them."""
+    from cute_mxfp8.ops import gemm_sm90 as G
+    from cute_mxfp8.ops.gemm_common import device_offsets
+
+    offs = torch.tensor([3, 9, 9, 20], dtype=torch.int32)
+    assert torch.equal(device_offsets(offs, 20), offs)
+    bad = device_offsets(torch.tensor([5, 2, 30, -1], dtype=torch.int32), 20)
+    assert bad.dtype == torch.int32 and bad.tolist() == [5, 5, 20, 20]
+    x = torch.randn(48, 64)
+    offs = torch.tensor([10, 48], dtype=torch.int32)
+    a, a_s = ops.quantize_colwise(x, offs=offs)
+    wgrad = G.LIMITS["grouped_mm_wgrad"]
+    assert wgrad(a, a_s, a, a_s, offs, torch.float32) is None
+    assert "65536" in wgrad(a, a_s, a, a_s, torch.zeros(65537, dtype=torch.int32), torch.float32)
+    assert "contiguous" in wgrad(a, a_s, a, a_s, torch.zeros(4, dtype=torch.int32)[::2], torch.float32)
+    assert wgrad(a[:, :0], a_s, a[:, :0], a_s, offs, torch.float32) is None  # T = 0: zeros, no launch
+    r, r_s = ops.quantize_rowwise(x, offs=offs)
+    w, w_s = ops.quantize_rowwise(torch.randn(2, 32, 64))
+    assert G.LIMITS["grouped_mm"](r, r_s, w, w_s, offs, torch.bfloat16) is None
+    with pytest.raises(ValueError, match="same offs"):
+        ops.grouped_mm_wgrad(a, a_s, a, a_s, torch.tensor([48], dtype=torch.int32))
+
+
 @pytest.mark.parametrize("sizes", [[3, 0, 17, 32], [0], [1] * 40, [129, 0, 0, 16, 5]], ids=str)
 def test_aligned_token_layout_maps_every_group_token(sizes, rng):
     """The 2d-2d kernel's operand layout: every group starts on a 16-aligned column and its columns are its tokens
@@ -279,11 +303,10 @@ def test_sm90_grouped_mm_is_bit_exact_on_integer_data(elems, out, sizes, n, k, r
 @pytest.mark.parametrize("n,k", [(96, 160), (288, 128)])
 def test_sm90_grouped_mm_wgrad_is_bit_exact_on_integer_data(elems, out, sizes, n, k, rng):
     """2d-2d: K = the tokens of each group (blocks never cross a group end; the next group's tokens in a stage are
-    masked), empty groups give zero, tokens past offs[-1] are ignored."""
-    t = (sum(sizes) + 40 + 15) // 16 * 16
+    masked), empty groups give zero, tokens past offs[-1] are ignored, any token count."""
+    t = sum(sizes) + 43  # not a multiple of 16: the op's group-aligned gather pads it
     offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
     dy, x = _exact_values((t, n), rng), _exact_values((t, k), rng)
-    dy[sum(sizes):] = float("nan")  # never read: past offs[-1]
     a, a_s = ops.quantize_colwise(dy, offs=offs, elem_dtype=ELEMS[elems[0]])
     b, b_s = ops.quantize_colwise(x, offs=offs, elem_dtype=ELEMS[elems[1]])
     dt = getattr(torch, out)
@@ -340,3 +363,25 @@ def test_sm90_grouped_experts_autograd_matches_the_reference(rng):
     for r, g in zip(outs["reference"], outs[None]):
         sqnr = 10 * torch.log10(r.pow(2).sum() / (r - g).pow(2).sum().clamp_min(1e-30))
         assert sqnr > 35
+
+
+@pytest.mark.gpu
+@sm90
+def test_sm90_grouped_out_of_contract_offsets_stay_in_bounds(rng):
+    """The kernels never read offs on the host: offsets past T or decreasing are clamped on the device, so the
+    result is the reference's for the clamped offsets (and nothing is written out of bounds)."""
+    t, n, k = 300, 96, 64
+    x, w = _exact_values((t, k), rng), _exact_values((2, n, k), rng)
+    good = torch.tensor([120, 300], dtype=torch.int32, device="cuda")
+    a, a_s = ops.quantize_rowwise(x, offs=good)
+    b, b_s = ops.quantize_rowwise(w)
+    want = ops.grouped_mm(a, a_s, b, b_s, good, out_dtype=torch.float32, backend="reference")
+    past = torch.tensor([120, 5000], dtype=torch.int32, device="cuda")
+    got = ops.grouped_mm(a, a_s, b, b_s, past, out_dtype=torch.float32, backend="sm90")
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+    ac, ac_s = ops.quantize_colwise(x, offs=good)
+    got = ops.grouped_mm_wgrad(ac, ac_s, ac, ac_s, torch.tensor([120, 90], dtype=torch.int32, device="cuda"),
+                               backend="sm90")
+    torch.cuda.synchronize()
+    assert got.shape == (2, k, k) and torch.all(got[1] == 0)  # decreasing -> [120, 120]: group 1 is empty

@@ -78,8 +78,9 @@ FAMILIES = [
     Family("gemm_sm90", jit.compile_gemm_sm90,
            {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["dequant", "promote"]},
            archs=("sm_90a",)),
-    *(Family(f"gemm_sm90_grouped_{g}", functools.partial(jit.compile_gemm_sm90, mainloop="dequant", grouping=g),
-             {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"]}, archs=("sm_90a",))
+    *(Family(f"gemm_sm90_grouped_{g}", functools.partial(jit.compile_gemm_sm90, grouping=g),
+             {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["dequant"]},
+             archs=("sm_90a",))
       for g in ("m", "k")),
     Family("gemm_sm100", jit.compile_gemm_sm100,
            {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "n_tile": [128, 256]},

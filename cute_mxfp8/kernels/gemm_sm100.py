@@ -22,7 +22,6 @@ from .gemm_epilogue import GATE_UP_TILE, TRANSPOSE_BYTES, dswiglu_block, swiglu_
 _K_MAJOR = cute.nvgpu.OperandMajorMode.K
 _SF_DTYPE = cutlass.Float8E8M0FNU
 _ROW_MAJOR = cutlass.tensor_utils.LayoutEnum.ROW_MAJOR
-_OUT_DTYPES = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
 EPILOGUES = ("plain", "swiglu", "dswiglu")
 # cluster shapes (CTAs along M, N) by MMA kind: a 2-CTA MMA (M = 256) needs an even cluster M.  A cluster larger
 # than the MMA multicasts: A across its N CTAs, B across its M MMA-pairs (or CTAs).
@@ -98,16 +97,11 @@ class MXGemmSm100:
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
                  max_ctas: int = 148, epilogue: str = "plain", cast_elem: str = "e4m3", scale_mode: str = "rceil",
                  emit_hp: bool = False, cta_pair: bool = False, cluster_mn: tuple = (1, 1)):
-        from .mx_math import ELEM_DTYPES, MXCastParams
+        from .mx_math import MXCastParams, gemm_dtypes
 
-        if a_elem not in ELEM_DTYPES or b_elem not in ELEM_DTYPES:
-            raise ValueError(f"A/B element types must be in {sorted(ELEM_DTYPES)}, got {a_elem!r}, {b_elem!r}")
-        if out_dtype not in _OUT_DTYPES:
-            raise ValueError(f"out_dtype must be one of {sorted(_OUT_DTYPES)}, got {out_dtype!r}")
+        self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
         if n_tile not in (128, 256):
             raise ValueError(f"n_tile must be 128 or 256, got {n_tile}")
-        self.a_dtype, self.b_dtype = ELEM_DTYPES[a_elem][0], ELEM_DTYPES[b_elem][0]
-        self.d_dtype = _OUT_DTYPES[out_dtype]
         self.n_tile, self.max_ctas = n_tile, max_ctas
         if epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {EPILOGUES}, got {epilogue!r}")

@@ -16,11 +16,27 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from .mx_math import (ELEM_DTYPES, blocked_scale_offset, dequant_pair_bf16, e8m0_bf16x2, e8m0_to_f32,
-                      first_group_ending_after, pack_bf16x2)
+from .mx_math import (dequant_pair_bf16, e8m0_bf16x2, e8m0_to_f32,
+                      first_group_ending_after, gemm_dtypes, pack_bf16x2)
 
-_OUT_DTYPES = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
 _K_MAJOR = utils.LayoutEnum.ROW_MAJOR  # A (M, K) and B (N, K) with K contiguous
+
+
+@cute.jit
+def _tma_producer(pipe, stages: cutlass.Constexpr[int], k_tiles: cutlass.Int32, tma_a: cute.CopyAtom,
+                  tag: cute.Tensor, tas: cute.Tensor, tma_b: cute.CopyAtom, tbg: cute.Tensor, tbs: cute.Tensor):
+    """The TMA warp of both mainloops: K tile ``kt`` of A and B into shared-memory stage ``kt % stages`` (one
+    barrier, both copies), then wait for the consumers to drain the pipeline (none when there are no K tiles)."""
+    state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
+    for kt in cutlass.range(k_tiles, unroll=1):
+        pipe.producer_acquire(state)
+        bar = pipe.producer_get_barrier(state)
+        cute.copy(tma_a, tag[(None, kt)], tas[(None, state.index)], tma_bar_ptr=bar)
+        cute.copy(tma_b, tbg[(None, kt)], tbs[(None, state.index)], tma_bar_ptr=bar)
+        pipe.producer_commit(state)
+        state.advance()
+    if k_tiles > 0:
+        pipe.producer_tail(state)
 
 
 class MXGemmSm90:
@@ -50,14 +66,9 @@ class MXGemmSm90:
     THREADS = 128 * (1 + CONSUMERS)
 
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128):
-        if a_elem not in ELEM_DTYPES or b_elem not in ELEM_DTYPES:
-            raise ValueError(f"A/B element types must be in {sorted(ELEM_DTYPES)}, got {a_elem!r}, {b_elem!r}")
-        if out_dtype not in _OUT_DTYPES:
-            raise ValueError(f"out_dtype must be one of {sorted(_OUT_DTYPES)}, got {out_dtype!r}")
+        self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
         if n_tile != 128:
             raise ValueError(f"n_tile must be 128 (one blocked scale tile per N tile), got {n_tile}")
-        self.a_dtype, self.b_dtype = ELEM_DTYPES[a_elem][0], ELEM_DTYPES[b_elem][0]
-        self.d_dtype = _OUT_DTYPES[out_dtype]
         self.n_tile = n_tile
 
     @staticmethod
@@ -147,15 +158,7 @@ class MXGemmSm90:
                                                  cute.group_modes(gak, 0, 2))
                 tbs, tbg = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sb, 0, 2),
                                                  cute.group_modes(gbk, 0, 2))
-                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                for kt in cutlass.range(k_tiles, unroll=1):
-                    pipe.producer_acquire(state)
-                    bar = pipe.producer_get_barrier(state)
-                    cute.copy(tma_a, tag[(None, kt)], tas[(None, state.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_b, tbg[(None, kt)], tbs[(None, state.index)], tma_bar_ptr=bar)
-                    pipe.producer_commit(state)
-                    state.advance()
-                pipe.producer_tail(state)
+                _tma_producer(pipe, self.stages, k_tiles, tma_a, tag, tas, tma_b, tbg, tbs)
         else:
             cute.arch.warpgroup_reg_alloc(232)
             sdec = st.sdec.get_tensor(cute.make_layout(2 * self.CONSUMERS * self.DEC_WORDS))
@@ -280,15 +283,10 @@ class MXGemmSm90Dequant:
         if grouping not in ("none", "m", "k"):
             raise ValueError(f"grouping must be 'none' (dense), 'm' (2d-3d) or 'k' (2d-2d), got {grouping!r}")
         self.grouping = grouping
-        if a_elem not in ELEM_DTYPES or b_elem not in ELEM_DTYPES:
-            raise ValueError(f"A/B element types must be in {sorted(ELEM_DTYPES)}, got {a_elem!r}, {b_elem!r}")
-        if out_dtype not in _OUT_DTYPES:
-            raise ValueError(f"out_dtype must be one of {sorted(_OUT_DTYPES)}, got {out_dtype!r}")
+        self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
         if transform_warps not in (3, 7):
             raise ValueError(f"transform_warps must be 3 (warpgroup 0 only) or 7 (plus warpgroup 3), got {transform_warps}")
         self.a_elem, self.b_elem = a_elem, b_elem
-        self.a_dtype, self.b_dtype = ELEM_DTYPES[a_elem][0], ELEM_DTYPES[b_elem][0]
-        self.d_dtype = _OUT_DTYPES[out_dtype]
         self.TRANSFORM_THREADS = 32 * transform_warps
         self.THREADS = 384 if transform_warps == 3 else 512
         # setmaxnreg budgets (multiples of 8; 65536 registers per SM shared by the CTA's threads)
@@ -390,7 +388,7 @@ class MXGemmSm90Dequant:
                     before = sched[0, g - 1]
                 t = bm - before
                 a_row0 = start + t * self.TILE_M
-                rows = offs[g]
+                rows = cutlass.min(offs[g], m)
                 sa_base = sched[1, g] * 128 + t * self.TILE_M
                 b_row0 = g * cols + bn * self.TILE_N
                 sb_off = g * per_expert + bn * tiles_ka * 512
@@ -480,16 +478,7 @@ class MXGemmSm90Dequant:
                                                  cute.group_modes(gak, 0, 2))
                 tbs, tbg = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sb, 0, 2),
                                                  cute.group_modes(gbk, 0, 2))
-                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                for kt in cutlass.range(k_tiles, unroll=1):
-                    pipe.producer_acquire(state)
-                    bar = pipe.producer_get_barrier(state)
-                    cute.copy(tma_a, tag[(None, kt)], tas[(None, state.index)], tma_bar_ptr=bar)
-                    cute.copy(tma_b, tbg[(None, kt)], tbs[(None, state.index)], tma_bar_ptr=bar)
-                    pipe.producer_commit(state)
-                    state.advance()
-                if k_tiles > 0:
-                    pipe.producer_tail(state)
+                _tma_producer(pipe, self.stages, k_tiles, tma_a, tag, tas, tma_b, tbg, tbs)
             elif k_tiles > 0:  # warps 1-3 are transform threads 0-95, warpgroup 3 (if any) 96-223
                 self.transform(pipe, pipe_b, sb8, sbh32, sfb, k_tiles, k_last, sb_off, tiles_ka,
                                tidx - 32 if wg == 0 else tidx - 288)

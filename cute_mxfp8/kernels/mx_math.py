@@ -31,6 +31,17 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 BLOCK = 32  # MX block size (OCP MX v1.0)
 ELEM_DTYPES = {"e4m3": (cutlass.Float8E4M3FN, 8), "e5m2": (cutlass.Float8E5M2, 15)}  # dtype, emax
+GEMM_OUT_DTYPES = {"bfloat16": cutlass.BFloat16, "float32": cutlass.Float32}
+
+
+def gemm_dtypes(a_elem: str, b_elem: str, out_dtype: str):
+    """(A, B, D) DSL dtypes of an MXFP8 GEMM from their names (host side, for the kernel classes' constructors).
+    Raises ValueError naming the choices."""
+    if a_elem not in ELEM_DTYPES or b_elem not in ELEM_DTYPES:
+        raise ValueError(f"A/B element types must be in {sorted(ELEM_DTYPES)}, got {a_elem!r}, {b_elem!r}")
+    if out_dtype not in GEMM_OUT_DTYPES:
+        raise ValueError(f"out_dtype must be one of {sorted(GEMM_OUT_DTYPES)}, got {out_dtype!r}")
+    return ELEM_DTYPES[a_elem][0], ELEM_DTYPES[b_elem][0], GEMM_OUT_DTYPES[out_dtype]
 
 
 def blocked_scale_offset(r, c, cols):

@@ -157,6 +157,10 @@ def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: T
         a: (M, K) MXFP8 data with grouped-M blocked scales (``quantize_rowwise(x, offs=offs)``).
         b: (E, N, K) MXFP8 expert weights with (E, numel) blocked scales; ``offs`` has E groups.
     Returns: (M, N) in ``out_dtype``; rows at or past ``offs[-1]`` are zero.
+
+    ``offs`` must be the offsets ``a`` was quantized with: the scales' layout depends on them, and other offsets
+    with the same group count give wrong results that no check can see.  The reference backend validates the
+    values (``ValueError``); the kernel backends read them only on the device (no sync) and stay in bounds.
     """
     _check_offs(offs, required=True)
     return L._grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, backend or "")
@@ -170,6 +174,10 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
         a: (N, M) and b: (K, M) token-major MXFP8 data with grouped-K blocked scales, as
             ``quantize_colwise(dy, offs=offs)`` and ``quantize_colwise(x, offs=offs)`` return them.
     Returns: (G, N, K) in ``out_dtype`` (fp32 default); an empty group's slice is exactly zero.
+
+    ``offs`` must be the offsets ``a`` and ``b`` were quantized with (their scale layout depends on them; other
+    offsets with the same group count give wrong results no check can see).  The reference backend validates the
+    values (``ValueError``); the kernel backends read them only on the device (no sync) and stay in bounds.
     """
     _check_offs(offs, required=True)
     return L._grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, backend or "")

@@ -26,6 +26,7 @@ from ..jit import compile_quant, compile_swiglu_quant
 from . import gemm_sm90, gemm_sm100
 from .backends import Backend, register_backend
 from .gate_up import pack_gate_up_casts
+from .gemm_common import offs_limits
 from .shapes import colwise_shapes, rowwise_shapes
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
@@ -34,7 +35,6 @@ _IN = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 # on its exact capability: sm_100a runs on 10.0 (B200/GB200), not on 10.3 (B300).
 _ARCHS = {"sm90": ((9, 0), "sm_90a", "an SM90 (H100/H200)"), "sm100": ((10, 0), "sm_100a", "an SM100 (B200/GB200)")}
 _MAX_ELEMENTS = 2**31 - 1  # shapes, block counts and scale offsets are 32-bit in the kernels (strides are 64-bit)
-_MAX_GROUPS = 65536  # the device-side binary searches over offs take 16 steps
 _MAX_K = 65535 * 128  # grid.y of the tile kernel counts 128-column tiles
 _MAX_EXPERTS = 65535  # grid.z of the tile kernel
 
@@ -78,7 +78,7 @@ def _limits(x, scale_mode, elem_dtype, blocked, offs=None):
         return f"E = {x.shape[0]} experts exceeds the kernels' grid limit ({_MAX_EXPERTS})"
     if x.dim() == 2 and _padded_rows(x.shape[0]) * x.shape[1] > _MAX_ELEMENTS:
         return "the colwise output (K, ceil(M / 32) * 32) would pass int32 indexing: split it"
-    why = _offs_limits(offs)
+    why = offs_limits(offs)
     if why is not None:
         return why
     return _scale_limits(tuple(x.shape), blocked, None if offs is None else offs.numel())
@@ -86,16 +86,6 @@ def _limits(x, scale_mode, elem_dtype, blocked, offs=None):
 
 def _padded_rows(m: int) -> int:
     return -(-m // 32) * 32
-
-
-def _offs_limits(offs) -> str | None:
-    if offs is None:
-        return None
-    if not offs.is_contiguous():
-        return "offs must be contiguous for the kernels (call .contiguous())"
-    if offs.numel() > _MAX_GROUPS:
-        return f"{offs.numel()} token groups exceed the kernels' limit ({_MAX_GROUPS})"
-    return None
 
 
 def _scale_limits(shape: tuple, blocked: bool, groups: int | None) -> str | None:
@@ -231,7 +221,7 @@ def _swiglu_limits(first, *rest):
         if t.numel() > _MAX_ELEMENTS:
             return f"{t.numel()} elements; the kernels index with int32 (at most {_MAX_ELEMENTS}): split it"
     offs = rest[-1] if rest and (rest[-1] is None or isinstance(rest[-1], torch.Tensor)) else None
-    why = _offs_limits(offs)
+    why = offs_limits(offs)
     if why is not None:
         return why
     if first.shape[-1] > _MAX_K:

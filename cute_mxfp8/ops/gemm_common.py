@@ -1,5 +1,6 @@
-"""What the kernel backends' GEMM ops share: the operand limits of TMA-fed kernels and the bias rule (one rounding
-after an fp32 bias add) for kernels whose epilogue has no bias input."""
+"""What the kernel backends' ops share: the operand limits of TMA-fed kernels, the token-group offset rules (limits,
+device-side sanitizing) and the bias rule (one rounding after an fp32 bias add) for kernels whose epilogue has no
+bias input."""
 
 from __future__ import annotations
 
@@ -8,6 +9,25 @@ from typing import Callable
 import torch
 
 MAX_ELEMENTS = 2**31 - 1  # the kernels' coordinates and scale offsets are 32-bit
+MAX_GROUPS = 65536  # the device-side binary searches over offs take at most 17 steps
+
+
+def offs_limits(offs) -> str | None:
+    """Why a kernel cannot take these token-group offsets (None: it can).  Values are not read (no host sync)."""
+    if offs is None:
+        return None
+    if not offs.is_contiguous():
+        return "offs must be contiguous for the kernels (call .contiguous())"
+    if offs.numel() > MAX_GROUPS:
+        return f"{offs.numel()} token groups exceed the kernels' limit ({MAX_GROUPS})"
+    return None
+
+
+def device_offsets(offs: torch.Tensor, total: int) -> torch.Tensor:
+    """``offs`` made safe for a kernel without reading it on the host: clamped into [0, total] and made
+    non-decreasing on the device.  Offsets that keep the contract (``formats.validate_offsets``) come back
+    unchanged; others give a meaningless but in-bounds result instead of out-of-bounds accesses."""
+    return offs.clamp(0, total).cummax(0).values
 
 
 def operand_limits(a, a_scales, b, b_scales) -> str | None:

@@ -4,7 +4,10 @@
 :class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90Dequant`) or ``"promote"`` (fp8 WGMMA per MX block,
 :class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`); both give the reference's result within the bound
 ``tests/test_gemm_sm90.py`` states.  The grouped GEMMs run the dequantize mainloop with its token-group scheduling
-(``grouping="m"`` / ``"k"``); the group offsets stay on the device (no host sync in the launch path).
+(``grouping="m"`` / ``"k"``); the group offsets stay on the device (no host sync in the launch path), so their
+values are not checked there: :func:`~.gemm_common.device_offsets` clamps them into [0, T] and makes them
+non-decreasing first, which leaves valid offsets unchanged and keeps every access in bounds for invalid ones
+(the reference backend and the modules validate them and raise).
 
 Inputs arrive checked by :mod:`cute_mxfp8.ops.library` (shapes, dtypes, devices, contiguous); :data:`LIMITS` adds
 what the kernels need beyond that (16-byte aligned operands for TMA, K > 0, 32-bit indexing) and refuses the call with the reason otherwise.  The fused-epilogue ops have no
@@ -19,7 +22,7 @@ import torch
 
 from .. import formats as F
 from ..jit import compile_gemm_sm90
-from .gemm_common import MAX_ELEMENTS, mm_with_bias, operand_limits
+from .gemm_common import MAX_ELEMENTS, device_offsets, mm_with_bias, offs_limits, operand_limits
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -60,6 +63,7 @@ def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     e, n, k = b.shape
     d = torch.empty(a.shape[0], n, dtype=out_dtype, device=a.device)
     if d.numel():
+        offs = device_offsets(offs, a.shape[0])
         fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="m")
         fn(a, b.view(e * n, k), a_scales.view(torch.uint8), b_scales.view(torch.uint8).reshape(-1), d, offs,
            group_schedule(offs))
@@ -71,7 +75,8 @@ def aligned_token_layout(offs: torch.Tensor, t: int) -> tuple[torch.Tensor, torc
     need 16-byte aligned inner coordinates; groups start anywhere).  Returns (``src`` int64 (T',): the source token
     of each of the T' = ceil16(T) + 16 G columns of the laid-out operand (clamped into [0, T); the columns
     between groups are never used: the kernel masks past a group's end), ``starts`` int32 (G,): each group's first
-    column there).  Computed on ``offs``'s device, no sync."""
+    column there).  Computed on ``offs``'s device, no sync.  Needs T > 0 and G > 0 (the op returns zeros
+    before calling it otherwise)."""
     g = offs.numel()
     o = offs.to(torch.int64)
     sizes = torch.diff(o, prepend=o.new_zeros(1))
@@ -92,8 +97,11 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
     sizes are arbitrary."""
     (n, t), k = a.shape, b.shape[0]
     g = offs.shape[0]
+    if t == 0 or g == 0:
+        return torch.zeros(g, n, k, dtype=out_dtype, device=a.device)
     d = torch.empty(g, n, k, dtype=out_dtype, device=a.device)
     if d.numel():
+        offs = device_offsets(offs, t)
         src, starts = aligned_token_layout(offs, t)
         a2 = a.view(torch.uint8).index_select(1, src).view(a.dtype)
         b2 = b.view(torch.uint8).index_select(1, src).view(b.dtype)
@@ -118,7 +126,7 @@ def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None):
 
 
 def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype):
-    why = operand_limits(a, a_scales, b, b_scales)
+    why = offs_limits(offs) or operand_limits(a, a_scales, b, b_scales)
     t, n = a.shape[0], b.shape[1]
     if why is None and t * n > MAX_ELEMENTS:
         return f"the output would have {t * n} elements; the kernel indexes with int32: split the tokens"
@@ -128,8 +136,10 @@ def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype):
 
 
 def _grouped_mm_wgrad_limits(a, a_scales, b, b_scales, offs, out_dtype):
-    why = operand_limits(a, a_scales, b, b_scales)
     (n, t), k, g = a.shape, b.shape[0], offs.shape[0]
+    why = offs_limits(offs)
+    if why is None and t and g:  # T = 0 or G = 0: the op returns zeros without a launch
+        why = operand_limits(a, a_scales, b, b_scales)
     if why is None and max(n, k) * ((t + 15) // 16 * 16 + 16 * g) > MAX_ELEMENTS:
         return f"the group-aligned operands would exceed {MAX_ELEMENTS} elements; the kernel indexes with int32"
     if why is None and g * n * k > MAX_ELEMENTS:

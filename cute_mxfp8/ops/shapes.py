@@ -67,12 +67,13 @@ def check_fp8(name: str, t: torch.Tensor, shape: tuple) -> None:
         raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
 
 
-def check_scales(name: str, s: torch.Tensor, shape: tuple) -> None:
+def check_scales(name: str, s: torch.Tensor, shape: tuple, source: str | None = None) -> None:
     if s.dtype != torch.float8_e8m0fnu:
         raise ValueError(f"{name} must be torch.float8_e8m0fnu E8M0 scales, got {s.dtype}")
     if tuple(s.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(s.shape)}, expected {tuple(shape)} "
-                         "(blocked scales as returned by the quantize ops with blocked=True)")
+                         f"(blocked scales as returned by the quantize ops with blocked=True"
+                         f"{'; for ' + source if source else ''})")
 
 
 def check_same_device(*ts: torch.Tensor) -> None:
@@ -170,7 +171,8 @@ def check_grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     check_offs(offs, a.device, num_groups=e)
     check_fp8("a", a, (m, k))
     check_fp8("b", b, (e, n, k))
-    check_scales("a_scales", a_scales, (grouped_m_scales_numel(m, e, k // BLOCK_SIZE),))
+    check_scales("a_scales", a_scales, (grouped_m_scales_numel(m, e, k // BLOCK_SIZE),),
+                 f"{e} token groups: quantize_rowwise(x, offs=offs) with these same offs")
     check_scales("b_scales", b_scales, (e, blocked_scales_numel(n, k // BLOCK_SIZE)))
     return (m, n)
 
@@ -188,8 +190,9 @@ def check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
     cols = 4 * grouped_scale_tiles(m, g)
     check_fp8("a", a, (n, m))
     check_fp8("b", b, (k, m))
-    check_scales("a_scales", a_scales, (blocked_scales_numel(n, cols),))
-    check_scales("b_scales", b_scales, (blocked_scales_numel(k, cols),))
+    hint = f"{g} token groups over {m} tokens: quantize_colwise(..., offs=offs) with these same offs"
+    check_scales("a_scales", a_scales, (blocked_scales_numel(n, cols),), hint)
+    check_scales("b_scales", b_scales, (blocked_scales_numel(k, cols),), hint)
     return (g, n, k)
 
 
