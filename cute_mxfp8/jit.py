@@ -253,7 +253,8 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
 @disk_cached(skip_if="keep_ptx")
 def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mainloop: str = "dequant",
                       arch: str = "sm_90a", keep_ptx: bool = False, transform_warps: int = 7,
-                      grouping: str = "none"):
+                      grouping: str = "none", epilogue: str = "plain", cast_elem: str = "e4m3",
+                      scale_mode: str = "rceil", emit_hp: bool = False):
     """Compiled SM90 MXFP8 GEMM.  ``mainloop``: ``"dequant"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90Dequant`, bf16 WGMMA on scaled operands) or ``"promote"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`, fp8 WGMMA per block, dense only).
@@ -263,6 +264,9 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     * ``"dequant"``: ``fn(a, b, sfa, sfb, d, offs, sched)`` with the operands of ``grouping`` as
       ``MXGemmSm90Dequant.__call__`` lists them (``"none"`` dense, ``"m"`` 2d-3d, ``"k"`` 2d-2d); offs (G,) and
       sched (2, G) int32 (placeholders for dense).
+    * ``epilogue="swiglu"`` / ``"dswiglu"`` (dequant, dense): ``fn(a, b, sfa, sfb, h13, q, qs, qt, qts, hp)`` with
+      the arguments and outputs of :func:`compile_gemm_sm100`'s fused epilogues (h cast to ``cast_elem`` /
+      ``scale_mode``).
 
     ``transform_warps`` (dequant only): warps converting B, 3 (384 threads) or 7 (512).  Trusts its arguments (the
     ops layer checks them, :mod:`cute_mxfp8.ops.gemm_sm90`)."""
@@ -275,13 +279,21 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     cutlass, _ = _cutlass()
     from .kernels.gemm_sm90 import MXGemmSm90, MXGemmSm90Dequant
 
-    kernel = MXGemmSm90Dequant(a_elem, b_elem, out_dtype, transform_warps, grouping) if mainloop == "dequant" else \
-        MXGemmSm90(a_elem, b_elem, out_dtype)
+    if mainloop == "promote" and epilogue != "plain":
+        raise ValueError(f"the promote mainloop has the plain epilogue only, got {epilogue!r}")
+    kernel = MXGemmSm90Dequant(a_elem, b_elem, out_dtype, transform_warps, grouping, epilogue, cast_elem,
+                               scale_mode, emit_hp) if mainloop == "dequant" else MXGemmSm90(a_elem, b_elem, out_dtype)
     fake, sym = _fake, _sym
     scales = [fake(cutlass.Uint8, (sym(),), align=16) for _ in range(2)]
     kdiv = 16 if grouping == "k" else 32  # 2d-2d: K is the token count, a multiple of 16 (TMA's row pitch)
     args = (fake(kernel.a_dtype, (sym(), sym(kdiv))), fake(kernel.b_dtype, (sym(), sym(kdiv))), *scales,
             fake(kernel.d_dtype, (sym(), sym())))
+    if epilogue != "plain":  # the outputs of compile_gemm_sm100's fused epilogues
+        q = kernel.cast.elem_dtype
+        fused = (fake(kernel.d_dtype, (sym(), sym(128))), fake(q, (sym(), sym(32))), fake(cutlass.Uint8, (sym(),)),
+                 fake(q, (sym(32), sym(32))), fake(cutlass.Uint8, (sym(),)), fake(cutlass.Float32, (sym(), sym(32))))
+        entry = kernel.call_swiglu if epilogue == "swiglu" else kernel.call_dswiglu
+        return _compile(entry, (*args[:4], *fused), arch, keep_ptx)
     if mainloop == "dequant":
         args += (fake(cutlass.Int32, (sym(),)), fake(cutlass.Int32, (sym(), sym())))
     return _compile(kernel, args, arch, keep_ptx)

@@ -385,3 +385,99 @@ def test_sm90_grouped_out_of_contract_offsets_stay_in_bounds(rng):
                                backend="sm90")
     torch.cuda.synchronize()
     assert got.shape == (2, k, k) and torch.all(got[1] == 0)  # decreasing -> [120, 120]: group 1 is empty
+
+
+# ---- GEMM-fused SwiGLU / dSwiGLU + dual quant on the dequantize mainloop (dense) -------------------------------
+
+@needs_sass
+@pytest.mark.parametrize("epilogue,elem,mode,hp", [("swiglu", "e4m3", "rceil", False), ("dswiglu", "e5m2", "floor", True)])
+def test_fused_epilogues_compile_for_sm90(epilogue, elem, mode, hp):
+    from cute_mxfp8.jit import compile_gemm_sm90
+
+    fn = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "dequant", "sm_90a", True, epilogue=epilogue, cast_elem=elem,
+                           scale_mode=mode, emit_hp=hp)
+    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
+    assert res["local_frame"] == 0 and fn.launch_smem[0] <= 232448
+    counts = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
+
+    def count(prefix):
+        return sum(v for k, v in counts.items() if k.startswith(prefix))
+
+    # per warp 2 (swiglu: 64 h columns) or 4 (dswiglu: 128 dh columns, each 2 blocks of dh13) 32 x 32 blocks, a
+    # colwise amax scatter (31 shuffles) and 32 factor broadcasts each: gemm_epilogue's code, not a copy
+    assert count("HGMMA") == 8 and count("LDL") == count("STL") == 0
+    assert count("SHFL") == 63 * (2 if epilogue == "swiglu" else 8)
+
+
+def test_sm90_fused_limits_name_the_fix():
+    from cute_mxfp8.ops import gemm_sm90 as G
+
+    x, x_s = ops.quantize_rowwise(torch.randn(64, 64))
+    w, w_s = ops.quantize_rowwise(torch.randn(256, 64))
+    assert G.FUSED_LIMITS["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False, torch.bfloat16) is None
+    w, w_s = ops.quantize_rowwise(torch.randn(192, 64))  # I = 96: not a multiple of 64
+    assert "I % 64" in G.FUSED_LIMITS["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False, torch.bfloat16)
+    assert "mm_swiglu_quant" not in G.OPS  # registered once the GPU tests below have passed on the H200
+
+
+def _concat(t: torch.Tensor, dim: int, tile: int = 64) -> torch.Tensor:
+    """Interleaved gate/up layout (runs of ``tile``) -> concatenated, along ``dim``."""
+    from cute_mxfp8.swiglu import pack_gate_up, split_gate_up
+
+    return pack_gate_up(*split_gate_up(t, dim=dim, tile=tile), dim=dim)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("m,d,i", [(300, 256, 192), (77, 128, 64), (512, 96, 320)])
+@pytest.mark.parametrize("elem,scale_mode,emit_hp", [("e4m3", "rceil", False), ("e5m2", "floor", True)])
+def test_sm90_mm_swiglu_quant_equals_the_standalone_casts_of_its_accumulator(m, d, i, elem, scale_mode, emit_hp,
+                                                                             rng):
+    """GEMM1 + fused epilogue: h13 in fp32 is the accumulator itself (the dense kernel's, bit for bit), and h's
+    dual cast equals the standalone fused SwiGLU kernel's on that accumulator, bytes and scales (same mx_math code)."""
+    from cute_mxfp8.ops import gemm_sm90 as G
+
+    x, x_s = ops.quantize_rowwise(torch.randn(m, d, generator=rng).cuda())
+    w13, w13_s, _, _ = ops.quantize_gate_up(torch.randn(i, d, generator=rng).cuda() / 4,
+                                            torch.randn(i, d, generator=rng).cuda() / 4, gate_up_tile=64)
+    h13, q, qs, qt, qts, hp = G.mm_swiglu_quant(x, x_s, w13, w13_s, scale_mode, ELEMS[elem], emit_hp, torch.float32)
+    assert torch.equal(h13, ops.mm(x, x_s, w13, w13_s, out_dtype=torch.float32, backend="sm90"))
+    rq, rqs, rqt, rqts, rhp = ops.swiglu_quant(_concat(h13, -1), scale_mode=scale_mode, elem_dtype=ELEMS[elem],
+                                               emit_hp=emit_hp, backend="sm90")
+    assert torch.equal(qs.view(torch.uint8), rqs.view(torch.uint8))
+    assert torch.equal(qts.view(torch.uint8), rqts.view(torch.uint8))
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and torch.equal(qt.view(torch.uint8),
+                                                                                   rqt.view(torch.uint8))
+    if emit_hp:
+        torch.testing.assert_close(hp, rhp, rtol=0, atol=0, equal_nan=True)
+    h13b = G.mm_swiglu_quant(x, x_s, w13, w13_s, scale_mode, ELEMS[elem], False, torch.bfloat16)[0]
+    assert torch.equal(h13b, h13.to(torch.bfloat16))
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("m,d,i", [(300, 256, 192), (77, 128, 64)])
+@pytest.mark.parametrize("elem,scale_mode,emit_hp", [("e4m3", "rceil", True), ("e5m2", "floor", False)])
+def test_sm90_mm_dswiglu_quant_equals_the_standalone_casts_of_its_accumulator(m, d, i, elem, scale_mode, emit_hp,
+                                                                              rng):
+    """GEMM3 + fused epilogue vs the standalone dSwiGLU kernel on the dense kernel's fp32 dh (the same mainloop,
+    so the same accumulator bits), with the interleaved dh13 layout undone."""
+    from cute_mxfp8.ops import gemm_sm90 as G
+
+    dy, dy_s = ops.quantize_rowwise(torch.randn(m, d, generator=rng).cuda())
+    w2c, w2c_s = ops.quantize_rowwise(torch.randn(i, d, generator=rng).cuda() / 4)
+    h13 = (torch.randn(m, 2 * i, generator=rng) * 3).to(torch.bfloat16).cuda()
+    q, qs, qt, qts, hp = G.mm_dswiglu_quant(dy, dy_s, w2c, w2c_s, h13, scale_mode, ELEMS[elem], emit_hp)
+    dh = ops.mm(dy, dy_s, w2c, w2c_s, out_dtype=torch.float32, backend="sm90")
+    rq, rqs, rqt, rqts, rhp = ops.dswiglu_quant(dh, _concat(h13, -1).float(), scale_mode=scale_mode,
+                                                elem_dtype=ELEMS[elem], blocked=False, emit_hp=emit_hp,
+                                                backend="sm90")
+    mp = -(-m // 32) * 32
+    plain_qs = F.from_blocked_scales(qs, m, 2 * i // 32).view(torch.uint8)
+    plain_qts = F.from_blocked_scales(qts, 2 * i, mp // 32).view(torch.uint8)
+    assert torch.equal(_concat(plain_qs, -1, 2), rqs.view(torch.uint8))
+    assert torch.equal(_concat(plain_qts, 0), rqts.view(torch.uint8))
+    assert torch.equal(_concat(q.view(torch.uint8), -1), rq.view(torch.uint8))
+    assert torch.equal(_concat(qt.view(torch.uint8), 0), rqt.view(torch.uint8))
+    if emit_hp:
+        torch.testing.assert_close(_concat(hp, -1), rhp, rtol=0, atol=0, equal_nan=True)

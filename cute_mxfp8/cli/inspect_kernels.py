@@ -82,6 +82,10 @@ FAMILIES = [
              {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["dequant"]},
              archs=("sm_90a",))
       for g in ("m", "k")),
+    *(Family(f"gemm_sm90_{epi}{'_hp' if hp else ''}_{elem}_{mode}",
+             functools.partial(jit.compile_gemm_sm90, epilogue=epi, cast_elem=elem, scale_mode=mode, emit_hp=hp),
+             {**_GEMM_E4M3, "out_dtype": ["bfloat16"], "mainloop": ["dequant"]}, archs=("sm_90a",))
+      for epi in ("swiglu", "dswiglu") for hp in (False, True) for elem, mode in (("e4m3", "rceil"), ("e5m2", "floor"))),
     Family("gemm_sm100", jit.compile_gemm_sm100,
            {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "n_tile": [128, 256]},
            archs=("sm_100a",)),

@@ -24,6 +24,7 @@ from .mx_math import (BLOCK, MXCastParams, block_scale, blocked_scale_offset, qu
 
 GATE_UP_TILE = 64  # equals cute_mxfp8.swiglu.GATE_UP_TILE (a test checks)
 MODES = ("swiglu", "dswiglu")
+EPILOGUES = ("plain", *MODES)  # a GEMM's epilogue: D only, or one of the fused modes
 
 
 TRANSPOSE_BYTES = BLOCK * BLOCK  # per epilogue warp: one fp8 colwise block, transposed through shared memory

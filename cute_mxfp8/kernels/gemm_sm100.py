@@ -17,12 +17,11 @@ import cutlass.utils.blockscaled_layout as bsl
 from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from .blockscaled import SF_VEC, scale_layout
-from .gemm_epilogue import GATE_UP_TILE, TRANSPOSE_BYTES, dswiglu_block, swiglu_block
+from .gemm_epilogue import EPILOGUES, GATE_UP_TILE, TRANSPOSE_BYTES, dswiglu_block, swiglu_block
 
 _K_MAJOR = cute.nvgpu.OperandMajorMode.K
 _SF_DTYPE = cutlass.Float8E8M0FNU
 _ROW_MAJOR = cutlass.tensor_utils.LayoutEnum.ROW_MAJOR
-EPILOGUES = ("plain", "swiglu", "dswiglu")
 # cluster shapes (CTAs along M, N) by MMA kind: a 2-CTA MMA (M = 256) needs an even cluster M.  A cluster larger
 # than the MMA multicasts: A across its N CTAs, B across its M MMA-pairs (or CTAs).
 CLUSTERS = {False: ((1, 1), (2, 1), (1, 2)), True: ((2, 1), (4, 1), (2, 2))}

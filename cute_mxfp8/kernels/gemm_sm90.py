@@ -16,8 +16,9 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from .mx_math import (dequant_pair_bf16, e8m0_bf16x2, e8m0_to_f32,
-                      first_group_ending_after, gemm_dtypes, pack_bf16x2)
+from .gemm_epilogue import EPILOGUES, GATE_UP_TILE, dswiglu_block, swiglu_block
+from .mx_math import (BLOCK, MXCastParams, dequant_pair_bf16, e8m0_bf16x2, e8m0_to_f32, first_group_ending_after,
+                      gemm_dtypes, pack_bf16x2)
 
 _K_MAJOR = utils.LayoutEnum.ROW_MAJOR  # A (M, K) and B (N, K) with K contiguous
 
@@ -278,11 +279,20 @@ class MXGemmSm90Dequant:
     B_STAGES = 3
     CONSUMER_WARPS = 8
 
+    STAGE_PITCH = TILE_N + 4  # fp32 words per row of the fused epilogues' accumulator staging tile (16-byte
+    #                           row reads by 8 lanes hit 8 different bank quads)
+
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", transform_warps: int = 7,
-                 grouping: str = "none"):
+                 grouping: str = "none", epilogue: str = "plain", cast_elem: str = "e4m3",
+                 scale_mode: str = "rceil", emit_hp: bool = False):
         if grouping not in ("none", "m", "k"):
             raise ValueError(f"grouping must be 'none' (dense), 'm' (2d-3d) or 'k' (2d-2d), got {grouping!r}")
-        self.grouping = grouping
+        if epilogue not in EPILOGUES:
+            raise ValueError(f"epilogue must be one of {EPILOGUES}, got {epilogue!r}")
+        if epilogue != "plain" and grouping != "none":
+            raise ValueError(f"the fused {epilogue!r} epilogue is dense only (grouping='none'), got {grouping!r}")
+        self.grouping, self.epilogue, self.emit_hp = grouping, epilogue, emit_hp
+        self.cast = MXCastParams(cast_elem, scale_mode, blocked=True)  # the fused epilogues' output cast
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
         if transform_warps not in (3, 7):
             raise ValueError(f"transform_warps must be 3 (warpgroup 0 only) or 7 (plus warpgroup 3), got {transform_warps}")
@@ -310,9 +320,28 @@ class MXGemmSm90Dequant:
         self.bh_smem = sm90.make_smem_layout_b(_K_MAJOR, self.tiler, cutlass.BFloat16, self.B_STAGES)
 
     @cute.jit
+    def call_swiglu(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, h13: cute.Tensor,
+                    q: cute.Tensor, qs: cute.Tensor, qt: cute.Tensor, qts: cute.Tensor, hp: cute.Tensor,
+                    stream: cuda.CUstream):
+        """SwiGLU epilogue (GEMM1, dense): ``b`` = W13 (2I, K) in the interleaved gate/up layout (runs of 64, so
+        an N tile is 64 gate + 64 up columns); writes ``h13`` (M, 2I) and h's dual MXFP8 cast: ``q`` (M, I), ``qt``
+        (I, Mp), blocked scales ``qs`` / ``qts`` (zero-filled by the caller), ``hp`` (M, I) fp32 when
+        ``emit_hp`` (:func:`.gemm_epilogue.swiglu_block`, the SM100 epilogue's code)."""
+        self._launch(a, b, sfa, sfb, h13, None, (q, qs, qt, qts, hp), None, None, stream)
+
+    @cute.jit
+    def call_dswiglu(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, h13: cute.Tensor,
+                     q: cute.Tensor, qs: cute.Tensor, qt: cute.Tensor, qts: cute.Tensor, hp: cute.Tensor,
+                     stream: cuda.CUstream):
+        """dSwiGLU epilogue (GEMM3, dense): the accumulator is dh (M, I); reads the saved ``h13`` (M, 2I) and
+        writes dh13's dual MXFP8 cast: ``q`` (M, 2I), ``qt`` (2I, Mp), blocked scales (zero-filled), ``hp``
+        (M, 2I) when ``emit_hp`` (:func:`.gemm_epilogue.dswiglu_block`).  No D is stored."""
+        self._launch(a, b, sfa, sfb, None, h13, (q, qs, qt, qts, hp), None, None, stream)
+
+    @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor,
                  offs: cute.Tensor, sched: cute.Tensor, stream: cuda.CUstream):
-        """Operands by ``grouping`` (all fp8 K-major, scales 1-D blocked E8M0 bytes, ``d`` row-major):
+        """Plain epilogue.  Operands by ``grouping`` (all fp8 K-major, scales 1-D blocked E8M0 bytes, ``d`` row-major):
 
         * ``"none"``: ``a`` (M, K), ``b`` (N, K), ``d`` (M, N); ``offs`` / ``sched`` unused placeholders.
         * ``"m"`` (2d-3d): ``a`` (T, K) with token groups ``offs`` (E,) int32 cumulative ends; ``b`` (E * N, K), the
@@ -324,6 +353,11 @@ class MXGemmSm90Dequant:
           scales of the T-token operands; ``d`` (E * N, K'); ``sched`` (3, E): row 0 the groups' first tokens in
           ``a`` / ``b``, row 1 as for ``"m"``, ``sched[2, 0]`` the scale matrix's 128-deep column tiles
           (``grouped_scale_tiles(T, E)``).  The group sizes come from ``offs``."""
+        self._launch(a, b, sfa, sfb, d, None, (), offs, sched, stream)
+
+    @cute.jit
+    def _launch(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d, h13, fused: tuple,
+                offs, sched, stream: cuda.CUstream):
         self._configure()
         m, k = a.shape
         n = b.shape[0]
@@ -341,15 +375,14 @@ class MXGemmSm90Dequant:
             sbh: cute.struct.Align[cute.struct.MemRange[cutlass.BFloat16, cute.cosize(self.bh_smem.outer)], 1024]
 
         self.shared = Shared
-        groups = cute.size(offs)
         if cutlass.const_expr(self.grouping == "m"):  # a bound on the groups' tiles plus the tail's (rows >= offs[-1])
-            grid = (m // self.TILE_M + groups + 1, (d.shape[1] + self.TILE_N - 1) // self.TILE_N, 1)
+            grid = (m // self.TILE_M + cute.size(offs) + 1, (d.shape[1] + self.TILE_N - 1) // self.TILE_N, 1)
         elif cutlass.const_expr(self.grouping == "k"):
-            grid = ((m + self.TILE_M - 1) // self.TILE_M, (n + self.TILE_N - 1) // self.TILE_N, groups)
+            grid = ((m + self.TILE_M - 1) // self.TILE_M, (n + self.TILE_N - 1) // self.TILE_N, cute.size(offs))
         else:
             grid = ((m + self.TILE_M - 1) // self.TILE_M, (n + self.TILE_N - 1) // self.TILE_N, 1)
-        self.kernel(self.tiled_mma, tma_a, ga, tma_b, gb, sfa, sfb, d, offs, sched, m, n, k, self.a_smem,
-                    self.b_smem, self.bh_smem).launch(
+        self.kernel(self.tiled_mma, tma_a, ga, tma_b, gb, sfa, sfb, d, h13, fused, offs, sched, m, n, k,
+                    self.a_smem, self.b_smem, self.bh_smem).launch(
             grid=grid, block=[self.THREADS, 1, 1], smem=Shared.size_in_bytes(), stream=stream)
 
     @cute.jit
@@ -435,8 +468,8 @@ class MXGemmSm90Dequant:
 
     @cute.kernel
     def kernel(self, mma: cute.TiledMma, tma_a: cute.CopyAtom, ga: cute.Tensor, tma_b: cute.CopyAtom,
-               gb: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor, offs: cute.Tensor,
-               sched: cute.Tensor, m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32, a_smem: cute.ComposedLayout,
+               gb: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d, h13, fused: tuple, offs, sched,
+               m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32, a_smem: cute.ComposedLayout,
                b_smem: cute.ComposedLayout, bh_smem: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -486,7 +519,7 @@ class MXGemmSm90Dequant:
             cute.arch.warpgroup_reg_alloc(self.regs_consumer)
             sbh = st.sbh.get_tensor(bh_smem.outer, swizzle=bh_smem.inner)
             self.consume(mma, pipe, pipe_b, sa8, sbh, sfa, d, k_tiles, k_last, tidx - 128, sa_base, sa_rows,
-                         tiles_ka, ct0, d_row0, rows, cols, bn)
+                         tiles_ka, ct0, d_row0, rows, cols, bn, (st.sa.data_ptr(), h13, fused, bm))
 
     @cute.jit
     def transform(self, pipe, pipe_b, sb8: cute.Tensor, sbh32: cute.Tensor, sfb: cute.Tensor,
@@ -576,7 +609,7 @@ class MXGemmSm90Dequant:
     def consume(self, mma: cute.TiledMma, pipe, pipe_b, sa8: cute.Tensor, sbh: cute.Tensor, sfa: cute.Tensor,
                 d: cute.Tensor, k_tiles: cutlass.Int32, k_last: cutlass.Int32, ct: cutlass.Int32,
                 sa_base: cutlass.Int32, sa_rows: cutlass.Int32, tiles_k: cutlass.Int32, ct0: cutlass.Int32,
-                d_row0: cutlass.Int32, rows: cutlass.Int32, cols: cutlass.Int32, bn: cutlass.Int32):
+                d_row0: cutlass.Int32, rows: cutlass.Int32, cols: cutlass.Int32, bn: cutlass.Int32, epi: tuple):
         """A consumer warpgroup: rows ``128 wg + 64 h + 16 w + t // 4 (+ 8)`` (h = 0, 1) of the tile, all 128
         columns.  WGMMA A-fragment register ``v1 + 2 v2 + 4 kk`` (as bf16 pairs) is row ``+ 8 v1``, logical k
         ``16 kk + 2 (t % 4) + 8 v2`` of the chunk's two k16 steps; accumulator element ``e + 2 rs + 4 q`` is
@@ -651,7 +684,59 @@ class MXGemmSm90Dequant:
             bstate.advance()
         warpgroup.wait_group(0)
 
-        self.store(accs, d, rows, cols, d_row0 + local[0][0], bn * self.TILE_N + 2 * c)
+        if cutlass.const_expr(self.epilogue != "dswiglu"):
+            self.store(accs, d, rows, cols, d_row0 + local[0][0], bn * self.TILE_N + 2 * c)
+        if cutlass.const_expr(self.epilogue != "plain"):
+            base, h13, fused, bm = epi
+            self.fused_epilogue(accs, base, h13, fused, ct, lane, [local[h][0] for h in range(2)], c, bm, bn,
+                                rows, cols)
+
+    @cute.jit
+    def fused_epilogue(self, accs, base, h13, fused: tuple, ct: cutlass.Int32, lane: cutlass.Int32, lrow: list,
+                       c: cutlass.Int32, bm: cutlass.Int32, bn: cutlass.Int32, rows: cutlass.Int32,
+                       cols: cutlass.Int32):
+        """SwiGLU / dSwiGLU + dual MXFP8 cast of the accumulator tile, by the 8 consumer warps.
+
+        The mainloop's shared memory is free once both consumer warpgroups are past it (every TMA stage and bf16
+        B slot consumed): the fp32 tile (256 x 128, rows of :attr:`STAGE_PITCH` words) is staged there, then warp
+        ``cw`` takes tile rows ``[32 cw, 32 cw + 32)`` one 32 x 32 block at a time with lane ``l`` holding row
+        ``32 cw + l``: the fragment :mod:`.gemm_epilogue` works on (so the very code of the SM100 epilogue and of
+        its H200 check runs here), with a 1 KB fp8 transpose tile per warp after the staging tile.  Rows past M
+        are zero in the accumulator (TMA zero-fills A), the padding the colwise blocks need."""
+        cute.arch.barrier(barrier_id=1, number_of_threads=32 * self.CONSUMER_WARPS)  # mainloop smem reads done
+        stg = cute.make_tensor(cute.recast_ptr(base, dtype=cutlass.Float32),
+                               cute.make_layout((self.TILE_M, self.TILE_N), stride=(self.STAGE_PITCH, 1)))
+        for h in cutlass.range_constexpr(2):
+            for q in cutlass.range_constexpr(self.TILE_N // 8):
+                for rs in cutlass.range_constexpr(2):
+                    for e in cutlass.range_constexpr(2):
+                        stg[lrow[h] + 8 * rs, 8 * q + 2 * c + e] = accs[h][e + 2 * rs + 4 * q]
+        cute.arch.barrier(barrier_id=1, number_of_threads=32 * self.CONSUMER_WARPS)
+        cw = ct // 32
+        tr_ptr = cute.recast_ptr(base + self.TILE_M * self.STAGE_PITCH * 4 + cw * BLOCK * BLOCK,
+                                 dtype=self.cast.elem_dtype)
+        tr = cute.make_tensor(tr_ptr, cute.make_layout((BLOCK, BLOCK), stride=(BLOCK, 1)))
+        row = BLOCK * cw + lane
+        m = bm * self.TILE_M + row
+        if cutlass.const_expr(self.epilogue == "swiglu"):
+            for cb in cutlass.range_constexpr(GATE_UP_TILE // BLOCK):  # h columns 64 bn + 32 cb, gate | up
+                g = self.staged_block(stg, row, BLOCK * cb)
+                u = self.staged_block(stg, row, GATE_UP_TILE + BLOCK * cb)
+                swiglu_block(g, u, fused, tr, m, bn * GATE_UP_TILE + BLOCK * cb, lane, rows, cols // 2, self.cast,
+                             self.emit_hp)
+        else:
+            for cb in cutlass.range_constexpr(self.TILE_N // BLOCK):  # dh columns 128 bn + 32 cb
+                dh = self.staged_block(stg, row, BLOCK * cb)
+                dswiglu_block(dh, h13, fused, tr, m, bn * self.TILE_N + BLOCK * cb, lane, rows, cols, self.cast,
+                              self.emit_hp)
+
+    @cute.jit
+    def staged_block(self, stg: cute.Tensor, row: cutlass.Int32, c0: cutlass.Int32):
+        """The 32 fp32 values ``stg[row, c0:c0 + 32]`` as a TensorSSA."""
+        frag = cute.make_rmem_tensor((BLOCK,), cutlass.Float32)
+        for j in cutlass.range_constexpr(BLOCK):
+            frag[j] = stg[row, c0 + j]
+        return frag.load()
 
     @cute.jit
     def store(self, accs, d: cute.Tensor, rows: cutlass.Int32, cols: cutlass.Int32, row0: cutlass.Int32,

@@ -8,6 +8,8 @@ from typing import Callable
 
 import torch
 
+from .shapes import colwise_shapes, rowwise_shapes
+
 MAX_ELEMENTS = 2**31 - 1  # the kernels' coordinates and scale offsets are 32-bit
 MAX_GROUPS = 65536  # the device-side binary searches over offs take at most 17 steps
 
@@ -51,3 +53,26 @@ def mm_with_bias(run: Callable[[torch.Tensor], None], a, b, out_dtype, bias) -> 
     if bias is not None:
         d = d.add_(bias.float()).to(out_dtype)
     return d
+
+
+# ---- outputs of the GEMM-fused SwiGLU / dSwiGLU + dual-quant epilogues (SM90 and SM100 kernels alike) ----
+
+def dual_outputs(like: torch.Tensor, m: int, n: int, elem_dtype, emit_hp: bool):
+    """Outputs of a dual cast of an (m, n) tensor (the shapes of :mod:`.shapes`, blocked): data, zero-filled
+    scales (the epilogue writes only the real ones) and the fp32 copy of the values (or an empty one)."""
+    dev = like.device
+    (qd, qsd), (qtd, qtsd) = rowwise_shapes((m, n), True, None), colwise_shapes((m, n), True, None)
+    q, qt = (torch.empty(d, dtype=elem_dtype, device=dev) for d in (qd, qtd))
+    qs, qts = (torch.zeros(d, dtype=torch.uint8, device=dev) for d in (qsd, qtsd))
+    hp = torch.empty((m, n) if emit_hp else (0,), dtype=torch.float32, device=dev)
+    return q, qs, qt, qts, hp
+
+
+def hp_arg(hp: torch.Tensor) -> torch.Tensor:
+    """The ``hp`` kernel argument: ``hp`` itself, or a placeholder of the compiled rank when it is empty."""
+    return hp if hp.numel() else torch.zeros(1, 32, dtype=hp.dtype, device=hp.device)  # unused by the build
+
+
+def e8m0_outputs(q, qs, qt, qts, hp):
+    """The dual-cast outputs as the ops return them: the scale buffers viewed as ``float8_e8m0fnu``."""
+    return q, qs.view(torch.float8_e8m0fnu), qt, qts.view(torch.float8_e8m0fnu), hp

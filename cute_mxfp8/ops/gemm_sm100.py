@@ -15,8 +15,7 @@ import warnings
 import torch
 
 from ..jit import compile_gemm_sm100
-from .gemm_common import MAX_ELEMENTS, mm_with_bias, operand_limits
-from .shapes import colwise_shapes, rowwise_shapes
+from .gemm_common import MAX_ELEMENTS, dual_outputs, e8m0_outputs, hp_arg, mm_with_bias, operand_limits
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -59,25 +58,6 @@ def _kernel(a, b, out_dtype, epilogue="plain", elem_dtype=torch.float8_e4m3fn, s
                               CLUSTER_MN)
 
 
-def _dual_outputs(like: torch.Tensor, m: int, n: int, elem_dtype, emit_hp: bool):
-    """Outputs of a dual cast of an (m, n) tensor (the shapes of :mod:`.shapes`, blocked): data, zero-filled
-    scales (the epilogue writes only the real ones) and the fp32 copy of the values (or an empty one)."""
-    dev = like.device
-    (qd, qsd), (qtd, qtsd) = rowwise_shapes((m, n), True, None), colwise_shapes((m, n), True, None)
-    q, qt = (torch.empty(d, dtype=elem_dtype, device=dev) for d in (qd, qtd))
-    qs, qts = (torch.zeros(d, dtype=torch.uint8, device=dev) for d in (qsd, qtsd))
-    hp = torch.empty((m, n) if emit_hp else (0,), dtype=torch.float32, device=dev)
-    return q, qs, qt, qts, hp
-
-
-def _hp_arg(hp: torch.Tensor) -> torch.Tensor:
-    return hp if hp.numel() else torch.zeros(1, 32, dtype=hp.dtype, device=hp.device)  # unused by the build
-
-
-def _e8m0(q, qs, qt, qts, hp):
-    return q, qs.view(torch.float8_e8m0fnu), qt, qts.view(torch.float8_e8m0fnu), hp
-
-
 def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
     """With a bias the kernel stores its fp32 accumulator and the bias is added before the one rounding to
     ``out_dtype`` (the plain epilogue has no bias input yet: an extra pass over D)."""
@@ -88,22 +68,22 @@ def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
 def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
     m, i = a.shape[0], b13.shape[0] // 2
     h13 = torch.empty(m, 2 * i, dtype=out_dtype, device=a.device)
-    out = _dual_outputs(a, m, i, elem_dtype, emit_hp)
+    out = dual_outputs(a, m, i, elem_dtype, emit_hp)
     if h13.numel():
         q, qs, qt, qts, hp = out
         _kernel(a, b13, out_dtype, "swiglu", elem_dtype, scale_mode, emit_hp)(
-            a, b13, _u8(a_scales), _u8(b13_scales), h13, q, qs, qt, qts, _hp_arg(hp))
-    return (h13, *_e8m0(*out))
+            a, b13, _u8(a_scales), _u8(b13_scales), h13, q, qs, qt, qts, hp_arg(hp))
+    return (h13, *e8m0_outputs(*out))
 
 
 def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp):
     m, i = a.shape[0], b.shape[0]
-    out = _dual_outputs(a, m, 2 * i, elem_dtype, emit_hp)
+    out = dual_outputs(a, m, 2 * i, elem_dtype, emit_hp)
     if m and i:
         q, qs, qt, qts, hp = out
         _kernel(a, b, h13.dtype, "dswiglu", elem_dtype, scale_mode, emit_hp)(
-            a, b, _u8(a_scales), _u8(b_scales), h13, q, qs, qt, qts, _hp_arg(hp))
-    return _e8m0(*out)
+            a, b, _u8(a_scales), _u8(b_scales), h13, q, qs, qt, qts, hp_arg(hp))
+    return e8m0_outputs(*out)
 
 
 def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None):

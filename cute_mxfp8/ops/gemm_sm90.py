@@ -11,7 +11,10 @@ non-decreasing first, which leaves valid offsets unchanged and keeps every acces
 
 Inputs arrive checked by :mod:`cute_mxfp8.ops.library` (shapes, dtypes, devices, contiguous); :data:`LIMITS` adds
 what the kernels need beyond that (16-byte aligned operands for TMA, K > 0, 32-bit indexing) and refuses the call with the reason otherwise.  The fused-epilogue ops have no
-SM90 kernel yet (the reference runs them; an explicit ``backend="sm90"`` raises).
+SM90 kernel in the backend yet: :func:`mm_swiglu_quant` / :func:`mm_dswiglu_quant` here run the dequantize
+mainloop with the SM100 kernel's fused epilogue code (compiled and SASS-checked in CI); they join :data:`OPS`
+(and the SwiGLU MLP then fuses on SM90) once their GPU tests have passed on the H200.  Until then the reference
+runs the fused ops and an explicit ``backend="sm90"`` raises.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ import functools
 import torch
 
 from .. import formats as F
+from ..swiglu import GATE_UP_TILE
 from ..jit import compile_gemm_sm90
-from .gemm_common import MAX_ELEMENTS, device_offsets, mm_with_bias, offs_limits, operand_limits
+from .gemm_common import (MAX_ELEMENTS, device_offsets, dual_outputs, e8m0_outputs, hp_arg, mm_with_bias,
+                          offs_limits, operand_limits)
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -114,6 +119,36 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
     return d
 
 
+def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
+    """GEMM1 with the SwiGLU + dual-quant epilogue (dense; W13 interleaved in runs of 64): the outputs of
+    the reference's ``mm_swiglu_quant``."""
+    m, i = a.shape[0], b13.shape[0] // 2
+    h13 = torch.empty(m, 2 * i, dtype=out_dtype, device=a.device)
+    out = dual_outputs(a, m, i, elem_dtype, emit_hp)
+    if h13.numel():
+        q, qs, qt, qts, hp = out
+        _fused_kernel(a, b13, out_dtype, "swiglu", elem_dtype, scale_mode, emit_hp)(
+            a, b13, a_scales.view(torch.uint8), b13_scales.view(torch.uint8), h13, q, qs, qt, qts, hp_arg(hp))
+    return (h13, *e8m0_outputs(*out))
+
+
+def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp):
+    """w2 dgrad with the dSwiGLU + dual-quant epilogue (dense): the outputs of the reference's
+    ``mm_dswiglu_quant``."""
+    m, i = a.shape[0], b.shape[0]
+    out = dual_outputs(a, m, 2 * i, elem_dtype, emit_hp)
+    if m and i:
+        q, qs, qt, qts, hp = out
+        _fused_kernel(a, b, h13.dtype, "dswiglu", elem_dtype, scale_mode, emit_hp)(
+            a, b, a_scales.view(torch.uint8), b_scales.view(torch.uint8), h13, q, qs, qt, qts, hp_arg(hp))
+    return e8m0_outputs(*out)
+
+
+def _fused_kernel(a, b, out_dtype, epilogue, elem_dtype, scale_mode, emit_hp):
+    return compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", epilogue=epilogue,
+                             cast_elem=_ELEM[elem_dtype], scale_mode=scale_mode, emit_hp=emit_hp)
+
+
 def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None):
     from ..kernels.gemm_sm90 import MXGemmSm90
 
@@ -149,5 +184,26 @@ def _grouped_mm_wgrad_limits(a, a_scales, b, b_scales, offs, out_dtype):
     return why
 
 
+def _fused_limits(a, a_scales, b, b_scales, n_out: int, out_rows_elems: int) -> str | None:
+    why = operand_limits(a, a_scales, b, b_scales)
+    if why is None and n_out % (2 * GATE_UP_TILE):
+        return (f"the fused SwiGLU epilogues need I % {GATE_UP_TILE} == 0 (one 128-column tile = 64 gate + 64 up "
+                f"features), got 2I = {n_out}")
+    if why is None and out_rows_elems > MAX_ELEMENTS:
+        return f"an output would have {out_rows_elems} elements; the kernel indexes with int32: split M"
+    return why
+
+
+def _mm_swiglu_limits(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
+    return _fused_limits(a, a_scales, b13, b13_scales, b13.shape[0], a.shape[0] * b13.shape[0])
+
+
+def _mm_dswiglu_limits(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp):
+    return _fused_limits(a, a_scales, b, b_scales, 2 * b.shape[0], 2 * a.shape[0] * b.shape[0])
+
+
+# Built and compile-checked, registered once their GPU tests have run on the H200 (see the module docstring).
+FUSED_OPS = {"mm_swiglu_quant": mm_swiglu_quant, "mm_dswiglu_quant": mm_dswiglu_quant}
+FUSED_LIMITS = {"mm_swiglu_quant": _mm_swiglu_limits, "mm_dswiglu_quant": _mm_dswiglu_limits}
 OPS = {"mm": mm, "grouped_mm": grouped_mm, "grouped_mm_wgrad": grouped_mm_wgrad}
 LIMITS = {"mm": _mm_limits, "grouped_mm": _grouped_mm_limits, "grouped_mm_wgrad": _grouped_mm_wgrad_limits}
