@@ -408,3 +408,35 @@ def test_zero_width_linear_layers(k, n, rng):
     y.sum().backward()
     assert x.grad.shape == x.shape and lin.weight.grad.shape == (n, k)
     torch.testing.assert_close(lin.bias.grad, torch.full((n,), 4.0))
+
+
+# ---- 10. on a kernel GPU every op of a training step has a kernel (no op passed over to the reference) ----------
+
+@pytest.mark.parametrize("backend,kind", [("sm90", "linear"), ("sm90", "mlp"), ("sm90", "experts"), ("sm100", "linear"),
+                                          ("sm100", "mlp")])
+def test_every_op_of_a_training_step_runs_on_the_kernel_backend(backend, kind, monkeypatch, rng):
+    """The automatic choice, simulated on the CPU for an SM90 / SM100 device: each op call records the backend its
+    arguments select (the reference then computes it).  An op whose arguments the kernels refuse would run on the
+    fp32 emulation, an order of magnitude slower: as the dSwiGLU cast of fp32 dh with bf16 h13 once did."""
+    from cute_mxfp8.ops import backends as B
+    from cute_mxfp8.ops import library as L
+
+    for name in ("sm90", "sm100"):
+        monkeypatch.setattr(B._BACKENDS[name], "unavailable_reason",
+                            (lambda d: None) if name == backend else (lambda d: "simulated: another arch"))
+    chosen = []
+
+    def get_impl(op, device, requested=None, args=None):
+        chosen.append((op, B.resolve_backend(device, requested, op, args)))
+        return B._BACKENDS["reference"].ops[op]
+
+    monkeypatch.setattr(L, "get_impl", get_impl)
+    x = torch.randn(512, 256, generator=rng, dtype=torch.bfloat16).requires_grad_()
+    if kind == "experts":
+        y = MXFP8GroupedExperts(256, 192, 4, dtype=torch.bfloat16)(x, torch.tensor([100, 0, 250, 162]))
+    elif kind == "linear":
+        y = MXFP8Linear(256, 96, dtype=torch.bfloat16)(x)
+    else:
+        y = MXFP8SwiGLUMLP(256, 192, dtype=torch.bfloat16)(x)
+    y.backward(torch.randn_like(y))
+    assert len(chosen) >= 4 and all(b == backend for _, b in chosen), [c for c in chosen if c[1] != backend]

@@ -212,7 +212,10 @@ class _SwiGLUMLPFn(torch.autograd.Function):
                 dy_row, dy_row_s, w2_col, w2_col_s, h13, gate_up_tile=tile, **qg)
         else:
             dh = _gemm(dy_row, dy_row_s, w2_col, w2_col_s, offs, torch.float32, backend)  # w2 dgrad, (M, I)
-            dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.dswiglu_quant(dh, h13, offs=offs, **qg)
+            # the fused kernels take dh and h13 of one dtype: h13 in fp32 (exact), else the sm90 / sm100 backend
+            # would pass this op to the reference
+            dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.dswiglu_quant(dh, h13.float(), offs=offs,
+                                                                                    **qg)
         dx = dw1 = dw2 = dw3 = None
         if ctx.needs_input_grad[0]:
             dx = _gemm(dh13_row, dh13_row_s, w13_col, w13_col_s, offs, x_dtype, backend).reshape(x_shape)
