@@ -258,6 +258,7 @@ def test_bench_plot_draws_a_png_and_names_what_it_needs(tmp_path, monkeypatch):
     result = {"device": "cuda", "rows": [
         {"op": "mm", "backend": "sm90", "shape": "8192x8192x8192", "tflops": 472.0},
         {"op": "mm", "backend": "cuBLAS bf16 mm", "shape": "8192x8192x8192", "tflops": 678.0},
+        {"op": "grouped_mm_wgrad", "backend": "sm90", "shape": "65536x7168x2048 G=8", "tflops": 326.0},
         {"op": "quantize_rowwise", "backend": "sm90", "shape": "x", "tflops": None}],
         "mlp_steps": [["SwiGLU MLP", "M=8192 D=2048 I=8192", 3.5, 4.1, 1.17, 900, 800]]}
     src = tmp_path / "r.json"

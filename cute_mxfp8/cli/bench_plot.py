@@ -10,9 +10,13 @@ import json
 import sys
 
 
+_GEMM_PANELS = {"mm": "dense GEMM", "grouped_mm": "grouped GEMM 2d-3d", "grouped_mm_wgrad": "grouped GEMM 2d-2d (wgrad)"}
+
+
 def plot(result: dict, path: str) -> None:
-    """Draw ``result`` (``bench --json``'s dict) into the PNG ``path``: one panel of GEMM TFLOP/s (rows whose op is
-    ``mm``, one bar group per shape), one of MLP step times (ms) if the result has any."""
+    """Draw ``result`` (``bench --json``'s dict) into the PNG ``path``: a panel of TFLOP/s per GEMM op that has rows
+    (``mm``, ``grouped_mm``, ``grouped_mm_wgrad``; one bar group per shape, one bar per backend / baseline), and
+    one of MLP step times (ms) if the result has any."""
     try:
         import matplotlib
 
@@ -20,24 +24,25 @@ def plot(result: dict, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise RuntimeError("the bench chart needs matplotlib: pip install 'cute_mxfp8[plot]'") from e
-    gemm = [r for r in result.get("rows", []) if r.get("op") == "mm" and r.get("tflops")]
+    gemms = {op: [r for r in result.get("rows", []) if r.get("op") == op and r.get("tflops")] for op in _GEMM_PANELS}
     steps = result.get("mlp_steps", [])
-    panels = [p for p in ("gemm", "mlp") if (p == "gemm" and gemm) or (p == "mlp" and steps)]
+    panels = [op for op, rows in gemms.items() if rows] + (["mlp"] if steps else [])
     if not panels:
-        raise ValueError("nothing to draw: the result has no `mm` rows with TFLOP/s and no MLP steps")
+        raise ValueError("nothing to draw: the result has no GEMM rows with TFLOP/s and no MLP steps")
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 4.5 * len(panels)), squeeze=False)
     for ax, panel in zip(axes[:, 0], panels):
-        if panel == "gemm":
-            shapes = list(dict.fromkeys(r["shape"] for r in gemm))
-            names = list(dict.fromkeys(r["backend"] for r in gemm))
+        if panel in gemms:
+            rows = gemms[panel]
+            shapes = list(dict.fromkeys(r["shape"] for r in rows))
+            names = list(dict.fromkeys(r["backend"] for r in rows))
             width = 0.8 / len(names)
             for i, name in enumerate(names):
-                vals = [next((r["tflops"] for r in gemm if r["shape"] == s and r["backend"] == name), 0.0)
+                vals = [next((r["tflops"] for r in rows if r["shape"] == s and r["backend"] == name), 0.0)
                         for s in shapes]
                 ax.bar([x + i * width for x in range(len(shapes))], vals, width, label=name)
             ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shapes))], shapes)
             ax.set_ylabel("TFLOP/s")
-            ax.set_title(f"dense GEMM ({result.get('device', '')})")
+            ax.set_title(f"{_GEMM_PANELS[panel]} ({result.get('device', '')})")
         else:
             labels = [f"{s[0]}\n{s[1]}" for s in steps]
             xs = range(len(steps))
@@ -49,7 +54,7 @@ def plot(result: dict, path: str) -> None:
         ax.legend(fontsize=8)
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 

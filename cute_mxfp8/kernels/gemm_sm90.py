@@ -318,6 +318,10 @@ class MXGemmSm90Dequant:
         self.a_smem = sm90.make_smem_layout_a(_K_MAJOR, self.tiler, self.a_dtype, self.stages)
         self.b_smem = sm90.make_smem_layout_b(_K_MAJOR, self.tiler, self.b_dtype, self.stages)
         self.bh_smem = sm90.make_smem_layout_b(_K_MAJOR, self.tiler, cutlass.BFloat16, self.B_STAGES)
+        # the fused epilogues stage the fp32 tile and the warps' transpose tiles in the fp8 stages (sa, sb)
+        staged = self.TILE_M * self.STAGE_PITCH * 4 + self.CONSUMER_WARPS * BLOCK * BLOCK
+        if self.epilogue != "plain" and staged > self.stages * (self.a_bytes + self.b_bytes):
+            raise ValueError(f"the fused epilogue's {staged}-byte staging needs more fp8 stages than {self.stages}")
 
     @cute.jit
     def call_swiglu(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, h13: cute.Tensor,
