@@ -23,6 +23,15 @@ from .mx_math import (BLOCK, MXCastParams, dequant_pair_bf16, e8m0_bf16x2, e8m0_
 _K_MAJOR = utils.LayoutEnum.ROW_MAJOR  # A (M, K) and B (N, K) with K contiguous
 
 
+def _tma_atoms(a: cute.Tensor, b: cute.Tensor, a_smem, b_smem, tile_m: int, tile_n: int, k_stage: int):
+    """TMA load atoms (and the coordinate tensors) of the A (``tile_m`` x ``k_stage``) and B (``tile_n`` x
+    ``k_stage``) stage tiles, for the stage layouts ``a_smem`` / ``b_smem``."""
+    op = cpasync.CopyBulkTensorTileG2SOp()
+    tma_a, ga = cpasync.make_tiled_tma_atom(op, a, cute.slice_(a_smem, (None, None, 0)), (tile_m, k_stage))
+    tma_b, gb = cpasync.make_tiled_tma_atom(op, b, cute.slice_(b_smem, (None, None, 0)), (tile_n, k_stage))
+    return tma_a, ga, tma_b, gb
+
+
 @cute.jit
 def _tma_producer(pipe, stages: cutlass.Constexpr[int], k_tiles: cutlass.Int32, tma_a: cute.CopyAtom,
                   tag: cute.Tensor, tas: cute.Tensor, tma_b: cute.CopyAtom, tbg: cute.Tensor, tbs: cute.Tensor):
@@ -103,10 +112,7 @@ class MXGemmSm90:
         self._configure()
         m, k = a.shape
         n = b.shape[0]
-        tma_a, ga = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), a,
-                                                cute.slice_(self.a_smem, (None, None, 0)), (self.TILE_M, self.K_STAGE))
-        tma_b, gb = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), b,
-                                                cute.slice_(self.b_smem, (None, None, 0)), (self.n_tile, self.K_STAGE))
+        tma_a, ga, tma_b, gb = _tma_atoms(a, b, self.a_smem, self.b_smem, self.TILE_M, self.n_tile, self.K_STAGE)
         # the blocked scales as 32-bit words: word (tile * 128 + (r % 32) * 4 + (r % 128) // 32) holds the 4 block
         # scales of row r in 128-deep K tile ``tile % k_tiles``
         sfa_w = cute.make_tensor(cute.recast_ptr(sfa.iterator, dtype=cutlass.Uint32),
@@ -365,10 +371,7 @@ class MXGemmSm90Dequant:
         self._configure()
         m, k = a.shape
         n = b.shape[0]
-        tma_a, ga = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), a,
-                                                cute.slice_(self.a_smem, (None, None, 0)), (self.TILE_M, self.K_STAGE))
-        tma_b, gb = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileG2SOp(), b,
-                                                cute.slice_(self.b_smem, (None, None, 0)), (self.TILE_N, self.K_STAGE))
+        tma_a, ga, tma_b, gb = _tma_atoms(a, b, self.a_smem, self.b_smem, self.TILE_M, self.TILE_N, self.K_STAGE)
 
         @cute.struct
         class Shared:

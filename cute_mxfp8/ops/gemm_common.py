@@ -76,3 +76,26 @@ def hp_arg(hp: torch.Tensor) -> torch.Tensor:
 def e8m0_outputs(q, qs, qt, qts, hp):
     """The dual-cast outputs as the ops return them: the scale buffers viewed as ``float8_e8m0fnu``."""
     return q, qs.view(torch.float8_e8m0fnu), qt, qts.view(torch.float8_e8m0fnu), hp
+
+
+def run_mm_swiglu_quant(kernel: Callable, a, a_scales, b13, b13_scales, elem_dtype, emit_hp: bool, out_dtype):
+    """``mm_swiglu_quant``'s outputs from ``kernel`` (``kernel(a, b13, sfa, sfb, h13, q, qs, qt, qts, hp)``: an
+    SM90 or SM100 GEMM build with the SwiGLU epilogue): h13 (M, 2I) ``out_dtype``, then h's dual cast."""
+    m, i = a.shape[0], b13.shape[0] // 2
+    h13 = torch.empty(m, 2 * i, dtype=out_dtype, device=a.device)
+    out = dual_outputs(a, m, i, elem_dtype, emit_hp)
+    if h13.numel():
+        q, qs, qt, qts, hp = out
+        kernel(a, b13, a_scales.view(torch.uint8), b13_scales.view(torch.uint8), h13, q, qs, qt, qts, hp_arg(hp))
+    return (h13, *e8m0_outputs(*out))
+
+
+def run_mm_dswiglu_quant(kernel: Callable, a, a_scales, b, b_scales, h13, elem_dtype, emit_hp: bool):
+    """``mm_dswiglu_quant``'s outputs from ``kernel`` (the dSwiGLU epilogue build, same arguments as above with the
+    saved h13 read): dh13's dual cast."""
+    m, i = a.shape[0], b.shape[0]
+    out = dual_outputs(a, m, 2 * i, elem_dtype, emit_hp)
+    if m and i:
+        q, qs, qt, qts, hp = out
+        kernel(a, b, a_scales.view(torch.uint8), b_scales.view(torch.uint8), h13, q, qs, qt, qts, hp_arg(hp))
+    return e8m0_outputs(*out)

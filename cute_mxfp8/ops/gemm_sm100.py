@@ -15,7 +15,7 @@ import warnings
 import torch
 
 from ..jit import compile_gemm_sm100
-from .gemm_common import MAX_ELEMENTS, dual_outputs, e8m0_outputs, hp_arg, mm_with_bias, operand_limits
+from .gemm_common import MAX_ELEMENTS, mm_with_bias, operand_limits, run_mm_dswiglu_quant, run_mm_swiglu_quant
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -66,24 +66,13 @@ def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
 
 
 def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
-    m, i = a.shape[0], b13.shape[0] // 2
-    h13 = torch.empty(m, 2 * i, dtype=out_dtype, device=a.device)
-    out = dual_outputs(a, m, i, elem_dtype, emit_hp)
-    if h13.numel():
-        q, qs, qt, qts, hp = out
-        _kernel(a, b13, out_dtype, "swiglu", elem_dtype, scale_mode, emit_hp)(
-            a, b13, _u8(a_scales), _u8(b13_scales), h13, q, qs, qt, qts, hp_arg(hp))
-    return (h13, *e8m0_outputs(*out))
+    return run_mm_swiglu_quant(_kernel(a, b13, out_dtype, "swiglu", elem_dtype, scale_mode, emit_hp), a, a_scales,
+                               b13, b13_scales, elem_dtype, emit_hp, out_dtype)
 
 
 def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp):
-    m, i = a.shape[0], b.shape[0]
-    out = dual_outputs(a, m, 2 * i, elem_dtype, emit_hp)
-    if m and i:
-        q, qs, qt, qts, hp = out
-        _kernel(a, b, h13.dtype, "dswiglu", elem_dtype, scale_mode, emit_hp)(
-            a, b, _u8(a_scales), _u8(b_scales), h13, q, qs, qt, qts, hp_arg(hp))
-    return e8m0_outputs(*out)
+    return run_mm_dswiglu_quant(_kernel(a, b, h13.dtype, "dswiglu", elem_dtype, scale_mode, emit_hp), a, a_scales,
+                                b, b_scales, h13, elem_dtype, emit_hp)
 
 
 def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None):

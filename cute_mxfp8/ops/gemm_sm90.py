@@ -26,8 +26,8 @@ import torch
 from .. import formats as F
 from ..swiglu import GATE_UP_TILE
 from ..jit import compile_gemm_sm90
-from .gemm_common import (MAX_ELEMENTS, device_offsets, dual_outputs, e8m0_outputs, hp_arg, mm_with_bias,
-                          offs_limits, operand_limits)
+from .gemm_common import (MAX_ELEMENTS, device_offsets, mm_with_bias, offs_limits, operand_limits,
+                          run_mm_dswiglu_quant, run_mm_swiglu_quant)
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -122,26 +122,15 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
 def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
     """GEMM1 with the SwiGLU + dual-quant epilogue (dense; W13 interleaved in runs of 64): the outputs of
     the reference's ``mm_swiglu_quant``."""
-    m, i = a.shape[0], b13.shape[0] // 2
-    h13 = torch.empty(m, 2 * i, dtype=out_dtype, device=a.device)
-    out = dual_outputs(a, m, i, elem_dtype, emit_hp)
-    if h13.numel():
-        q, qs, qt, qts, hp = out
-        _fused_kernel(a, b13, out_dtype, "swiglu", elem_dtype, scale_mode, emit_hp)(
-            a, b13, a_scales.view(torch.uint8), b13_scales.view(torch.uint8), h13, q, qs, qt, qts, hp_arg(hp))
-    return (h13, *e8m0_outputs(*out))
+    return run_mm_swiglu_quant(_fused_kernel(a, b13, out_dtype, "swiglu", elem_dtype, scale_mode, emit_hp), a,
+                               a_scales, b13, b13_scales, elem_dtype, emit_hp, out_dtype)
 
 
 def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp):
     """w2 dgrad with the dSwiGLU + dual-quant epilogue (dense): the outputs of the reference's
     ``mm_dswiglu_quant``."""
-    m, i = a.shape[0], b.shape[0]
-    out = dual_outputs(a, m, 2 * i, elem_dtype, emit_hp)
-    if m and i:
-        q, qs, qt, qts, hp = out
-        _fused_kernel(a, b, h13.dtype, "dswiglu", elem_dtype, scale_mode, emit_hp)(
-            a, b, a_scales.view(torch.uint8), b_scales.view(torch.uint8), h13, q, qs, qt, qts, hp_arg(hp))
-    return e8m0_outputs(*out)
+    return run_mm_dswiglu_quant(_fused_kernel(a, b, h13.dtype, "dswiglu", elem_dtype, scale_mode, emit_hp), a,
+                                a_scales, b, b_scales, h13, elem_dtype, emit_hp)
 
 
 def _fused_kernel(a, b, out_dtype, epilogue, elem_dtype, scale_mode, emit_hp):
