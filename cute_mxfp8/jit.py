@@ -301,6 +301,23 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
 
 @functools.lru_cache(maxsize=None)
 @disk_cached(skip_if="keep_ptx")
+def compile_token_align(arch: str, keep_ptx: bool = False):
+    """Compiled :class:`~cute_mxfp8.kernels.token_align.TokenAlignKernel`: ``fn(src, dst, offs, ends16)``, src
+    (R, T) uint8, dst (R, T') uint8 with T' % 16 == 0 (16-byte aligned rows), offs / ends16 (G,) int32.
+    Arch-generic code; ``arch`` is the build target."""
+    if arch not in ("sm_90a", "sm_100a"):
+        raise ValueError(f"arch must be 'sm_90a' or 'sm_100a', got {arch!r}")
+    cutlass, _ = _cutlass()
+    from .kernels.token_align import TokenAlignKernel
+
+    fake, sym = _fake, _sym
+    args = (fake(cutlass.Uint8, (sym(), sym()), align=1), fake(cutlass.Uint8, (sym(), sym(16)), align=16),
+            fake(cutlass.Int32, (sym(),)), fake(cutlass.Int32, (sym(),)))
+    return _compile(TokenAlignKernel(), args, arch, keep_ptx)
+
+
+@functools.lru_cache(maxsize=None)
+@disk_cached(skip_if="keep_ptx")
 def compile_epilogue_check(mode: str, h13_dtype: str, elem: str, scale_mode: str, emit_hp: bool, arch: str,
                            keep_ptx: bool = False):
     """Compiled :class:`~cute_mxfp8.kernels.gemm_checks.EpilogueCheckKernel`: the SM100 GEMM's fused epilogue

@@ -238,6 +238,14 @@ def test_device_offsets_and_the_grouped_limits():
         ops.grouped_mm_wgrad(a, a_s, a, a_s, torch.tensor([48], dtype=torch.int32))
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_token_align_kernel_compiles(arch):
+    from cute_mxfp8.jit import compile_token_align
+
+    ptx = compile_token_align(arch, keep_ptx=True).__ptx__
+    assert "ld.local" not in ptx and ptx.count("st.global.b32") == 4  # four 32-bit stores: a 16-byte piece
+
+
 @pytest.mark.parametrize("sizes", [[3, 0, 17, 32], [0], [1] * 40, [129, 0, 0, 16, 5]], ids=str)
 def test_aligned_token_layout_maps_every_group_token(sizes, rng):
     """The 2d-2d kernel's operand layout: every group starts on a 16-aligned column and its columns are its tokens
@@ -481,3 +489,41 @@ def test_sm90_mm_dswiglu_quant_equals_the_standalone_casts_of_its_accumulator(m,
     assert torch.equal(_concat(qt.view(torch.uint8), 0), rqt.view(torch.uint8))
     if emit_hp:
         torch.testing.assert_close(_concat(hp, -1), rhp, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("sizes", [[3, 0, 17, 32], [0], [1] * 40, [129, 0, 0, 16, 5], [1000, 2047, 1]], ids=str)
+def test_token_align_kernel_equals_the_torch_gather(sizes, rng):
+    """The gather kernel writes every group's tokens where ``aligned_token_layout`` maps them, zeros elsewhere."""
+    from cute_mxfp8.jit import compile_token_align
+    from cute_mxfp8.ops.gemm_sm90 import _group_columns, aligned_token_layout, aligned_width
+
+    t = sum(sizes) + 7
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    x = torch.randint(0, 256, (37, t), generator=rng, dtype=torch.uint8).cuda()
+    got = torch.full((37, aligned_width(t, len(sizes))), 0xAB, dtype=torch.uint8, device="cuda")
+    compile_token_align("sm_90a")(x, got, offs, _group_columns(offs)[2])
+    src, starts = aligned_token_layout(offs, t)
+    want = x.index_select(1, src)
+    used = torch.zeros(got.shape[1], dtype=torch.bool, device="cuda")
+    for g, size in enumerate(sizes):
+        used[int(starts[g]):int(starts[g]) + size] = True
+    assert torch.equal(got[:, used], want[:, used]) and bool((got[:, ~used] == 0).all())
+
+
+@pytest.mark.gpu
+@sm90
+def test_sm90_grouped_mm_wgrad_with_the_gather_kernel(rng, monkeypatch):
+    """The same bit-exact wgrad with the gather kernel instead of index_select (ops.gemm_sm90.ALIGN_KERNEL)."""
+    from cute_mxfp8.ops import gemm_sm90 as G
+
+    monkeypatch.setattr(G, "ALIGN_KERNEL", True)
+    sizes = [0, 1, 31, 33, 129, 300]
+    t = sum(sizes) + 43
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    a, a_s = ops.quantize_colwise(_exact_values((t, 96), rng), offs=offs)
+    b, b_s = ops.quantize_colwise(_exact_values((t, 160), rng), offs=offs)
+    got = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, backend="sm90")
+    want = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, backend="reference")
+    assert torch.equal(got, want)

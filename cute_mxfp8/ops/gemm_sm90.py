@@ -25,7 +25,7 @@ import torch
 
 from .. import formats as F
 from ..swiglu import GATE_UP_TILE
-from ..jit import compile_gemm_sm90
+from ..jit import compile_gemm_sm90, compile_token_align
 from .gemm_common import (MAX_ELEMENTS, device_offsets, mm_with_bias, offs_limits, operand_limits,
                           run_mm_dswiglu_quant, run_mm_swiglu_quant)
 
@@ -75,23 +75,52 @@ def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     return d
 
 
-def aligned_token_layout(offs: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where the 2d-2d kernel reads each group's tokens: every group moved to a 16-aligned first token (TMA loads
-    need 16-byte aligned inner coordinates; groups start anywhere).  Returns (``src`` int64 (T',): the source token
-    of each of the T' = ceil16(T) + 16 G columns of the laid-out operand (clamped into [0, T); the columns
-    between groups are never used: the kernel masks past a group's end), ``starts`` int32 (G,): each group's first
-    column there).  Computed on ``offs``'s device, no sync.  Needs T > 0 and G > 0 (the op returns zeros
-    before calling it otherwise)."""
-    g = offs.numel()
+ALIGN_KERNEL = False  # the gather kernel (kernels/token_align.py) replaces index_select once its GPU test passed
+
+
+def _group_columns(offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sizes int64, starts int32, ends int32) of the groups in the 16-aligned layout, on the device."""
     o = offs.to(torch.int64)
     sizes = torch.diff(o, prepend=o.new_zeros(1))
     padded = (sizes + 15) // 16 * 16
     ends = torch.cumsum(padded, 0)
-    starts = ends - padded
-    p = torch.arange((t + 15) // 16 * 16 + 16 * g, device=offs.device)
-    grp = torch.searchsorted(ends, p, right=True).clamp_(max=g - 1)
-    src = (o[grp] - sizes[grp] + p - starts[grp]).clamp_(0, max(t - 1, 0))
-    return src, starts.to(torch.int32)
+    return sizes, (ends - padded).to(torch.int32), ends.to(torch.int32)
+
+
+def aligned_width(t: int, g: int) -> int:
+    """Columns of the 16-aligned layout of T tokens in G groups: ceil16(T) + 16 G (a bound on the padded sizes)."""
+    return (t + 15) // 16 * 16 + 16 * g
+
+
+def aligned_token_layout(offs: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the 2d-2d kernel reads each group's tokens: every group moved to a 16-aligned first token (TMA loads
+    need 16-byte aligned inner coordinates; groups start anywhere).  Returns (``src`` int64 (T',): the source token
+    of each of the T' = :func:`aligned_width` columns of the laid-out operand (clamped into [0, T); the columns
+    between groups are never used: the kernel masks past a group's end), ``starts`` int32 (G,): each group's first
+    column there).  Computed on ``offs``'s device, no sync.  Needs T > 0 and G > 0 (the op returns zeros
+    before calling it otherwise)."""
+    g = offs.numel()
+    sizes, starts, ends = _group_columns(offs)
+    p = torch.arange(aligned_width(t, g), device=offs.device)
+    grp = torch.searchsorted(ends.to(torch.int64), p, right=True).clamp_(max=g - 1)
+    src = (offs.to(torch.int64)[grp] - sizes[grp] + p - starts[grp]).clamp_(0, max(t - 1, 0))
+    return src, starts
+
+
+def _aligned_operands(a, b, offs, t):
+    """(a2, b2, starts): the two token-major operands in the 16-aligned group layout."""
+    if not ALIGN_KERNEL:
+        src, starts = aligned_token_layout(offs, t)
+        return (a.view(torch.uint8).index_select(1, src).view(a.dtype),
+                b.view(torch.uint8).index_select(1, src).view(b.dtype), starts)
+    _, starts, ends = _group_columns(offs)
+    fn = compile_token_align("sm_90a")
+    out = []
+    for x in (a, b):
+        x2 = torch.empty(x.shape[0], aligned_width(t, offs.numel()), dtype=torch.uint8, device=x.device)
+        fn(x.view(torch.uint8), x2, offs, ends)
+        out.append(x2.view(x.dtype))
+    return out[0], out[1], starts
 
 
 def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
@@ -107,9 +136,7 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
     d = torch.empty(g, n, k, dtype=out_dtype, device=a.device)
     if d.numel():
         offs = device_offsets(offs, t)
-        src, starts = aligned_token_layout(offs, t)
-        a2 = a.view(torch.uint8).index_select(1, src).view(a.dtype)
-        b2 = b.view(torch.uint8).index_select(1, src).view(b.dtype)
+        a2, b2, starts = _aligned_operands(a, b, offs, t)
         sched = torch.zeros(3, g, dtype=torch.int32, device=a.device)
         sched[0] = starts
         sched[1] = F.group_tile_starts(offs)
@@ -164,7 +191,7 @@ def _grouped_mm_wgrad_limits(a, a_scales, b, b_scales, offs, out_dtype):
     why = offs_limits(offs)
     if why is None and t and g:  # T = 0 or G = 0: the op returns zeros without a launch
         why = operand_limits(a, a_scales, b, b_scales)
-    if why is None and max(n, k) * ((t + 15) // 16 * 16 + 16 * g) > MAX_ELEMENTS:
+    if why is None and max(n, k) * aligned_width(t, g) > MAX_ELEMENTS:
         return f"the group-aligned operands would exceed {MAX_ELEMENTS} elements; the kernel indexes with int32"
     if why is None and g * n * k > MAX_ELEMENTS:
         return f"the output would have {g * n * k} elements; the kernel indexes with int32: split the groups"
