@@ -29,7 +29,7 @@ class TokenAlignKernel:
     int32 the cumulative sizes rounded up to 16 (group g occupies columns ``[ends16[g - 1], ends16[g])`` of dst).
     Output ``dst`` (R, T') uint8 with T' % 16 == 0 and T' >= ends16[-1]; columns past ``ends16[-1]`` are zero.
 
-    Work split: grid (T' / 16 / 128, R); thread j of a row writes dst columns ``[16 j, 16 j + 16)`` as four 32-bit
+    Work split: grid (R, T' / 16 / 128); thread j of a row writes dst columns ``[16 j, 16 j + 16)`` as four 32-bit
     stores.  A 16-column piece never straddles two groups (both bounds are multiples of 16), so one binary search
     (:func:`~.mx_math.first_group_ending_after`) finds its group.
     """
@@ -41,14 +41,14 @@ class TokenAlignKernel:
         dst32 = cute.make_tensor(cute.recast_ptr(dst.iterator, dtype=cutlass.Uint32),
                                  cute.make_layout((rows, tp // 4), stride=(tp // 4, 1)))
         pieces = tp // CHUNK
-        self.kernel(src, dst32, offs, ends16, pieces, cute.size(offs)).launch(
-            grid=((pieces + THREADS - 1) // THREADS, rows, 1), block=(THREADS, 1, 1), stream=stream)
+        self.kernel(src, dst32, offs, ends16, pieces, cute.size(offs)).launch(  # rows on x: no 65535 limit
+            grid=(rows, (pieces + THREADS - 1) // THREADS, 1), block=(THREADS, 1, 1), stream=stream)
 
     @cute.kernel
     def kernel(self, src: cute.Tensor, dst32: cute.Tensor, offs: cute.Tensor, ends16: cute.Tensor,
                pieces: cutlass.Int32, groups: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
-        bx, row, _ = cute.arch.block_idx()
+        row, bx, _ = cute.arch.block_idx()
         j = bx * THREADS + tidx
         if j < pieces:
             p0 = j * CHUNK
