@@ -428,6 +428,20 @@ def test_sm90_fused_limits_name_the_fix():
     assert "mm_swiglu_quant" not in G.OPS  # registered once the GPU tests below have passed on the H200
 
 
+def test_experimental_switch_registers_the_fused_epilogues_and_the_gather_kernel():
+    import subprocess
+    import sys
+
+    code = ("from cute_mxfp8.ops import gemm_sm90 as G; from cute_mxfp8.ops.backends import _BACKENDS as B; "
+            "print(sorted(set(G.FUSED_OPS) & set(B['sm90'].ops)), B['sm90'].fuses_mlp, G.ALIGN_KERNEL)")
+    env = {**__import__("os").environ, "CUTE_MXFP8_EXPERIMENTAL": "sm90_fused, sm90_align_kernel"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["['mm_dswiglu_quant',", "'mm_swiglu_quant']", "True", "True"]
+    env["CUTE_MXFP8_EXPERIMENTAL"] = "sm90_fusd"
+    res = subprocess.run([sys.executable, "-W", "error", "-c", code], env=env, capture_output=True, text=True)
+    assert res.returncode != 0 and "unknown names ['sm90_fusd']" in res.stderr
+
+
 def _concat(t: torch.Tensor, dim: int, tile: int = 64) -> torch.Tensor:
     """Interleaved gate/up layout (runs of ``tile``) -> concatenated, along ``dim``."""
     from cute_mxfp8.swiglu import pack_gate_up, split_gate_up

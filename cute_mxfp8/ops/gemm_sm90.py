@@ -20,6 +20,8 @@ runs the fused ops and an explicit ``backend="sm90"`` raises.
 from __future__ import annotations
 
 import functools
+import os
+import warnings
 
 import torch
 
@@ -75,7 +77,17 @@ def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     return d
 
 
-ALIGN_KERNEL = False  # the gather kernel (kernels/token_align.py) replaces index_select once its GPU test passed
+# Parts built and compile-checked whose GPU tests have not run yet, off by default; CUTE_MXFP8_EXPERIMENTAL (comma-
+# separated names, read at import) turns them on for those tests and benchmarks:
+#   sm90_fused         registers FUSED_OPS (the GEMM-fused SwiGLU / dSwiGLU epilogues; the SwiGLU MLP then fuses)
+#   sm90_align_kernel  the 2d-2d operands' group-aligned gather by kernels/token_align.py instead of index_select
+EXPERIMENTAL_ENV = "CUTE_MXFP8_EXPERIMENTAL"
+_EXPERIMENTAL_NAMES = ("sm90_fused", "sm90_align_kernel")
+_experimental = {x.strip() for x in os.environ.get(EXPERIMENTAL_ENV, "").split(",") if x.strip()}
+if _experimental - set(_EXPERIMENTAL_NAMES):
+    warnings.warn(f"{EXPERIMENTAL_ENV}: unknown names {sorted(_experimental - set(_EXPERIMENTAL_NAMES))} ignored; "
+                  f"known: {list(_EXPERIMENTAL_NAMES)}", stacklevel=2)
+ALIGN_KERNEL = "sm90_align_kernel" in _experimental
 
 
 def _group_columns(offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -218,8 +230,12 @@ def _mm_dswiglu_limits(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, em
     return _fused_limits(a, a_scales, b, b_scales, 2 * b.shape[0], 2 * a.shape[0] * b.shape[0])
 
 
-# Built and compile-checked, registered once their GPU tests have run on the H200 (see the module docstring).
+# Built and compile-checked, registered once their GPU tests have run on the H200 (see the module docstring;
+# CUTE_MXFP8_EXPERIMENTAL=sm90_fused registers them now).
 FUSED_OPS = {"mm_swiglu_quant": mm_swiglu_quant, "mm_dswiglu_quant": mm_dswiglu_quant}
 FUSED_LIMITS = {"mm_swiglu_quant": _mm_swiglu_limits, "mm_dswiglu_quant": _mm_dswiglu_limits}
 OPS = {"mm": mm, "grouped_mm": grouped_mm, "grouped_mm_wgrad": grouped_mm_wgrad}
 LIMITS = {"mm": _mm_limits, "grouped_mm": _grouped_mm_limits, "grouped_mm_wgrad": _grouped_mm_wgrad_limits}
+if "sm90_fused" in _experimental:
+    OPS.update(FUSED_OPS)
+    LIMITS.update(FUSED_LIMITS)
