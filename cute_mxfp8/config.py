@@ -21,12 +21,13 @@ class MXFP8Config:
         wgrad_with_hp: compute weight gradients in high precision from saved bf16/fp32 tensors instead of
             MXFP8 (costs memory for the saved activations; the two other GEMMs stay MXFP8).
         backend: force one backend (``"reference"``, ``"sm90"``, ``"sm100"``); None chooses by device.
-        fused_epilogues: how the dense SwiGLU MLP runs GEMM1 and the w2 dgrad GEMM: True, with their SwiGLU /
+        fused_epilogues: how the SwiGLU MLP runs GEMM1 and the w2 dgrad GEMM: True, with their SwiGLU /
             dSwiGLU + dual-quant epilogues fused into the GEMM (``ops.mm_swiglu_quant`` / ``mm_dswiglu_quant``,
-            W13 in the interleaved gate/up layout; needs I % 64 == 0, raises ValueError otherwise or with
-            ``offs``); False, as a GEMM with an fp32 output and the standalone fused SwiGLU kernels; None (default),
-            fused when the backend running the GEMMs fuses by default (``sm100``) and the MLP is dense with
-            I % 64 == 0.  Both give the same math (up to the fp32 summation order of the GEMMs).
+            W13 in the interleaved gate/up layout; needs I % 64 == 0, raises ValueError otherwise; with ``offs``
+            only the reference has the grouped fused ops so far); False, as a GEMM with an fp32 output and the
+            standalone fused SwiGLU kernels; None (default), fused when the backend running the GEMMs fuses by
+            default (``sm100``) and the MLP is dense with I % 64 == 0.  Both give the same math (up to the fp32
+            summation order of the GEMMs).
     """
 
     scale_mode: str = "rceil"

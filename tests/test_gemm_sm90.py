@@ -425,6 +425,9 @@ def test_sm90_fused_limits_name_the_fix():
     assert G.FUSED_LIMITS["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False, torch.bfloat16) is None
     w, w_s = ops.quantize_rowwise(torch.randn(192, 64))  # I = 96: not a multiple of 64
     assert "I % 64" in G.FUSED_LIMITS["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False, torch.bfloat16)
+    offs = torch.tensor([64], dtype=torch.int32)  # grouped fused epilogues: not built for the kernels yet
+    assert "dense only" in G.FUSED_LIMITS["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False, torch.bfloat16,
+                                                             offs)
     # registered once the GPU tests below have passed on the H200 (or with CUTE_MXFP8_EXPERIMENTAL=sm90_fused)
     assert ("mm_swiglu_quant" in G.OPS) == ("sm90_fused" in G._experimental)
 

@@ -99,6 +99,17 @@ def test_gemm_ops_opcheck_and_fakes(rng):
         args = (xa, xa_s, w2c, w2c_s, h13, "floor", torch.float8_e5m2, hp, "")
         opcheck(L._mm_dswiglu_quant, args, test_utils=FP8_INPUT_CHECKS)
         _fake_matches(L._mm_dswiglu_quant, args)
+    # grouped (2d-3d) fused ops: x with token groups, W13 (E, 2I, K), w2 colwise (E, I, K)
+    o3 = torch.tensor([20, 20, 61], dtype=torch.int32)
+    xg, xg_s = ops.quantize_rowwise(torch.randn(70, 96, generator=rng), offs=o3)
+    g13, g13_s, _, _ = ops.quantize_gate_up(torch.randn(3, 64, 96, generator=rng),
+                                            torch.randn(3, 64, 96, generator=rng), gate_up_tile=64)
+    g2, g2_s = ops.quantize_rowwise(torch.randn(3, 64, 96, generator=rng))
+    h13 = torch.randn(70, 128, generator=rng)
+    for args, op in (((xg, xg_s, g13, g13_s, "rceil", E4M3, True, torch.float32, "", o3), L._mm_swiglu_quant),
+                     ((xg, xg_s, g2, g2_s, h13, "floor", E4M3, False, "", o3), L._mm_dswiglu_quant)):
+        opcheck(op, args, test_utils=FP8_INPUT_CHECKS)
+        _fake_matches(op, args)
 
 
 def test_no_input_mutation(rng):
@@ -201,6 +212,35 @@ def test_fused_gemm_ops_are_the_gemm_then_the_swiglu_cast(rng):
         ops.mm_swiglu_quant(xa, xa_s, w13, w13_s, gate_up_tile=0)
     with pytest.raises(TypeError, match="h13 must be a torch.Tensor"):
         ops.mm_dswiglu_quant(xa, xa_s, w2c, w2c_s, None, gate_up_tile=T)
+
+
+def test_grouped_fused_gemm_ops_are_the_grouped_gemm_then_the_grouped_swiglu_cast(rng):
+    """With offs: grouped_mm to fp32, then swiglu_quant / dswiglu_quant with the same offs (grouped scale layouts,
+    colwise blocks never crossing a group end), interleaved gate/up undone: bit for bit; rows past offs[-1] zero."""
+    from cute_mxfp8.swiglu import GATE_UP_TILE as T, split_gate_up
+
+    offs = torch.tensor([0, 50, 51, 130], dtype=torch.int32)
+    m, d, i, e = 150, 96, 128, 4
+    xa, xa_s = ops.quantize_rowwise(torch.randn(m, d, generator=rng), offs=offs)
+    w13, w13_s, _, _ = ops.quantize_gate_up(torch.randn(e, i, d, generator=rng), torch.randn(e, i, d, generator=rng),
+                                            gate_up_tile=T)
+    h13, *h = ops.mm_swiglu_quant(xa, xa_s, w13, w13_s, gate_up_tile=T, emit_hp=True, out_dtype=torch.float32,
+                                  offs=offs)
+    acc = ops.grouped_mm(xa, xa_s, w13, w13_s, offs, out_dtype=torch.float32)
+    assert torch.equal(h13, acc) and torch.all(h13[130:] == 0)
+    want = ops.swiglu_quant(pack_gate_up(*split_gate_up(acc, tile=T)), emit_hp=True, offs=offs)
+    for a, b in zip(h, want):
+        assert torch.equal(_u8(a) if a.dtype != torch.float32 else a, _u8(b) if b.dtype != torch.float32 else b)
+    w2c, w2c_s = ops.quantize_rowwise(torch.randn(e, i, d, generator=rng))
+    h13b = h13.clone()
+    h13b[140] = float("nan")  # past offs[-1]: reaches no output
+    dh13 = ops.mm_dswiglu_quant(xa, xa_s, w2c, w2c_s, h13b, gate_up_tile=T, offs=offs)
+    dh = ops.grouped_mm(xa, xa_s, w2c, w2c_s, offs, out_dtype=torch.float32)
+    ref = ops.dswiglu_quant(dh, pack_gate_up(*split_gate_up(h13, tile=T)), offs=offs)
+    inter = lambda t, dim, tile=T: pack_gate_up(*split_gate_up(t, dim=dim, tile=tile), dim=dim)  # noqa: E731
+    assert torch.equal(inter(_u8(dh13[0]), -1), _u8(ref[0])) and torch.equal(inter(_u8(dh13[2]), 0), _u8(ref[2]))
+    with pytest.raises(ValueError, match="3 groups but the weights have 4 experts|4 experts"):
+        ops.mm_swiglu_quant(xa, xa_s, w13, w13_s, gate_up_tile=T, offs=offs[:3])
 
 
 def test_sm100_gemm_limits_name_the_fix(rng):

@@ -229,7 +229,8 @@ def _check_gate_up_tile(gate_up_tile) -> None:
 
 def mm_swiglu_quant(a: Tensor, a_scales: Tensor, b13: Tensor, b13_scales: Tensor, *, gate_up_tile: int,
                     scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3, emit_hp: bool = False,
-                    out_dtype: torch.dtype = torch.bfloat16, backend: str | None = None):
+                    out_dtype: torch.dtype = torch.bfloat16, offs: Tensor | None = None,
+                    backend: str | None = None):
     """GEMM1 of the SwiGLU MLP with its fused epilogue: ``acc = a · b13ᵀ`` (fp32), then h13 = acc in ``out_dtype``
     and ``h = silu(g) · u`` from the fp32 accumulator, dual-quantized (h itself is never rounded to bf16).
 
@@ -240,18 +241,23 @@ def mm_swiglu_quant(a: Tensor, a_scales: Tensor, b13: Tensor, b13_scales: Tensor
         gate_up_tile: must be :data:`cute_mxfp8.swiglu.GATE_UP_TILE` (64), stating that b13 is interleaved: a
             concatenated ``[w1; w3]`` has the same shape and would give wrong results (ValueError otherwise).
         elem_dtype / scale_mode: h's MXFP8 cast.  emit_hp: also return h in fp32 (else an empty (0,)).
+        offs: token groups (2d-3d, as :func:`grouped_mm`): ``a`` with grouped-M scales, ``b13`` (E, 2I, K) with
+            (E, numel) scales; rows at or past ``offs[-1]`` of every output are zero.  The kernels' epilogues are
+            dense only so far: with ``offs`` the reference runs it (an explicit kernel backend raises).
     Returns:
         ``(h13, h_row, h_row_scales, h_col, h_col_scales, h_hp)``: h13 (M, 2I) ``out_dtype`` interleaved like b13;
-        the h outputs as :func:`quantize_dual` of an (M, I) tensor with blocked scales.
+        the h outputs as :func:`quantize_dual` of an (M, I) tensor with blocked scales (grouped layouts with
+        ``offs``: colwise blocks never cross a group end).
     """
     _check_gate_up_tile(gate_up_tile)
+    _check_offs(offs)
     return L._mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype,
-                              backend or "")
+                              backend or "", offs)
 
 
 def mm_dswiglu_quant(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, h13: Tensor, *, gate_up_tile: int,
                      scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3, emit_hp: bool = False,
-                     backend: str | None = None):
+                     offs: Tensor | None = None, backend: str | None = None):
     """GEMM3 of the SwiGLU MLP (w2 dgrad) with its fused epilogue: ``dh = a · bᵀ`` (fp32), then
     ``dg = dh·u·silu'(g)``, ``du = dh·silu(g)`` with g, u from the saved ``h13``, dual-quantized as dh13.
 
@@ -260,10 +266,14 @@ def mm_dswiglu_quant(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, h
             h13: (M, 2I) bf16/fp32 in the interleaved gate/up layout (``mm_swiglu_quant``'s first output).
         gate_up_tile: must be 64, stating that h13 is interleaved (as for :func:`mm_swiglu_quant`).
         emit_hp: also return dh13 in fp32 (else an empty (0,)).
+        offs: token groups (2d-3d): ``b`` (E, I, D) with (E, numel) scales, as for :func:`mm_swiglu_quant`; rows
+            at or past ``offs[-1]`` of dh13 are zero whatever h13 holds there.
     Returns:
         ``(dh13_row, row_scales, dh13_col, col_scales, dh13_hp)``: :func:`quantize_dual` of the (M, 2I) dh13 in
-        the interleaved layout, blocked scales.
+        the interleaved layout, blocked scales (grouped layouts with ``offs``).
     """
     _check_gate_up_tile(gate_up_tile)
+    _check_offs(offs)
     _check_types(True, emit_hp, a=a, a_scales=a_scales, b=b, b_scales=b_scales, h13=h13)
-    return L._mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, backend or "")
+    return L._mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, backend or "",
+                               offs)

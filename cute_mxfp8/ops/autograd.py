@@ -184,7 +184,8 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         w2_row, w2_row_s, w2_col, w2_col_s = api.quantize_dual(w2, **qw)
         if fused:  # GEMM1 with the SwiGLU + dual-quant epilogue
             h13, h_row, h_row_s, h_col, h_col_s, h_hp = api.mm_swiglu_quant(
-                x_row, x_row_s, w13_row, w13_row_s, gate_up_tile=tile, emit_hp=wgrad_with_hp, out_dtype=x.dtype, **qw)
+                x_row, x_row_s, w13_row, w13_row_s, gate_up_tile=tile, emit_hp=wgrad_with_hp, out_dtype=x.dtype,
+                offs=offs, **qw)
         else:  # GEMM1 -> fp32 accumulator; h13 is saved in the activation dtype, h comes from the accumulator
             acc = _gemm(x_row, x_row_s, w13_row, w13_row_s, offs, torch.float32, backend)
             h13 = acc.to(x.dtype)
@@ -209,7 +210,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         qg = dict(scale_mode=scale_mode, elem_dtype=gdt, emit_hp=hp, backend=backend)
         if tile:  # w2 dgrad with the dSwiGLU + dual-quant epilogue
             dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.mm_dswiglu_quant(
-                dy_row, dy_row_s, w2_col, w2_col_s, h13, gate_up_tile=tile, **qg)
+                dy_row, dy_row_s, w2_col, w2_col_s, h13, gate_up_tile=tile, offs=offs, **qg)
         else:
             dh = _gemm(dy_row, dy_row_s, w2_col, w2_col_s, offs, torch.float32, backend)  # w2 dgrad, (M, I)
             # the fused kernels take dh and h13 of one dtype: h13 in fp32 (exact), else the sm90 / sm100 backend
@@ -240,11 +241,8 @@ def fused_epilogues_enabled(config, device, i: int, grouped: bool) -> bool:
     """Whether :func:`mxfp8_swiglu_mlp` with hidden size ``i`` on ``device`` runs with the GEMM-fused epilogues
     (:attr:`MXFP8Config.fused_epilogues`).  Raises ValueError where ``fused_epilogues=True`` cannot hold."""
     c = resolve_config(config)
-    if c.fused_epilogues is None:
+    if c.fused_epilogues is None:  # no kernel backend has grouped fused epilogues yet: grouped runs unfused
         return not grouped and i % GATE_UP_TILE == 0 and fuses_mlp(device, c.backend)
-    if c.fused_epilogues and grouped:
-        raise ValueError("fused_epilogues=True: the GEMM-fused SwiGLU epilogues are dense only; with offs (grouped "
-                         "experts) use fused_epilogues=None or False")
     if c.fused_epilogues and i % GATE_UP_TILE:
         raise ValueError(f"fused_epilogues=True needs I % {GATE_UP_TILE} == 0 (the interleaved gate/up layout), got "
                          f"I = {i}: pad w1 and w3 EACH (and w2's columns) to a multiple of {GATE_UP_TILE}")

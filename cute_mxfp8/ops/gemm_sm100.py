@@ -15,7 +15,8 @@ import warnings
 import torch
 
 from ..jit import compile_gemm_sm100
-from .gemm_common import MAX_ELEMENTS, mm_with_bias, operand_limits, run_mm_dswiglu_quant, run_mm_swiglu_quant
+from .gemm_common import (DENSE_ONLY_EPILOGUES, MAX_ELEMENTS, mm_with_bias, operand_limits, run_mm_dswiglu_quant,
+                          run_mm_swiglu_quant)
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -65,12 +66,12 @@ def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
                         bias)
 
 
-def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
+def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):
     return run_mm_swiglu_quant(_kernel(a, b13, out_dtype, "swiglu", elem_dtype, scale_mode, emit_hp), a, a_scales,
                                b13, b13_scales, elem_dtype, emit_hp, out_dtype)
 
 
-def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp):
+def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, offs=None):
     return run_mm_dswiglu_quant(_kernel(a, b, h13.dtype, "dswiglu", elem_dtype, scale_mode, emit_hp), a, a_scales,
                                 b, b_scales, h13, elem_dtype, emit_hp)
 
@@ -88,14 +89,18 @@ def _gemm_limits(a, a_scales, b, b_scales, out_dtype, epilogue):
     return why
 
 
-def _mm_swiglu_limits(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
+def _mm_swiglu_limits(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):
+    if offs is not None:
+        return DENSE_ONLY_EPILOGUES
     why = _gemm_limits(a, a_scales, b13, b13_scales, out_dtype, "swiglu")
     if why is None and a.shape[0] * b13.shape[0] > MAX_ELEMENTS:
         return f"h13 would have {a.shape[0] * b13.shape[0]} elements; the kernel indexes with int32: split M"
     return why
 
 
-def _mm_dswiglu_limits(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp):
+def _mm_dswiglu_limits(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, offs=None):
+    if offs is not None:
+        return DENSE_ONLY_EPILOGUES
     why = _gemm_limits(a, a_scales, b, b_scales, h13.dtype, "dswiglu")
     if why is None and (not h13.is_contiguous() or h13.data_ptr() % 16):
         return "h13 must be contiguous with a 16-byte aligned data pointer (call .contiguous())"

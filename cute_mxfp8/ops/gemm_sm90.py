@@ -28,8 +28,8 @@ import torch
 from .. import formats as F
 from ..swiglu import GATE_UP_TILE
 from ..jit import compile_gemm_sm90, compile_token_align
-from .gemm_common import (MAX_ELEMENTS, device_offsets, mm_with_bias, offs_limits, operand_limits,
-                          run_mm_dswiglu_quant, run_mm_swiglu_quant)
+from .gemm_common import (DENSE_ONLY_EPILOGUES, MAX_ELEMENTS, device_offsets, mm_with_bias, offs_limits,
+                          operand_limits, run_mm_dswiglu_quant, run_mm_swiglu_quant)
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -158,14 +158,14 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
     return d
 
 
-def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
+def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):
     """GEMM1 with the SwiGLU + dual-quant epilogue (dense; W13 interleaved in runs of 64): the outputs of
     the reference's ``mm_swiglu_quant``."""
     return run_mm_swiglu_quant(_fused_kernel(a, b13, out_dtype, "swiglu", elem_dtype, scale_mode, emit_hp), a,
                                a_scales, b13, b13_scales, elem_dtype, emit_hp, out_dtype)
 
 
-def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp):
+def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, offs=None):
     """w2 dgrad with the dSwiGLU + dual-quant epilogue (dense): the outputs of the reference's
     ``mm_dswiglu_quant``."""
     return run_mm_dswiglu_quant(_fused_kernel(a, b, h13.dtype, "dswiglu", elem_dtype, scale_mode, emit_hp), a,
@@ -222,11 +222,15 @@ def _fused_limits(a, a_scales, b, b_scales, n_out: int, out_rows_elems: int) -> 
     return why
 
 
-def _mm_swiglu_limits(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
+def _mm_swiglu_limits(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):
+    if offs is not None:
+        return DENSE_ONLY_EPILOGUES
     return _fused_limits(a, a_scales, b13, b13_scales, b13.shape[0], a.shape[0] * b13.shape[0])
 
 
-def _mm_dswiglu_limits(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp):
+def _mm_dswiglu_limits(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, offs=None):
+    if offs is not None:
+        return DENSE_ONLY_EPILOGUES
     return _fused_limits(a, a_scales, b, b_scales, 2 * b.shape[0], 2 * a.shape[0] * b.shape[0])
 
 

@@ -244,37 +244,37 @@ def _(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend):
 
 @torch.library.custom_op(f"{_NS}::mm_swiglu_quant", mutates_args=())
 def _mm_swiglu_quant(a: Tensor, a_scales: Tensor, b13: Tensor, b13_scales: Tensor, scale_mode: str,
-                     elem_dtype: torch.dtype, emit_hp: bool, out_dtype: torch.dtype,
-                     backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                     elem_dtype: torch.dtype, emit_hp: bool, out_dtype: torch.dtype, backend: str,
+                     offs: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype)
-    S.check_mm_swiglu(a, a_scales, b13, b13_scales, out_dtype)
+    S.check_mm_swiglu(a, a_scales, b13, b13_scales, out_dtype, offs)
     return _call("mm_swiglu_quant", a.device, backend, a, a_scales, b13, b13_scales, scale_mode, elem_dtype,
-                 emit_hp, out_dtype)
+                 emit_hp, out_dtype, offs)
 
 
 @_mm_swiglu_quant.register_fake
-def _(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, backend):
+def _(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, backend, offs=None):
     S.check_quant_args(scale_mode, elem_dtype)
-    i = S.check_mm_swiglu(a, a_scales, b13, b13_scales, out_dtype)
+    i = S.check_mm_swiglu(a, a_scales, b13, b13_scales, out_dtype, offs)
     m = a.shape[0]
-    return (_empty(a, (m, 2 * i), out_dtype), *_dual_fake((m, i), a, elem_dtype, True, None),
+    return (_empty(a, (m, 2 * i), out_dtype), *_dual_fake((m, i), a, elem_dtype, True, _num_groups(offs)),
             _empty(a, _hp_shape(emit_hp, (m, i)), torch.float32))
 
 
 @torch.library.custom_op(f"{_NS}::mm_dswiglu_quant", mutates_args=())
 def _mm_dswiglu_quant(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, h13: Tensor, scale_mode: str,
-                      elem_dtype: torch.dtype, emit_hp: bool,
-                      backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                      elem_dtype: torch.dtype, emit_hp: bool, backend: str,
+                      offs: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype)
-    S.check_mm_dswiglu(a, a_scales, b, b_scales, h13)
+    S.check_mm_dswiglu(a, a_scales, b, b_scales, h13, offs)
     return _call("mm_dswiglu_quant", a.device, backend, a, a_scales, b, b_scales, h13, scale_mode, elem_dtype,
-                 emit_hp)
+                 emit_hp, offs)
 
 
 @_mm_dswiglu_quant.register_fake
-def _(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, backend):
+def _(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, backend, offs=None):
     S.check_quant_args(scale_mode, elem_dtype)
-    i = S.check_mm_dswiglu(a, a_scales, b, b_scales, h13)
+    i = S.check_mm_dswiglu(a, a_scales, b, b_scales, h13, offs)
     m = a.shape[0]
-    return (*_dual_fake((m, 2 * i), a, elem_dtype, True, None),
+    return (*_dual_fake((m, 2 * i), a, elem_dtype, True, _num_groups(offs)),
             _empty(a, _hp_shape(emit_hp, (m, 2 * i)), torch.float32))

@@ -126,18 +126,27 @@ def dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None):
 
 # ---- GEMM + fused SwiGLU epilogues (what the SM100 GEMM's epilogues compute) ----------------------------------
 
-def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype):
-    acc = mm(a, a_scales, b13, b13_scales, torch.float32)  # (M, 2I), gate/up interleaved like b13
+def _gemm_f32(a, a_scales, b, b_scales, offs):
+    if offs is None:
+        return mm(a, a_scales, b, b_scales, torch.float32)
+    return grouped_mm(a, a_scales, b, b_scales, offs, torch.float32)  # rows at or past offs[-1] are zero
+
+
+def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):
+    acc = _gemm_f32(a, a_scales, b13, b13_scales, offs)  # (M, 2I), gate/up interleaved like b13
     g, u = split_gate_up(acc, tile=GATE_UP_TILE)
     h = swiglu(g, u)  # from the fp32 accumulator, as the epilogue does
-    return (acc.to(out_dtype), *quantize_dual(h, scale_mode, elem_dtype, True), _hp_out(h, torch.float32, emit_hp))
+    return (acc.to(out_dtype), *quantize_dual(h, scale_mode, elem_dtype, True, offs),
+            _hp_out(h, torch.float32, emit_hp))
 
 
-def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp):
-    dh = mm(a, a_scales, b, b_scales, torch.float32)  # (M, I)
+def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, offs=None):
+    dh = _gemm_f32(a, a_scales, b, b_scales, offs)  # (M, I)
     dg, du = dswiglu(dh, *split_gate_up(h13, tile=GATE_UP_TILE))
     dh13 = pack_gate_up(dg, du, tile=GATE_UP_TILE)
-    return (*quantize_dual(dh13, scale_mode, elem_dtype, True), _hp_out(dh13, torch.float32, emit_hp))
+    if offs is not None:  # h13 rows past offs[-1] (NaN / Inf there included) reach no output
+        dh13 = _zero_rows_past_end(dh13, offs)
+    return (*quantize_dual(dh13, scale_mode, elem_dtype, True, offs), _hp_out(dh13, torch.float32, emit_hp))
 
 
 def _zero_rows_past_end(t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:

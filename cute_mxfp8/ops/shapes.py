@@ -219,9 +219,13 @@ def check_swiglu(h13: torch.Tensor, offs, dh: torch.Tensor | None = None) -> int
 
 # ---- GEMM + fused SwiGLU epilogues ------------------------------------------------------------------------
 
-def check_mm_swiglu(a, a_scales, b13, b13_scales, out_dtype) -> int:
-    """GEMM1 with the SwiGLU epilogue: a (M, K), b13 (2I, K) interleaved gate/up; returns I."""
-    m, two_i = check_mm(a, a_scales, b13, b13_scales, out_dtype)
+def check_mm_swiglu(a, a_scales, b13, b13_scales, out_dtype, offs=None) -> int:
+    """GEMM1 with the SwiGLU epilogue: a (M, K), b13 (2I, K) interleaved gate/up (grouped: (E, 2I, K) with token
+    groups ``offs``, as for :func:`check_grouped_mm`); returns I."""
+    if offs is None:
+        m, two_i = check_mm(a, a_scales, b13, b13_scales, out_dtype)
+    else:
+        m, two_i = check_grouped_mm(a, a_scales, b13, b13_scales, offs, out_dtype)
     if two_i % (2 * GATE_UP_TILE):
         raise ValueError(f"b13 must be (2I, K) with I a multiple of the gate/up tile {GATE_UP_TILE} (the fused "
                          f"epilogue's interleaved layout), got 2I = {two_i}: pad w1 and w3 EACH to a multiple of "
@@ -229,9 +233,13 @@ def check_mm_swiglu(a, a_scales, b13, b13_scales, out_dtype) -> int:
     return two_i // 2
 
 
-def check_mm_dswiglu(a, a_scales, b, b_scales, h13) -> int:
-    """GEMM3 with the dSwiGLU epilogue: a (M, K), b (I, K), h13 (M, 2I) interleaved; returns I."""
-    m, i = check_mm(a, a_scales, b, b_scales, torch.float32)
+def check_mm_dswiglu(a, a_scales, b, b_scales, h13, offs=None) -> int:
+    """GEMM3 with the dSwiGLU epilogue: a (M, K), b (I, K) (grouped: (E, I, K) with ``offs``), h13 (M, 2I)
+    interleaved; returns I."""
+    if offs is None:
+        m, i = check_mm(a, a_scales, b, b_scales, torch.float32)
+    else:
+        m, i = check_grouped_mm(a, a_scales, b, b_scales, offs, torch.float32)
     check_hp("h13", h13)
     check_same_device(a, h13)
     if tuple(h13.shape) != (m, 2 * i):
