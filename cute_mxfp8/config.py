@@ -24,10 +24,10 @@ class MXFP8Config:
         fused_epilogues: how the SwiGLU MLP runs GEMM1 and the w2 dgrad GEMM: True, with their SwiGLU /
             dSwiGLU + dual-quant epilogues fused into the GEMM (``ops.mm_swiglu_quant`` / ``mm_dswiglu_quant``,
             W13 in the interleaved gate/up layout; needs I % 64 == 0, raises ValueError otherwise; with ``offs``
-            only the reference has the grouped fused ops so far); False, as a GEMM with an fp32 output and the
-            standalone fused SwiGLU kernels; None (default), fused when the backend running the GEMMs fuses by
-            default (``sm100``) and the MLP is dense with I % 64 == 0.  Both give the same math (up to the fp32
-            summation order of the GEMMs).
+            the grouped fused ops); False, as a GEMM with an fp32 output and the standalone fused SwiGLU kernels;
+            None (default), fused when I % 64 == 0 and the backend running the GEMMs fuses by default (``sm100``
+            dense; ``sm90`` dense and grouped once its fused epilogues are registered).  Both give the same math
+            (up to the fp32 summation order of the GEMMs).
     """
 
     scale_mode: str = "rceil"

@@ -264,9 +264,9 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     * ``"dequant"``: ``fn(a, b, sfa, sfb, d, offs, sched)`` with the operands of ``grouping`` as
       ``MXGemmSm90Dequant.__call__`` lists them (``"none"`` dense, ``"m"`` 2d-3d, ``"k"`` 2d-2d); offs (G,) and
       sched (2, G) int32 (placeholders for dense).
-    * ``epilogue="swiglu"`` / ``"dswiglu"`` (dequant, dense): ``fn(a, b, sfa, sfb, h13, q, qs, qt, qts, hp)`` with
-      the arguments and outputs of :func:`compile_gemm_sm100`'s fused epilogues (h cast to ``cast_elem`` /
-      ``scale_mode``).
+    * ``epilogue="swiglu"`` / ``"dswiglu"`` (dequant, dense or ``grouping="m"``): ``fn(a, b, sfa, sfb, h13, q, qs,
+      qt, qts, hp, offs, sched)`` with the arguments and outputs of :func:`compile_gemm_sm100`'s fused epilogues
+      (h cast to ``cast_elem`` / ``scale_mode``), grouped as ``MXGemmSm90Dequant.call_swiglu`` says.
 
     ``transform_warps`` (dequant only): warps converting B, 3 (384 threads) or 7 (512).  Trusts its arguments (the
     ops layer checks them, :mod:`cute_mxfp8.ops.gemm_sm90`)."""
@@ -288,14 +288,16 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     kdiv = 16 if grouping == "k" else 32  # 2d-2d: K is the token count, a multiple of 16 (TMA's row pitch)
     args = (fake(kernel.a_dtype, (sym(), sym(kdiv))), fake(kernel.b_dtype, (sym(), sym(kdiv))), *scales,
             fake(kernel.d_dtype, (sym(), sym())))
-    if epilogue != "plain":  # the outputs of compile_gemm_sm100's fused epilogues
+    groups = (fake(cutlass.Int32, (sym(),)), fake(cutlass.Int32, (sym(), sym())))  # offs, sched
+    if epilogue != "plain":  # the outputs of compile_gemm_sm100's fused epilogues (qt (n, T) unpadded if grouped)
         q = kernel.cast.elem_dtype
         fused = (fake(kernel.d_dtype, (sym(), sym(128))), fake(q, (sym(), sym(32))), fake(cutlass.Uint8, (sym(),)),
-                 fake(q, (sym(32), sym(32))), fake(cutlass.Uint8, (sym(),)), fake(cutlass.Float32, (sym(), sym(32))))
+                 fake(q, (sym(32), sym() if grouping == "m" else sym(32))), fake(cutlass.Uint8, (sym(),)),
+                 fake(cutlass.Float32, (sym(), sym(32))))
         entry = kernel.call_swiglu if epilogue == "swiglu" else kernel.call_dswiglu
-        return _compile(entry, (*args[:4], *fused), arch, keep_ptx)
+        return _compile(entry, (*args[:4], *fused, *groups), arch, keep_ptx)
     if mainloop == "dequant":
-        args += (fake(cutlass.Int32, (sym(),)), fake(cutlass.Int32, (sym(), sym())))
+        args += groups
     return _compile(kernel, args, arch, keep_ptx)
 
 

@@ -158,7 +158,7 @@ def test_fused_epilogues_default_follows_the_gemm_backend(monkeypatch):
 
     on, cpu = A.fused_epilogues_enabled, torch.device("cpu")
     assert not on(None, cpu, 128, grouped=False)  # the reference runs the GEMMs here: unfused
-    monkeypatch.setattr(A, "fuses_mlp", lambda device, backend: True)  # as on an SM100 GPU
+    monkeypatch.setattr(A, "fuses_mlp", lambda device, backend, grouped: not grouped)  # as on an SM100 GPU
     assert on(None, cpu, 128, grouped=False)
     assert not on(None, cpu, 96, grouped=False) and not on(None, cpu, 128, grouped=True)
     assert not on(MXFP8Config(fused_epilogues=False), cpu, 128, grouped=False)

@@ -398,12 +398,13 @@ def test_sm90_grouped_out_of_contract_offsets_stay_in_bounds(rng):
 # ---- GEMM-fused SwiGLU / dSwiGLU + dual quant on the dequantize mainloop (dense) -------------------------------
 
 @needs_sass
+@pytest.mark.parametrize("grouping", ["none", "m"])
 @pytest.mark.parametrize("epilogue,elem,mode,hp", [("swiglu", "e4m3", "rceil", False), ("dswiglu", "e5m2", "floor", True)])
-def test_fused_epilogues_compile_for_sm90(epilogue, elem, mode, hp):
+def test_fused_epilogues_compile_for_sm90(epilogue, elem, mode, hp, grouping):
     from cute_mxfp8.jit import compile_gemm_sm90
 
-    fn = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "dequant", "sm_90a", True, epilogue=epilogue, cast_elem=elem,
-                           scale_mode=mode, emit_hp=hp)
+    fn = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "dequant", "sm_90a", True, grouping=grouping,
+                           epilogue=epilogue, cast_elem=elem, scale_mode=mode, emit_hp=hp)
     (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
     assert res["local_frame"] == 0 and fn.launch_smem[0] <= 232448
     counts = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
@@ -425,9 +426,13 @@ def test_sm90_fused_limits_name_the_fix():
     assert G.FUSED_LIMITS["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False, torch.bfloat16) is None
     w, w_s = ops.quantize_rowwise(torch.randn(192, 64))  # I = 96: not a multiple of 64
     assert "I % 64" in G.FUSED_LIMITS["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False, torch.bfloat16)
-    offs = torch.tensor([64], dtype=torch.int32)  # grouped fused epilogues: not built for the kernels yet
-    assert "dense only" in G.FUSED_LIMITS["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False, torch.bfloat16,
-                                                             offs)
+    from cute_mxfp8.ops import gemm_sm100
+
+    offs = torch.tensor([64], dtype=torch.int32)  # grouped fused epilogues: SM90 has them, SM100 not yet
+    w, w_s = ops.quantize_rowwise(torch.randn(256, 64))
+    assert G.FUSED_LIMITS["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False, torch.bfloat16, offs) is None
+    assert "dense only" in gemm_sm100.LIMITS["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False,
+                                                                torch.bfloat16, offs)
     # registered once the GPU tests below have passed on the H200 (or with CUTE_MXFP8_EXPERIMENTAL=sm90_fused)
     assert ("mm_swiglu_quant" in G.OPS) == ("sm90_fused" in G._experimental)
 
@@ -545,3 +550,47 @@ def test_sm90_grouped_mm_wgrad_with_the_gather_kernel(rng, monkeypatch):
     got = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, backend="sm90")
     want = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, backend="reference")
     assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("sizes", [[0, 1, 31, 33, 129, 300], [256, 0, 77]], ids=str)
+@pytest.mark.parametrize("elem,scale_mode,emit_hp", [("e4m3", "rceil", False), ("e5m2", "floor", True)])
+def test_sm90_grouped_fused_epilogues_equal_the_standalone_grouped_casts(sizes, elem, scale_mode, emit_hp, rng):
+    """2d-3d GEMM1 / GEMM3 with the fused epilogues vs the grouped GEMM's own fp32 accumulator through the
+    standalone grouped SwiGLU / dSwiGLU kernels (same mx_math code): bytes and scales bit-exact, grouped layouts
+    (colwise blocks never crossing a group end), rows past offs[-1] zero."""
+    from cute_mxfp8.ops import gemm_sm90 as G
+
+    d, i, e = 160, 128, len(sizes)
+    t = sum(sizes) + 40
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    x, x_s = ops.quantize_rowwise(torch.randn(t, d, generator=rng).cuda(), offs=offs)
+    w13, w13_s, _, _ = ops.quantize_gate_up(torch.randn(e, i, d, generator=rng).cuda() / 4,
+                                            torch.randn(e, i, d, generator=rng).cuda() / 4, gate_up_tile=64)
+    h13, q, qs, qt, qts, hp = G.mm_swiglu_quant(x, x_s, w13, w13_s, scale_mode, ELEMS[elem], emit_hp,
+                                                torch.float32, offs)
+    assert torch.equal(h13, ops.grouped_mm(x, x_s, w13, w13_s, offs, out_dtype=torch.float32, backend="sm90"))
+    ref = ops.swiglu_quant(_concat(h13, -1), scale_mode=scale_mode, elem_dtype=ELEMS[elem], emit_hp=emit_hp,
+                           offs=offs, backend="sm90")
+    for got, want in zip((q, qs, qt, qts), ref[:4]):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    if emit_hp:
+        torch.testing.assert_close(hp, ref[4], rtol=0, atol=0, equal_nan=True)
+    dy, dy_s = ops.quantize_rowwise(torch.randn(t, d, generator=rng).cuda(), offs=offs)
+    w2c, w2c_s = ops.quantize_rowwise(torch.randn(e, i, d, generator=rng).cuda() / 4)
+    h13b = (torch.randn(t, 2 * i, generator=rng) * 3).to(torch.bfloat16).cuda()
+    dq, dqs, dqt, dqts, dhp = G.mm_dswiglu_quant(dy, dy_s, w2c, w2c_s, h13b, scale_mode, ELEMS[elem], emit_hp, offs)
+    dh = ops.grouped_mm(dy, dy_s, w2c, w2c_s, offs, out_dtype=torch.float32, backend="sm90")
+    rq, rqs, rqt, rqts, rhp = ops.dswiglu_quant(dh, _concat(h13b, -1).float(), scale_mode=scale_mode,
+                                                elem_dtype=ELEMS[elem], blocked=False, emit_hp=emit_hp, offs=offs,
+                                                backend="sm90")
+    cols = 4 * F.grouped_scale_tiles(t, e)
+    plain_qs = F.from_blocked_scales_grouped_m(dqs, offs, t, 2 * i // 32).view(torch.uint8)
+    plain_qts = F.from_blocked_scales(dqts, 2 * i, cols).view(torch.uint8)
+    assert torch.equal(_concat(plain_qs, -1, 2), rqs.view(torch.uint8))
+    assert torch.equal(_concat(plain_qts, 0), rqts.view(torch.uint8))
+    assert torch.equal(_concat(dq.view(torch.uint8), -1), rq.view(torch.uint8))
+    assert torch.equal(_concat(dqt.view(torch.uint8), 0), rqt.view(torch.uint8))
+    if emit_hp:
+        torch.testing.assert_close(_concat(dhp, -1), rhp, rtol=0, atol=0, equal_nan=True)

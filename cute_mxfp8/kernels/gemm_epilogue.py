@@ -60,7 +60,7 @@ def load_row_block(t: cute.Tensor, m, c0, valid):
 
 @cute.jit
 def dual_quantize_block(v: cute.TensorSSA, out: tuple, tr: cute.Tensor, m, c0, lane, valid, rows, cols,
-                        cast: MXCastParams, emit_hp: cutlass.Constexpr[bool]):
+                        cast: MXCastParams, emit_hp: cutlass.Constexpr[bool], grp=None):
     """Rowwise and colwise MXFP8 quantization of one 32 x 32 block held by a warp, row ``m`` in this thread.
 
     ``v``: this thread's 32 fp32 values, columns ``[c0, c0 + 32)`` of row ``m``; lane ``l`` of the warp holds row
@@ -73,7 +73,14 @@ def dual_quantize_block(v: cute.TensorSSA, out: tuple, tr: cute.Tensor, m, c0, l
     up to 32; pad rows get the zeros they quantize to), ``qts`` its 1-D blocked scales ((cols, rows_p / 32)
     blocked), ``hp`` (rows, cols) the values themselves in its dtype when ``emit_hp``.  Scale pads outside the
     written blocks must be zero-filled by the caller.  ``tr``: this warp's (32, 32) fp8 shared-memory tile, where
-    the colwise block is transposed so each lane stores one 32-byte row of ``qt``."""
+    the colwise block is transposed so each lane stores one 32-byte row of ``qt``.
+
+    ``grp`` (token groups, 2d-3d GEMM epilogues): ``(start, scale_row0, col_blocks)`` of the block's group: its
+    first row, its first row in the grouped-M blocked rowwise scales (``128 * group_tile_starts[g]``) and the
+    column blocks of the grouped-K colwise scale matrix (``4 * grouped_scale_tiles(M, G)``); ``rows`` is then the
+    group's end and ``m - lane - start`` a multiple of 32.  ``qt`` is (cols, M) (no padding: the bytes past the
+    group's end belong to the next group and are not written, byte stores), rowwise scales go to row
+    ``scale_row0 + m - start``, colwise ones to column block ``scale_row0 / 32 + (m - lane - start) / 32``."""
     q, qs, qt, qts, hp = out
     rows_p = (rows + BLOCK - 1) // BLOCK * BLOCK
     row0 = m - lane
@@ -81,7 +88,10 @@ def dual_quantize_block(v: cute.TensorSSA, out: tuple, tr: cute.Tensor, m, c0, l
     qv, byte = quantize_block(v, cast.emax, cast.rceil)
     if valid and m < rows:
         _row_slice(q, m, c0).store(qv.to(cast.elem_dtype))
-        qs[blocked_scale_offset(m, c0 // BLOCK, cols // BLOCK)] = cutlass.Uint8(byte)
+        if cutlass.const_expr(grp is None):
+            qs[blocked_scale_offset(m, c0 // BLOCK, cols // BLOCK)] = cutlass.Uint8(byte)
+        else:
+            qs[blocked_scale_offset(grp[1] + m - grp[0], c0 // BLOCK, cols // BLOCK)] = cutlass.Uint8(byte)
         if cutlass.const_expr(emit_hp):
             _row_slice(hp, m, c0).store(v.to(hp.element_type))
     # colwise: column c0 + j's block is element j of the 32 lanes; lane j ends up with its amax
@@ -90,7 +100,10 @@ def dual_quantize_block(v: cute.TensorSSA, out: tuple, tr: cute.Tensor, m, c0, l
     reduce_scatter_max(mag, BLOCK, 0, lane)
     cbyte, cfactor = block_scale(mag[0], cast.emax, cast.rceil)
     if valid and row0 < rows:
-        qts[blocked_scale_offset(c0 + lane, row0 // BLOCK, rows_p // BLOCK)] = cutlass.Uint8(cbyte)
+        if cutlass.const_expr(grp is None):
+            qts[blocked_scale_offset(c0 + lane, row0 // BLOCK, rows_p // BLOCK)] = cutlass.Uint8(cbyte)
+        else:
+            qts[blocked_scale_offset(c0 + lane, (grp[1] + row0 - grp[0]) // BLOCK, grp[2])] = cutlass.Uint8(cbyte)
     vals = cute.make_rmem_tensor((BLOCK,), cutlass.Float32)
     vals.store(v)
     for j in cutlass.range_constexpr(BLOCK):
@@ -102,20 +115,26 @@ def dual_quantize_block(v: cute.TensorSSA, out: tuple, tr: cute.Tensor, m, c0, l
         tr[j, lane] = q8[j]
     cute.arch.sync_warp()
     if valid and row0 < rows:  # lane l: the 32 rows of column c0 + l (rows past M are zeros, the padding)
-        _row_slice(qt, c0 + lane, row0).store(_row_slice(tr, lane, 0).load())
+        if cutlass.const_expr(grp is None):
+            _row_slice(qt, c0 + lane, row0).store(_row_slice(tr, lane, 0).load())
+        else:  # the group's rows only, byte by byte (row0 need not be a multiple of 32 in qt)
+            for j in cutlass.range_constexpr(BLOCK):
+                if row0 + j < rows:
+                    qt[c0 + lane, row0 + j] = tr[lane, j]
 
 
 @cute.jit
 def swiglu_block(g: cute.TensorSSA, u: cute.TensorSSA, out: tuple, tr: cute.Tensor, m, c0, lane, rows, cols,
-                 cast: MXCastParams, emit_hp: cutlass.Constexpr[bool]):
+                 cast: MXCastParams, emit_hp: cutlass.Constexpr[bool], grp=None):
     """GEMM1's epilogue for h columns ``[c0, c0 + 32)`` of row ``m``: ``h = silu(g) * u`` from the fp32 gate and
-    up values, then :func:`dual_quantize_block` of h into ``out`` ((M, I) outputs; ``cols`` = I)."""
-    dual_quantize_block(swiglu_fwd(g, u), out, tr, m, c0, lane, c0 < cols, rows, cols, cast, emit_hp)
+    up values, then :func:`dual_quantize_block` of h into ``out`` ((M, I) outputs; ``cols`` = I; ``grp`` as
+    there)."""
+    dual_quantize_block(swiglu_fwd(g, u), out, tr, m, c0, lane, c0 < cols, rows, cols, cast, emit_hp, grp)
 
 
 @cute.jit
 def dswiglu_block(dh: cute.TensorSSA, h13: cute.Tensor, out: tuple, tr: cute.Tensor, m, c0, lane, rows, cols,
-                  cast: MXCastParams, emit_hp: cutlass.Constexpr[bool]):
+                  cast: MXCastParams, emit_hp: cutlass.Constexpr[bool], grp=None):
     """GEMM3's epilogue for dh columns ``[c0, c0 + 32)`` of row ``m`` (``cols`` = I): read g and u from the saved
     ``h13`` (M, 2I) in the interleaved layout (zeros past ``rows``), ``(dg, du) = dswiglu(dh, g, u)``, and
     :func:`dual_quantize_block` of dg and du into the dh13 outputs ``out`` ((M, 2I), same layout as h13)."""
@@ -124,5 +143,5 @@ def dswiglu_block(dh: cute.TensorSSA, h13: cute.Tensor, out: tuple, tr: cute.Ten
     g = load_row_block(h13, m, pg, valid and m < rows)
     u = load_row_block(h13, m, pg + GATE_UP_TILE, valid and m < rows)
     dg, du = swiglu_bwd(dh, g, u)
-    dual_quantize_block(dg, out, tr, m, pg, lane, valid, rows, 2 * cols, cast, emit_hp)
-    dual_quantize_block(du, out, tr, m, pg + GATE_UP_TILE, lane, valid, rows, 2 * cols, cast, emit_hp)
+    dual_quantize_block(dg, out, tr, m, pg, lane, valid, rows, 2 * cols, cast, emit_hp, grp)
+    dual_quantize_block(du, out, tr, m, pg + GATE_UP_TILE, lane, valid, rows, 2 * cols, cast, emit_hp, grp)

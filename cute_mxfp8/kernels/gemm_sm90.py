@@ -295,8 +295,8 @@ class MXGemmSm90Dequant:
             raise ValueError(f"grouping must be 'none' (dense), 'm' (2d-3d) or 'k' (2d-2d), got {grouping!r}")
         if epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {EPILOGUES}, got {epilogue!r}")
-        if epilogue != "plain" and grouping != "none":
-            raise ValueError(f"the fused {epilogue!r} epilogue is dense only (grouping='none'), got {grouping!r}")
+        if epilogue != "plain" and grouping == "k":
+            raise ValueError(f"the fused {epilogue!r} epilogue is for dense or 2d-3d GEMMs, got grouping='k'")
         self.grouping, self.epilogue, self.emit_hp = grouping, epilogue, emit_hp
         self.cast = MXCastParams(cast_elem, scale_mode, blocked=True)  # the fused epilogues' output cast
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
@@ -332,21 +332,25 @@ class MXGemmSm90Dequant:
     @cute.jit
     def call_swiglu(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, h13: cute.Tensor,
                     q: cute.Tensor, qs: cute.Tensor, qt: cute.Tensor, qts: cute.Tensor, hp: cute.Tensor,
-                    stream: cuda.CUstream):
+                    offs: cute.Tensor, sched: cute.Tensor, stream: cuda.CUstream):
         """SwiGLU epilogue (GEMM1, dense): ``b`` = W13 (2I, K) in the interleaved gate/up layout (runs of 64, so
         an N tile is 64 gate + 64 up columns); writes ``h13`` (M, 2I) and h's dual MXFP8 cast: ``q`` (M, I), ``qt``
         (I, Mp), blocked scales ``qs`` / ``qts`` (zero-filled by the caller), ``hp`` (M, I) fp32 when
-        ``emit_hp`` (:func:`.gemm_epilogue.swiglu_block`, the SM100 epilogue's code)."""
-        self._launch(a, b, sfa, sfb, h13, None, (q, qs, qt, qts, hp), None, None, stream)
+        ``emit_hp`` (:func:`.gemm_epilogue.swiglu_block`, the SM100 epilogue's code).  ``grouping="m"``: ``a``,
+        ``b``, ``offs``, ``sched`` as :meth:`__call__` takes them, ``b`` the experts' W13 back to back; h's
+        outputs in the grouped layouts (``q`` and ``qt`` (I, T) zero-filled by the caller, colwise blocks within
+        a group); else ``offs`` / ``sched`` are placeholders."""
+        self._launch(a, b, sfa, sfb, h13, None, (q, qs, qt, qts, hp), offs, sched, stream)
 
     @cute.jit
     def call_dswiglu(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, h13: cute.Tensor,
                      q: cute.Tensor, qs: cute.Tensor, qt: cute.Tensor, qts: cute.Tensor, hp: cute.Tensor,
-                     stream: cuda.CUstream):
+                     offs: cute.Tensor, sched: cute.Tensor, stream: cuda.CUstream):
         """dSwiGLU epilogue (GEMM3, dense): the accumulator is dh (M, I); reads the saved ``h13`` (M, 2I) and
         writes dh13's dual MXFP8 cast: ``q`` (M, 2I), ``qt`` (2I, Mp), blocked scales (zero-filled), ``hp``
-        (M, 2I) when ``emit_hp`` (:func:`.gemm_epilogue.dswiglu_block`).  No D is stored."""
-        self._launch(a, b, sfa, sfb, None, h13, (q, qs, qt, qts, hp), None, None, stream)
+        (M, 2I) when ``emit_hp`` (:func:`.gemm_epilogue.dswiglu_block`).  No D is stored.  Token groups as for
+        :meth:`call_swiglu`."""
+        self._launch(a, b, sfa, sfb, None, h13, (q, qs, qt, qts, hp), offs, sched, stream)
 
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor,
@@ -382,19 +386,24 @@ class MXGemmSm90Dequant:
             sbh: cute.struct.Align[cute.struct.MemRange[cutlass.BFloat16, cute.cosize(self.bh_smem.outer)], 1024]
 
         self.shared = Shared
+        n_e = n  # columns of the output per expert
         if cutlass.const_expr(self.grouping == "m"):  # a bound on the groups' tiles plus the tail's (rows >= offs[-1])
-            grid = (m // self.TILE_M + cute.size(offs) + 1, (d.shape[1] + self.TILE_N - 1) // self.TILE_N, 1)
+            if cutlass.const_expr(d is None):
+                n_e = h13.shape[1] // 2  # dSwiGLU: dh has I columns
+            else:
+                n_e = d.shape[1]
+            grid = (m // self.TILE_M + cute.size(offs) + 1, (n_e + self.TILE_N - 1) // self.TILE_N, 1)
         elif cutlass.const_expr(self.grouping == "k"):
             grid = ((m + self.TILE_M - 1) // self.TILE_M, (n + self.TILE_N - 1) // self.TILE_N, cute.size(offs))
         else:
             grid = ((m + self.TILE_M - 1) // self.TILE_M, (n + self.TILE_N - 1) // self.TILE_N, 1)
-        self.kernel(self.tiled_mma, tma_a, ga, tma_b, gb, sfa, sfb, d, h13, fused, offs, sched, m, n, k,
+        self.kernel(self.tiled_mma, tma_a, ga, tma_b, gb, sfa, sfb, d, h13, fused, offs, sched, m, n, k, n_e,
                     self.a_smem, self.b_smem, self.bh_smem).launch(
             grid=grid, block=[self.THREADS, 1, 1], smem=Shared.size_in_bytes(), stream=stream)
 
     @cute.jit
-    def tile_work(self, offs: cute.Tensor, sched: cute.Tensor, d: cute.Tensor, m: cutlass.Int32, n: cutlass.Int32,
-                  k: cutlass.Int32, bm: cutlass.Int32, bn: cutlass.Int32, bz: cutlass.Int32):
+    def tile_work(self, offs: cute.Tensor, sched: cute.Tensor, n_e: cutlass.Int32, m: cutlass.Int32,
+                  n: cutlass.Int32, k: cutlass.Int32, bm: cutlass.Int32, bn: cutlass.Int32, bz: cutlass.Int32):
         """This CTA's work (every thread computes the same): TMA rows of A and B and first k, stage count, the
         output rows (``d_row0`` .. limit ``rows``, columns < ``cols``), the A scale rows (``sa_base`` + local row,
         clamped below ``sa_rows``; ``tiles_ka`` 128-deep tiles per 128-row scale tile, plus column tile ``ct0``),
@@ -416,16 +425,11 @@ class MXGemmSm90Dequant:
         sa_base = a_row0
         if cutlass.const_expr(self.grouping == "m"):
             groups = cute.size(offs)
-            cols = d.shape[1]
+            cols = n_e
             per_expert = (cols + 127) // 128 * tiles_ka * 512  # bytes of one expert's blocked B scales
             sa_rows = (m // 128 + groups) * 128  # formats.grouped_scale_tiles
-            g = first_group_ending_after(bm, sched[0, None], groups)
+            g, start, before = self.tile_group(offs, sched, bm)
             if g < groups:
-                start = zero
-                before = zero
-                if g > 0:
-                    start = offs[g - 1]
-                    before = sched[0, g - 1]
                 t = bm - before
                 a_row0 = start + t * self.TILE_M
                 rows = cutlass.min(offs[g], m)
@@ -459,6 +463,18 @@ class MXGemmSm90Dequant:
         return a_row0, b_row0, k0, k_tiles, k_last, d_row0, rows, cols, sa_base, sa_rows, tiles_ka, ct0, sb_off
 
     @cute.jit
+    def tile_group(self, offs: cute.Tensor, sched: cute.Tensor, bm: cutlass.Int32):
+        """``"m"`` grouping: the group of M tile ``bm`` (``size(offs)`` for the tail tiles), its first row and the
+        tiles of the groups before it."""
+        g = first_group_ending_after(bm, sched[0, None], cute.size(offs))
+        start = cutlass.Int32(0)
+        before = cutlass.Int32(0)
+        if g > 0:
+            start = offs[g - 1]
+            before = sched[0, g - 1]
+        return g, start, before
+
+    @cute.jit
     def k_masks(self, kt: cutlass.Int32, k_tiles: cutlass.Int32, k_last: cutlass.Int32, c: cutlass.Int32):
         """``"k"`` grouping: byte masks for a thread's 16 bytes ``[16 c, 16 c + 16)`` of a stage's row (low 8,
         high 8): the bytes at k past the group's end (the next group's tokens, which TMA loaded) become 0."""
@@ -476,7 +492,7 @@ class MXGemmSm90Dequant:
     @cute.kernel
     def kernel(self, mma: cute.TiledMma, tma_a: cute.CopyAtom, ga: cute.Tensor, tma_b: cute.CopyAtom,
                gb: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d, h13, fused: tuple, offs, sched,
-               m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32, a_smem: cute.ComposedLayout,
+               m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32, n_e: cutlass.Int32, a_smem: cute.ComposedLayout,
                b_smem: cute.ComposedLayout, bh_smem: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -486,7 +502,7 @@ class MXGemmSm90Dequant:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
         a_row0, b_row0, k0, k_tiles, k_last, d_row0, rows, cols, sa_base, sa_rows, tiles_ka, ct0, sb_off = \
-            self.tile_work(offs, sched, d, m, n, k, bm, bn, bz)
+            self.tile_work(offs, sched, n_e, m, n, k, bm, bn, bz)
 
         st = cutlass.memory.SmemAllocator().allocate(self.shared)
         pipe = pipeline.PipelineTmaAsync.create(
@@ -526,7 +542,8 @@ class MXGemmSm90Dequant:
             cute.arch.warpgroup_reg_alloc(self.regs_consumer)
             sbh = st.sbh.get_tensor(bh_smem.outer, swizzle=bh_smem.inner)
             self.consume(mma, pipe, pipe_b, sa8, sbh, sfa, d, k_tiles, k_last, tidx - 128, sa_base, sa_rows,
-                         tiles_ka, ct0, d_row0, rows, cols, bn, (st.sa.data_ptr(), h13, fused, bm))
+                         tiles_ka, ct0, d_row0, rows, cols, bn,
+                         (st.sa.data_ptr(), h13, fused, offs, sched, bm, m))
 
     @cute.jit
     def transform(self, pipe, pipe_b, sb8: cute.Tensor, sbh32: cute.Tensor, sfb: cute.Tensor,
@@ -694,14 +711,20 @@ class MXGemmSm90Dequant:
         if cutlass.const_expr(self.epilogue != "dswiglu"):
             self.store(accs, d, rows, cols, d_row0 + local[0][0], bn * self.TILE_N + 2 * c)
         if cutlass.const_expr(self.epilogue != "plain"):
-            base, h13, fused, bm = epi
-            self.fused_epilogue(accs, base, h13, fused, ct, lane, [local[h][0] for h in range(2)], c, bm, bn,
-                                rows, cols)
+            base, h13, fused, offs, sched, bm, m = epi
+            lrow = [local[h][0] for h in range(2)]
+            if cutlass.const_expr(self.grouping == "none"):
+                self.fused_epilogue(accs, base, h13, fused, ct, lane, lrow, c, d_row0, bn, rows, cols, None)
+            else:  # the group found again (not kept live through the mainloop: it would spill)
+                g, start, _ = self.tile_group(offs, sched, bm)
+                if g < cute.size(offs):  # the tail tiles past offs[-1] have no h rows (q, qt zero-filled)
+                    grp = (start, sched[1, g] * 128, 4 * (m // 128 + cute.size(offs)))
+                    self.fused_epilogue(accs, base, h13, fused, ct, lane, lrow, c, d_row0, bn, rows, cols, grp)
 
     @cute.jit
     def fused_epilogue(self, accs, base, h13, fused: tuple, ct: cutlass.Int32, lane: cutlass.Int32, lrow: list,
-                       c: cutlass.Int32, bm: cutlass.Int32, bn: cutlass.Int32, rows: cutlass.Int32,
-                       cols: cutlass.Int32):
+                       c: cutlass.Int32, row_base: cutlass.Int32, bn: cutlass.Int32, rows: cutlass.Int32,
+                       cols: cutlass.Int32, grp):
         """SwiGLU / dSwiGLU + dual MXFP8 cast of the accumulator tile, by the 8 consumer warps.
 
         The mainloop's shared memory is free once both consumer warpgroups are past it (every TMA stage and bf16
@@ -709,7 +732,10 @@ class MXGemmSm90Dequant:
         ``cw`` takes tile rows ``[32 cw, 32 cw + 32)`` one 32 x 32 block at a time with lane ``l`` holding row
         ``32 cw + l``: the fragment :mod:`.gemm_epilogue` works on (so the very code of the SM100 epilogue and of
         its H200 check runs here), with a 1 KB fp8 transpose tile per warp after the staging tile.  Rows past M
-        are zero in the accumulator (TMA zero-fills A), the padding the colwise blocks need."""
+        are zero in the accumulator (TMA zero-fills A), the padding the colwise blocks need; with token groups
+        (``grp``, see :func:`.gemm_epilogue.dual_quantize_block`) tile row 0 is global row ``row_base``, a group
+        start plus a multiple of 256, and the rows from the group's end (``rows``; the next group's tokens times
+        this expert's weights) are read as zeros."""
         cute.arch.barrier(barrier_id=1, number_of_threads=32 * self.CONSUMER_WARPS)  # mainloop smem reads done
         stg = cute.make_tensor(cute.recast_ptr(base, dtype=cutlass.Float32),
                                cute.make_layout((self.TILE_M, self.TILE_N), stride=(self.STAGE_PITCH, 1)))
@@ -724,25 +750,29 @@ class MXGemmSm90Dequant:
                                  dtype=self.cast.elem_dtype)
         tr = cute.make_tensor(tr_ptr, cute.make_layout((BLOCK, BLOCK), stride=(BLOCK, 1)))
         row = BLOCK * cw + lane
-        m = bm * self.TILE_M + row
+        m = row_base + row
+        live = m < rows  # grouped: the rows of this tile's group
         if cutlass.const_expr(self.epilogue == "swiglu"):
             for cb in cutlass.range_constexpr(GATE_UP_TILE // BLOCK):  # h columns 64 bn + 32 cb, gate | up
-                g = self.staged_block(stg, row, BLOCK * cb)
-                u = self.staged_block(stg, row, GATE_UP_TILE + BLOCK * cb)
+                g = self.staged_block(stg, row, BLOCK * cb, live)
+                u = self.staged_block(stg, row, GATE_UP_TILE + BLOCK * cb, live)
                 swiglu_block(g, u, fused, tr, m, bn * GATE_UP_TILE + BLOCK * cb, lane, rows, cols // 2, self.cast,
-                             self.emit_hp)
+                             self.emit_hp, grp)
         else:
             for cb in cutlass.range_constexpr(self.TILE_N // BLOCK):  # dh columns 128 bn + 32 cb
-                dh = self.staged_block(stg, row, BLOCK * cb)
+                dh = self.staged_block(stg, row, BLOCK * cb, live)
                 dswiglu_block(dh, h13, fused, tr, m, bn * self.TILE_N + BLOCK * cb, lane, rows, cols, self.cast,
-                              self.emit_hp)
+                              self.emit_hp, grp)
 
     @cute.jit
-    def staged_block(self, stg: cute.Tensor, row: cutlass.Int32, c0: cutlass.Int32):
-        """The 32 fp32 values ``stg[row, c0:c0 + 32]`` as a TensorSSA."""
+    def staged_block(self, stg: cute.Tensor, row: cutlass.Int32, c0: cutlass.Int32, live):
+        """The 32 fp32 values ``stg[row, c0:c0 + 32]`` as a TensorSSA (grouped: zeros unless ``live``)."""
         frag = cute.make_rmem_tensor((BLOCK,), cutlass.Float32)
         for j in cutlass.range_constexpr(BLOCK):
             frag[j] = stg[row, c0 + j]
+        if cutlass.const_expr(self.grouping == "m"):
+            if not live:
+                frag.fill(0.0)
         return frag.load()
 
     @cute.jit
@@ -750,24 +780,12 @@ class MXGemmSm90Dequant:
               col0: cutlass.Int32):
         """Epilogue: accumulator element pairs (columns ``col0 + 8 q``, ``+ 1``) stored as one 32-bit (bf16) or
         64-bit (fp32) word where N is even (row starts stay aligned), element by element otherwise; predicated on
-        M and N."""
-        if cols % 2 == 0:
-            wide = cutlass.Uint32 if cutlass.const_expr(self.d_dtype is cutlass.BFloat16) else cutlass.Uint64
-            dw = cute.make_tensor(cute.recast_ptr(d.iterator, dtype=wide),
-                                  cute.make_layout((rows, cols // 2), stride=(cols // 2, 1)))
-            for h in cutlass.range_constexpr(2):
-                for q in cutlass.range_constexpr(self.TILE_N // 8):
-                    col = col0 + 8 * q
-                    for rs in cutlass.range_constexpr(2):
-                        row = row0 + 64 * h + 8 * rs
-                        lo = accs[h][2 * rs + 4 * q]
-                        hi = accs[h][1 + 2 * rs + 4 * q]
-                        if row < rows and col < cols:
-                            if cutlass.const_expr(self.d_dtype is cutlass.BFloat16):
-                                dw[row, col // 2] = pack_bf16x2(lo, hi)
-                            else:
-                                dw[row, col // 2] = (cutlass.Uint64(hi.bitcast(cutlass.Uint32)) << 32) | \
-                                    cutlass.Uint64(lo.bitcast(cutlass.Uint32))
+        M and N.  The SwiGLU epilogue's h13 always has an even N (2I, I % 64 == 0): the element path is not built
+        there (it would only add register pressure)."""
+        if cutlass.const_expr(self.epilogue == "swiglu"):
+            self.store_pairs(accs, d, rows, cols, row0, col0)
+        elif cols % 2 == 0:
+            self.store_pairs(accs, d, rows, cols, row0, col0)
         else:
             for h in cutlass.range_constexpr(2):
                 for q in cutlass.range_constexpr(self.TILE_N // 4):
@@ -776,3 +794,24 @@ class MXGemmSm90Dequant:
                         row = row0 + 64 * h + 8 * rs
                         if row < rows and col < cols:
                             d[row, col] = accs[h][q % 2 + 2 * rs + 4 * (q // 2)].to(self.d_dtype)
+
+    @cute.jit
+    def store_pairs(self, accs, d: cute.Tensor, rows: cutlass.Int32, cols: cutlass.Int32, row0: cutlass.Int32,
+                    col0: cutlass.Int32):
+        """:meth:`store` for an even N: one 32-bit (bf16) or 64-bit (fp32) store per element pair."""
+        wide = cutlass.Uint32 if cutlass.const_expr(self.d_dtype is cutlass.BFloat16) else cutlass.Uint64
+        dw = cute.make_tensor(cute.recast_ptr(d.iterator, dtype=wide),
+                              cute.make_layout((rows, cols // 2), stride=(cols // 2, 1)))
+        for h in cutlass.range_constexpr(2):
+            for q in cutlass.range_constexpr(self.TILE_N // 8):
+                col = col0 + 8 * q
+                for rs in cutlass.range_constexpr(2):
+                    row = row0 + 64 * h + 8 * rs
+                    lo = accs[h][2 * rs + 4 * q]
+                    hi = accs[h][1 + 2 * rs + 4 * q]
+                    if row < rows and col < cols:
+                        if cutlass.const_expr(self.d_dtype is cutlass.BFloat16):
+                            dw[row, col // 2] = pack_bf16x2(lo, hi)
+                        else:
+                            dw[row, col // 2] = (cutlass.Uint64(hi.bitcast(cutlass.Uint32)) << 32) | \
+                                cutlass.Uint64(lo.bitcast(cutlass.Uint32))

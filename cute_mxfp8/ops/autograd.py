@@ -241,8 +241,8 @@ def fused_epilogues_enabled(config, device, i: int, grouped: bool) -> bool:
     """Whether :func:`mxfp8_swiglu_mlp` with hidden size ``i`` on ``device`` runs with the GEMM-fused epilogues
     (:attr:`MXFP8Config.fused_epilogues`).  Raises ValueError where ``fused_epilogues=True`` cannot hold."""
     c = resolve_config(config)
-    if c.fused_epilogues is None:  # no kernel backend has grouped fused epilogues yet: grouped runs unfused
-        return not grouped and i % GATE_UP_TILE == 0 and fuses_mlp(device, c.backend)
+    if c.fused_epilogues is None:
+        return i % GATE_UP_TILE == 0 and fuses_mlp(device, c.backend, grouped)
     if c.fused_epilogues and i % GATE_UP_TILE:
         raise ValueError(f"fused_epilogues=True needs I % {GATE_UP_TILE} == 0 (the interleaved gate/up layout), got "
                          f"I = {i}: pad w1 and w3 EACH (and w2's columns) to a multiple of {GATE_UP_TILE}")

@@ -56,6 +56,8 @@ class Backend:
     # default when this backend runs its GEMMs (the reference implements those ops too, as their oracle, but the
     # MLP fuses there only when asked: ``MXFP8Config(fused_epilogues=True)``).
     fuses_mlp: bool = False
+    # ... and does so with token groups too (its fused ops take ``offs``)
+    fuses_grouped_mlp: bool = False
 
     def refusal(self, op: str, device: torch.device, args: tuple | None) -> str | None:
         """Why this backend cannot run ``op`` on ``device`` with ``args`` (None: it can)."""
@@ -129,7 +131,8 @@ def get_impl(op: str, device, requested: str | None = None, args: tuple | None =
     return _BACKENDS[resolve_backend(device, requested, op, args)].ops[op]
 
 
-def fuses_mlp(device, requested: str | None = None) -> bool:
+def fuses_mlp(device, requested: str | None = None, grouped: bool = False) -> bool:
     """Whether the backend that runs the GEMMs on ``device`` (``requested`` or automatic) fuses the SwiGLU MLP's
-    epilogues by default (:attr:`Backend.fuses_mlp`)."""
-    return _BACKENDS[resolve_backend(device, requested, "mm")].fuses_mlp
+    epilogues by default (:attr:`Backend.fuses_mlp`; with token groups :attr:`Backend.fuses_grouped_mlp`)."""
+    b = _BACKENDS[resolve_backend(device, requested, "mm")]
+    return b.fuses_grouped_mlp if grouped else b.fuses_mlp

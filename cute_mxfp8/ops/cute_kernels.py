@@ -291,4 +291,5 @@ for _name, (_, _arch, _) in _ARCHS.items():
         ops={**_ops(_arch), **_swiglu_ops(_arch), **_gemm.OPS},
         limits={**_QUANT_LIMITS, **_SWIGLU_LIMITS, **_gemm.LIMITS},
         fuses_mlp="mm_swiglu_quant" in _gemm.OPS,
+        fuses_grouped_mlp="mm_swiglu_quant" in _gemm.OPS and getattr(_gemm, "FUSED_GROUPED", False),
     ))

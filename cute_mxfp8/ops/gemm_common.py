@@ -57,14 +57,17 @@ def mm_with_bias(run: Callable[[torch.Tensor], None], a, b, out_dtype, bias) -> 
 
 # ---- outputs of the GEMM-fused SwiGLU / dSwiGLU + dual-quant epilogues (SM90 and SM100 kernels alike) ----
 
-def dual_outputs(like: torch.Tensor, m: int, n: int, elem_dtype, emit_hp: bool):
-    """Outputs of a dual cast of an (m, n) tensor (the shapes of :mod:`.shapes`, blocked): data, zero-filled
-    scales (the epilogue writes only the real ones) and the fp32 copy of the values (or an empty one)."""
+def dual_outputs(like: torch.Tensor, m: int, n: int, elem_dtype, emit_hp: bool, groups: int | None = None):
+    """Outputs of a dual cast of an (m, n) tensor (the shapes of :mod:`.shapes`, blocked; grouped layouts with
+    ``groups``): data, zero-filled scales (the epilogue writes only the real ones) and the fp32 copy of the values
+    (or an empty one).  With groups the data and the fp32 copy are zero-filled too: the kernels leave the rows past
+    ``offs[-1]`` alone, where the reference has the casts of zeros."""
     dev = like.device
-    (qd, qsd), (qtd, qtsd) = rowwise_shapes((m, n), True, None), colwise_shapes((m, n), True, None)
-    q, qt = (torch.empty(d, dtype=elem_dtype, device=dev) for d in (qd, qtd))
+    (qd, qsd), (qtd, qtsd) = rowwise_shapes((m, n), True, groups), colwise_shapes((m, n), True, groups)
+    new = torch.empty if groups is None else torch.zeros
+    q, qt = (new(d, dtype=elem_dtype, device=dev) for d in (qd, qtd))
     qs, qts = (torch.zeros(d, dtype=torch.uint8, device=dev) for d in (qsd, qtsd))
-    hp = torch.empty((m, n) if emit_hp else (0,), dtype=torch.float32, device=dev)
+    hp = new((m, n) if emit_hp else (0,), dtype=torch.float32, device=dev)
     return q, qs, qt, qts, hp
 
 
@@ -78,26 +81,31 @@ def e8m0_outputs(q, qs, qt, qts, hp):
     return q, qs.view(torch.float8_e8m0fnu), qt, qts.view(torch.float8_e8m0fnu), hp
 
 
-def run_mm_swiglu_quant(kernel: Callable, a, a_scales, b13, b13_scales, elem_dtype, emit_hp: bool, out_dtype):
-    """``mm_swiglu_quant``'s outputs from ``kernel`` (``kernel(a, b13, sfa, sfb, h13, q, qs, qt, qts, hp)``: an
-    SM90 or SM100 GEMM build with the SwiGLU epilogue): h13 (M, 2I) ``out_dtype``, then h's dual cast."""
-    m, i = a.shape[0], b13.shape[0] // 2
+def run_mm_swiglu_quant(kernel: Callable, a, a_scales, b13, b13_scales, elem_dtype, emit_hp: bool, out_dtype,
+                        extra: tuple = (), groups: int | None = None):
+    """``mm_swiglu_quant``'s outputs from ``kernel`` (``kernel(a, b13, sfa, sfb, h13, q, qs, qt, qts, hp,
+    *extra)``: an SM90 or SM100 GEMM build with the SwiGLU epilogue): h13 (M, 2I) ``out_dtype``, then h's dual
+    cast (grouped layouts with ``groups``; b13 (E, 2I, K) is passed as (E * 2I, K), its scales flat)."""
+    m, i = a.shape[0], b13.shape[-2] // 2
     h13 = torch.empty(m, 2 * i, dtype=out_dtype, device=a.device)
-    out = dual_outputs(a, m, i, elem_dtype, emit_hp)
+    out = dual_outputs(a, m, i, elem_dtype, emit_hp, groups)
     if h13.numel():
         q, qs, qt, qts, hp = out
-        kernel(a, b13, a_scales.view(torch.uint8), b13_scales.view(torch.uint8), h13, q, qs, qt, qts, hp_arg(hp))
+        kernel(a, b13.reshape(-1, b13.shape[-1]), a_scales.view(torch.uint8),
+               b13_scales.view(torch.uint8).reshape(-1), h13, q, qs, qt, qts, hp_arg(hp), *extra)
     return (h13, *e8m0_outputs(*out))
 
 
-def run_mm_dswiglu_quant(kernel: Callable, a, a_scales, b, b_scales, h13, elem_dtype, emit_hp: bool):
+def run_mm_dswiglu_quant(kernel: Callable, a, a_scales, b, b_scales, h13, elem_dtype, emit_hp: bool,
+                         extra: tuple = (), groups: int | None = None):
     """``mm_dswiglu_quant``'s outputs from ``kernel`` (the dSwiGLU epilogue build, same arguments as above with the
     saved h13 read): dh13's dual cast."""
-    m, i = a.shape[0], b.shape[0]
-    out = dual_outputs(a, m, 2 * i, elem_dtype, emit_hp)
+    m, i = a.shape[0], b.shape[-2]
+    out = dual_outputs(a, m, 2 * i, elem_dtype, emit_hp, groups)
     if m and i:
         q, qs, qt, qts, hp = out
-        kernel(a, b, a_scales.view(torch.uint8), b_scales.view(torch.uint8), h13, q, qs, qt, qts, hp_arg(hp))
+        kernel(a, b.reshape(-1, b.shape[-1]), a_scales.view(torch.uint8), b_scales.view(torch.uint8).reshape(-1),
+               h13, q, qs, qt, qts, hp_arg(hp), *extra)
     return e8m0_outputs(*out)
 
 

@@ -28,7 +28,7 @@ import torch
 from .. import formats as F
 from ..swiglu import GATE_UP_TILE
 from ..jit import compile_gemm_sm90, compile_token_align
-from .gemm_common import (DENSE_ONLY_EPILOGUES, MAX_ELEMENTS, device_offsets, mm_with_bias, offs_limits,
+from .gemm_common import (MAX_ELEMENTS, device_offsets, mm_with_bias, offs_limits,
                           operand_limits, run_mm_dswiglu_quant, run_mm_swiglu_quant)
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
@@ -159,22 +159,32 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
 
 
 def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):
-    """GEMM1 with the SwiGLU + dual-quant epilogue (dense; W13 interleaved in runs of 64): the outputs of
-    the reference's ``mm_swiglu_quant``."""
-    return run_mm_swiglu_quant(_fused_kernel(a, b13, out_dtype, "swiglu", elem_dtype, scale_mode, emit_hp), a,
-                               a_scales, b13, b13_scales, elem_dtype, emit_hp, out_dtype)
+    """GEMM1 with the SwiGLU + dual-quant epilogue (W13 interleaved in runs of 64; with ``offs`` the 2d-3d
+    grouped GEMM, b13 (E, 2I, K)): the outputs of the reference's ``mm_swiglu_quant``."""
+    kernel = _fused_kernel(a, b13, out_dtype, "swiglu", elem_dtype, scale_mode, emit_hp, offs is not None)
+    return run_mm_swiglu_quant(kernel, a, a_scales, b13, b13_scales, elem_dtype, emit_hp, out_dtype,
+                               *_group_args(a, offs))
 
 
 def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, offs=None):
-    """w2 dgrad with the dSwiGLU + dual-quant epilogue (dense): the outputs of the reference's
-    ``mm_dswiglu_quant``."""
-    return run_mm_dswiglu_quant(_fused_kernel(a, b, h13.dtype, "dswiglu", elem_dtype, scale_mode, emit_hp), a,
-                                a_scales, b, b_scales, h13, elem_dtype, emit_hp)
+    """w2 dgrad with the dSwiGLU + dual-quant epilogue (with ``offs`` 2d-3d, b (E, I, K)): the outputs of the
+    reference's ``mm_dswiglu_quant``."""
+    kernel = _fused_kernel(a, b, h13.dtype, "dswiglu", elem_dtype, scale_mode, emit_hp, offs is not None)
+    return run_mm_dswiglu_quant(kernel, a, a_scales, b, b_scales, h13, elem_dtype, emit_hp, *_group_args(a, offs))
 
 
-def _fused_kernel(a, b, out_dtype, epilogue, elem_dtype, scale_mode, emit_hp):
-    return compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", epilogue=epilogue,
-                             cast_elem=_ELEM[elem_dtype], scale_mode=scale_mode, emit_hp=emit_hp)
+def _group_args(a, offs):
+    """(extra kernel arguments, group count) of a fused launch: the device-side groups, or placeholders."""
+    if offs is None:
+        return _placeholders(a.device), None
+    offs = device_offsets(offs, a.shape[0])
+    return (offs, group_schedule(offs)), offs.numel()
+
+
+def _fused_kernel(a, b, out_dtype, epilogue, elem_dtype, scale_mode, emit_hp, grouped=False):
+    return compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant",
+                             grouping="m" if grouped else "none", epilogue=epilogue, cast_elem=_ELEM[elem_dtype],
+                             scale_mode=scale_mode, emit_hp=emit_hp)
 
 
 def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None):
@@ -223,20 +233,21 @@ def _fused_limits(a, a_scales, b, b_scales, n_out: int, out_rows_elems: int) -> 
 
 
 def _mm_swiglu_limits(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):
-    if offs is not None:
-        return DENSE_ONLY_EPILOGUES
-    return _fused_limits(a, a_scales, b13, b13_scales, b13.shape[0], a.shape[0] * b13.shape[0])
+    return offs_limits(offs) or _fused_limits(a, a_scales, b13, b13_scales, b13.shape[-2],
+                                              a.shape[0] * b13.shape[-2])
 
 
 def _mm_dswiglu_limits(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, offs=None):
-    if offs is not None:
-        return DENSE_ONLY_EPILOGUES
-    return _fused_limits(a, a_scales, b, b_scales, 2 * b.shape[0], 2 * a.shape[0] * b.shape[0])
+    why = offs_limits(offs) or _fused_limits(a, a_scales, b, b_scales, 2 * b.shape[-2], 2 * a.shape[0] * b.shape[-2])
+    if why is None and (not h13.is_contiguous() or h13.data_ptr() % 16):
+        return "h13 must be contiguous with a 16-byte aligned data pointer (call .contiguous())"
+    return why
 
 
 # Built and compile-checked, registered once their GPU tests have run on the H200 (see the module docstring;
 # CUTE_MXFP8_EXPERIMENTAL=sm90_fused registers them now).
 FUSED_OPS = {"mm_swiglu_quant": mm_swiglu_quant, "mm_dswiglu_quant": mm_dswiglu_quant}
+FUSED_GROUPED = True  # they take offs (2d-3d): the grouped SwiGLU MLP fuses too
 FUSED_LIMITS = {"mm_swiglu_quant": _mm_swiglu_limits, "mm_dswiglu_quant": _mm_dswiglu_limits}
 OPS = {"mm": mm, "grouped_mm": grouped_mm, "grouped_mm_wgrad": grouped_mm_wgrad}
 LIMITS = {"mm": _mm_limits, "grouped_mm": _grouped_mm_limits, "grouped_mm_wgrad": _grouped_mm_wgrad_limits}
