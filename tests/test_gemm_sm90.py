@@ -504,10 +504,16 @@ def test_sm90_mm_dswiglu_quant_equals_the_standalone_casts_of_its_accumulator(m,
                                                 elem_dtype=ELEMS[elem], blocked=False, emit_hp=emit_hp,
                                                 backend="sm90")
     mp = -(-m // 32) * 32
-    plain_qs = F.from_blocked_scales(qs, m, 2 * i // 32).view(torch.uint8)
-    plain_qts = F.from_blocked_scales(qts, 2 * i, mp // 32).view(torch.uint8)
-    assert torch.equal(_concat(plain_qs, -1, 2), rqs.view(torch.uint8))
-    assert torch.equal(_concat(plain_qts, 0), rqts.view(torch.uint8))
+    plain = (F.from_blocked_scales(qs, m, 2 * i // 32), F.from_blocked_scales(qts, 2 * i, mp // 32))
+    _assert_dh13_equal((q, qt, hp), plain, (rq, rqs, rqt, rqts, rhp), emit_hp)
+
+
+def _assert_dh13_equal(data: tuple, plain_scales: tuple, ref: tuple, emit_hp: bool):
+    """The fused dSwiGLU outputs (interleaved dh13: data, plain-layout scales) equal the standalone kernel's
+    (concatenated gate | up) bit for bit."""
+    (q, qt, hp), (qs, qts), (rq, rqs, rqt, rqts, rhp) = data, plain_scales, ref
+    assert torch.equal(_concat(qs.view(torch.uint8), -1, 2), rqs.view(torch.uint8))
+    assert torch.equal(_concat(qts.view(torch.uint8), 0), rqts.view(torch.uint8))
     assert torch.equal(_concat(q.view(torch.uint8), -1), rq.view(torch.uint8))
     assert torch.equal(_concat(qt.view(torch.uint8), 0), rqt.view(torch.uint8))
     if emit_hp:
@@ -585,12 +591,6 @@ def test_sm90_grouped_fused_epilogues_equal_the_standalone_grouped_casts(sizes, 
     rq, rqs, rqt, rqts, rhp = ops.dswiglu_quant(dh, _concat(h13b, -1).float(), scale_mode=scale_mode,
                                                 elem_dtype=ELEMS[elem], blocked=False, emit_hp=emit_hp, offs=offs,
                                                 backend="sm90")
-    cols = 4 * F.grouped_scale_tiles(t, e)
-    plain_qs = F.from_blocked_scales_grouped_m(dqs, offs, t, 2 * i // 32).view(torch.uint8)
-    plain_qts = F.from_blocked_scales(dqts, 2 * i, cols).view(torch.uint8)
-    assert torch.equal(_concat(plain_qs, -1, 2), rqs.view(torch.uint8))
-    assert torch.equal(_concat(plain_qts, 0), rqts.view(torch.uint8))
-    assert torch.equal(_concat(dq.view(torch.uint8), -1), rq.view(torch.uint8))
-    assert torch.equal(_concat(dqt.view(torch.uint8), 0), rqt.view(torch.uint8))
-    if emit_hp:
-        torch.testing.assert_close(_concat(dhp, -1), rhp, rtol=0, atol=0, equal_nan=True)
+    plain = (F.from_blocked_scales_grouped_m(dqs, offs, t, 2 * i // 32),
+             F.from_blocked_scales(dqts, 2 * i, 4 * F.grouped_scale_tiles(t, e)))
+    _assert_dh13_equal((dq, dqt, dhp), plain, (rq, rqs, rqt, rqts, rhp), emit_hp)
