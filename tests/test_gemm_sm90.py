@@ -577,6 +577,7 @@ def test_sm90_grouped_fused_epilogues_equal_the_standalone_grouped_casts(sizes, 
     h13, q, qs, qt, qts, hp = G.mm_swiglu_quant(x, x_s, w13, w13_s, scale_mode, ELEMS[elem], emit_hp,
                                                 torch.float32, offs)
     assert torch.equal(h13, ops.grouped_mm(x, x_s, w13, w13_s, offs, out_dtype=torch.float32, backend="sm90"))
+    assert torch.all(h13[sum(sizes):] == 0) and torch.all(q[sum(sizes):].view(torch.uint8) == 0)
     ref = ops.swiglu_quant(_concat(h13, -1), scale_mode=scale_mode, elem_dtype=ELEMS[elem], emit_hp=emit_hp,
                            offs=offs, backend="sm90")
     for got, want in zip((q, qs, qt, qts), ref[:4]):
