@@ -17,7 +17,7 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .gemm_epilogue import EPILOGUES, GATE_UP_TILE, dswiglu_block, swiglu_block
-from .mx_math import (BLOCK, MXCastParams, dequant_pair_bf16, e8m0_bf16x2, e8m0_to_f32, first_group_ending_after,
+from .mx_math import (BLOCK, MXCastParams, dequant_pair_bf16, e8m0_bf16x2, e8m0_to_f32, group_of_row,
                       gemm_dtypes, pack_bf16x2)
 
 _K_MAJOR = utils.LayoutEnum.ROW_MAJOR  # A (M, K) and B (N, K) with K contiguous
@@ -301,7 +301,8 @@ class MXGemmSm90Dequant:
         self.cast = MXCastParams(cast_elem, scale_mode, blocked=True)  # the fused epilogues' output cast
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
         if transform_warps not in (3, 7):
-            raise ValueError(f"transform_warps must be 3 (warpgroup 0 only) or 7 (plus warpgroup 3), got {transform_warps}")
+            raise ValueError(f"transform_warps must be 3 (warpgroup 0 only) or 7 (plus warpgroup 3), got "
+                             f"{transform_warps}")
         self.a_elem, self.b_elem = a_elem, b_elem
         self.TRANSFORM_THREADS = 32 * transform_warps
         self.THREADS = 384 if transform_warps == 3 else 512
@@ -447,7 +448,6 @@ class MXGemmSm90Dequant:
                 sa_base = zero
             d_row0 = a_row0
         if cutlass.const_expr(self.grouping == "k"):
-            groups = cute.size(offs)
             start = zero
             if bz > 0:
                 start = offs[bz - 1]
@@ -466,7 +466,7 @@ class MXGemmSm90Dequant:
     def tile_group(self, offs: cute.Tensor, sched: cute.Tensor, bm: cutlass.Int32):
         """``"m"`` grouping: the group of M tile ``bm`` (``size(offs)`` for the tail tiles), its first row and the
         tiles of the groups before it."""
-        g = first_group_ending_after(bm, sched[0, None], cute.size(offs))
+        g = group_of_row(bm, sched[0, None], cute.size(offs))
         start = cutlass.Int32(0)
         before = cutlass.Int32(0)
         if g > 0:

@@ -109,8 +109,10 @@ def quantize_block(xv: cute.TensorSSA, emax: cutlass.Constexpr[int], rceil: cutl
 
 @cute.jit
 def group_of_row(r: cutlass.Int32, offs: cute.Tensor, num_groups: cutlass.Int32):
-    """Index of the token group holding row ``r`` (``num_groups`` if ``r >= offs[-1]``): a binary search over the
-    cumulative end offsets, 17 fixed steps (up to 131071 groups; the ops layer allows 65536)."""
+    """Index of the token group holding row ``r`` (``num_groups`` if ``r >= offs[-1]``): the smallest g with
+    ``offs[g] > r``, a binary search over the cumulative ends, 17 fixed steps (up to 131071 groups; the ops layer
+    allows 65536).  Any non-decreasing cumulative ends serve: the grouped GEMMs pass per-group tile counts (tile
+    ``r``'s group) or 16-aligned column ends (column ``r``'s group)."""
     lo = cutlass.Int32(0)
     hi = num_groups
     for _ in cutlass.range_constexpr(17):
@@ -136,23 +138,6 @@ def last_group_at_or_below(vb: cutlass.Int32, tile_starts: cute.Tensor, num_grou
                 lo = mid
             else:
                 hi = mid - 1
-    return lo
-
-
-@cute.jit
-def first_group_ending_after(idx: cutlass.Int32, tile_ends: cute.Tensor, num_groups: cutlass.Int32):
-    """Smallest g with ``tile_ends[g] > idx`` (``tile_ends`` non-decreasing: the cumulative per-group tile counts
-    of a grouped GEMM's M tiles), or ``num_groups`` when ``idx`` is past every group's tiles: 17 fixed
-    binary-search steps (up to 131072 groups; the ops layer allows 65536)."""
-    lo = cutlass.Int32(0)
-    hi = num_groups
-    for _ in cutlass.range_constexpr(17):
-        if lo < hi:
-            mid = (lo + hi) // 2
-            if tile_ends[mid] > idx:
-                hi = mid
-            else:
-                lo = mid + 1
     return lo
 
 

@@ -15,7 +15,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
-from .mx_math import first_group_ending_after
+from .mx_math import group_of_row
 
 THREADS = 128  # threads per CTA
 CHUNK = 16  # output bytes per thread: one 16-byte-aligned piece of a row, inside one group's aligned range
@@ -31,7 +31,7 @@ class TokenAlignKernel:
 
     Work split: grid (R, T' / 16 / 128); thread j of a row writes dst columns ``[16 j, 16 j + 16)`` as four 32-bit
     stores.  A 16-column piece never straddles two groups (both bounds are multiples of 16), so one binary search
-    (:func:`~.mx_math.first_group_ending_after`) finds its group.
+    (:func:`~.mx_math.group_of_row` over ``ends16``) finds its group.
     """
 
     @cute.jit
@@ -52,7 +52,7 @@ class TokenAlignKernel:
         j = bx * THREADS + tidx
         if j < pieces:
             p0 = j * CHUNK
-            g = first_group_ending_after(p0, ends16, groups)
+            g = group_of_row(p0, ends16, groups)
             shift = cutlass.Int32(0)  # source column = destination column + shift
             valid = cutlass.Int32(0)  # bytes of this piece that are tokens of group g
             if g < groups:

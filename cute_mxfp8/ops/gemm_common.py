@@ -107,7 +107,3 @@ def run_mm_dswiglu_quant(kernel: Callable, a, a_scales, b, b_scales, h13, elem_d
         kernel(a, b.reshape(-1, b.shape[-1]), a_scales.view(torch.uint8), b_scales.view(torch.uint8).reshape(-1),
                h13, q, qs, qt, qts, hp_arg(hp), *extra)
     return e8m0_outputs(*out)
-
-
-DENSE_ONLY_EPILOGUES = ("the GEMM-fused SwiGLU epilogues of the kernels are dense only (grouped ones are not built "
-                        "yet): run the MLP with fused_epilogues=None / False, or backend='reference'")

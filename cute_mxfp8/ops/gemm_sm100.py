@@ -15,8 +15,7 @@ import warnings
 import torch
 
 from ..jit import compile_gemm_sm100
-from .gemm_common import (DENSE_ONLY_EPILOGUES, MAX_ELEMENTS, mm_with_bias, operand_limits, run_mm_dswiglu_quant,
-                          run_mm_swiglu_quant)
+from .gemm_common import MAX_ELEMENTS, mm_with_bias, operand_limits, run_mm_dswiglu_quant, run_mm_swiglu_quant
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -87,6 +86,10 @@ def _gemm_limits(a, a_scales, b, b_scales, out_dtype, epilogue):
     if why is None and a.shape[0] and b.shape[0]:  # an empty output launches nothing
         why = MXGemmSm100.can_implement(a.shape[0], b.shape[0], a.shape[1], _OUT[out_dtype], epilogue)
     return why
+
+
+DENSE_ONLY_EPILOGUES = ("the SM100 kernel's fused SwiGLU epilogues are dense only (no grouped build yet): run the "
+                        "MLP with fused_epilogues=None / False, or backend='reference'")
 
 
 def _mm_swiglu_limits(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):

@@ -10,11 +10,11 @@ non-decreasing first, which leaves valid offsets unchanged and keeps every acces
 (the reference backend and the modules validate them and raise).
 
 Inputs arrive checked by :mod:`cute_mxfp8.ops.library` (shapes, dtypes, devices, contiguous); :data:`LIMITS` adds
-what the kernels need beyond that (16-byte aligned operands for TMA, K > 0, 32-bit indexing) and refuses the call with the reason otherwise.  The fused-epilogue ops have no
-SM90 kernel in the backend yet: :func:`mm_swiglu_quant` / :func:`mm_dswiglu_quant` here run the dequantize
-mainloop with the SM100 kernel's fused epilogue code (compiled and SASS-checked in CI); they join :data:`OPS`
-(and the SwiGLU MLP then fuses on SM90) once their GPU tests have passed on the H200.  Until then the reference
-runs the fused ops and an explicit ``backend="sm90"`` raises.
+what the kernels need beyond that (16-byte aligned operands for TMA, K > 0, 32-bit indexing) and refuses the call
+with the reason otherwise. The fused-epilogue ops have no SM90 kernel in the backend yet: :func:`mm_swiglu_quant` /
+:func:`mm_dswiglu_quant` here run the dequantize mainloop with the SM100 kernel's fused epilogue code (compiled and
+SASS-checked in CI); they join :data:`OPS` (and the SwiGLU MLP then fuses on SM90) once their GPU tests have passed
+on the H200. Until then the reference runs the fused ops and an explicit ``backend="sm90"`` raises.
 """
 
 from __future__ import annotations
