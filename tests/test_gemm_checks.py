@@ -14,6 +14,7 @@ import torch
 
 from cute_mxfp8 import formats as F
 from cute_mxfp8.swiglu import GATE_UP_TILE, pack_gate_up, split_gate_up
+from fused_checks import assert_dh13_equal, concat_gate_up
 
 cutlass = pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is a dependency; install the package")
 
@@ -57,11 +58,6 @@ def _run_check(mode, acc, h13, elem, scale_mode, emit_hp):
     return q, _unblock(qs, m, n // 32), qt, _unblock(qts, n, mp // 32), hp if emit_hp else None
 
 
-def _concat(t: torch.Tensor, dim: int, tile=GATE_UP_TILE) -> torch.Tensor:
-    """Interleaved gate/up layout (runs of ``tile``) -> concatenated, along ``dim``."""
-    return pack_gate_up(*split_gate_up(t, dim=dim, tile=tile), dim=dim)
-
-
 def _accumulator(m: int, n: int, device) -> torch.Tensor:
     acc = torch.randn(m, n, device=device) * 4
     acc[0] = 0.0  # a zero row
@@ -82,7 +78,7 @@ def test_swiglu_epilogue_equals_standalone_kernel(m, i, elem, scale_mode, emit_h
     acc = _accumulator(m, 2 * i, "cuda")  # GEMM1's accumulator, interleaved gate/up
     h13 = torch.empty(1, 64, dtype=torch.bfloat16, device="cuda")  # unused by the forward
     q, qs, qt, qts, hp = _run_check("swiglu", acc, h13, elem, scale_mode, emit_hp)
-    rq, rqs, rqt, rqts, rhp = ops.swiglu_quant(_concat(acc, -1), scale_mode=scale_mode, elem_dtype=ELEMS[elem],
+    rq, rqs, rqt, rqts, rhp = ops.swiglu_quant(concat_gate_up(acc, -1), scale_mode=scale_mode, elem_dtype=ELEMS[elem],
                                                blocked=False, emit_hp=emit_hp, backend="sm90")
     assert torch.equal(qs, rqs.view(torch.uint8)) and torch.equal(qts, rqts.view(torch.uint8))
     assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8))
@@ -103,16 +99,11 @@ def test_dswiglu_epilogue_equals_standalone_kernel(m, i, elem, scale_mode, emit_
     h13 = (torch.randn(m, 2 * i, device="cuda") * 3).to(torch.bfloat16)  # saved by the forward, interleaved
     h13[min(4, m - 1), :32] = -95.0  # sigmoid subnormal
     q, qs, qt, qts, hp = _run_check("dswiglu", dh, h13, elem, scale_mode, emit_hp)
-    rq, rqs, rqt, rqts, rhp = ops.dswiglu_quant(dh, _concat(h13, -1).float(), scale_mode=scale_mode,
+    rq, rqs, rqt, rqts, rhp = ops.dswiglu_quant(dh, concat_gate_up(h13, -1).float(), scale_mode=scale_mode,
                                                 elem_dtype=ELEMS[elem], blocked=False, emit_hp=emit_hp,
                                                 backend="sm90")
-    # the epilogue writes dh13 interleaved like h13: undo it (scales move in runs of 2 columns / rows)
-    assert torch.equal(_concat(qs, -1, GATE_UP_TILE // 32), rqs.view(torch.uint8))
-    assert torch.equal(_concat(qts, 0), rqts.view(torch.uint8))
-    assert torch.equal(_concat(q.view(torch.uint8), -1), rq.view(torch.uint8))
-    assert torch.equal(_concat(qt.view(torch.uint8), 0), rqt.view(torch.uint8))
-    if emit_hp:
-        torch.testing.assert_close(_concat(hp, -1), rhp, rtol=0, atol=0, equal_nan=True)
+    # the epilogue writes dh13 interleaved like h13: undo it
+    assert_dh13_equal((q, qt, hp), (qs, qts), (rq, rqs, rqt, rqts, rhp), emit_hp)
 
 
 @pytest.mark.gpu

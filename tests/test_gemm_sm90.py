@@ -15,6 +15,7 @@ from cute_mxfp8 import MXFP8Config  # noqa: E402
 from cute_mxfp8 import formats as F  # noqa: E402
 from cute_mxfp8 import ops  # noqa: E402
 from cute_mxfp8.cli import sass_facts  # noqa: E402
+from fused_checks import assert_dh13_equal, concat_gate_up  # noqa: E402
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 ELEMS = {"e4m3": E4M3, "e5m2": E5M2}
@@ -451,13 +452,6 @@ def test_experimental_switch_registers_the_fused_epilogues_and_the_gather_kernel
     assert res.returncode != 0 and "unknown names ['sm90_fusd']" in res.stderr
 
 
-def _concat(t: torch.Tensor, dim: int, tile: int = 64) -> torch.Tensor:
-    """Interleaved gate/up layout (runs of ``tile``) -> concatenated, along ``dim``."""
-    from cute_mxfp8.swiglu import pack_gate_up, split_gate_up
-
-    return pack_gate_up(*split_gate_up(t, dim=dim, tile=tile), dim=dim)
-
-
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("m,d,i", [(300, 256, 192), (77, 128, 64), (512, 96, 320)])
@@ -473,7 +467,7 @@ def test_sm90_mm_swiglu_quant_equals_the_standalone_casts_of_its_accumulator(m, 
                                             torch.randn(i, d, generator=rng).cuda() / 4, gate_up_tile=64)
     h13, q, qs, qt, qts, hp = G.mm_swiglu_quant(x, x_s, w13, w13_s, scale_mode, ELEMS[elem], emit_hp, torch.float32)
     assert torch.equal(h13, ops.mm(x, x_s, w13, w13_s, out_dtype=torch.float32, backend="sm90"))
-    rq, rqs, rqt, rqts, rhp = ops.swiglu_quant(_concat(h13, -1), scale_mode=scale_mode, elem_dtype=ELEMS[elem],
+    rq, rqs, rqt, rqts, rhp = ops.swiglu_quant(concat_gate_up(h13, -1), scale_mode=scale_mode, elem_dtype=ELEMS[elem],
                                                emit_hp=emit_hp, backend="sm90")
     assert torch.equal(qs.view(torch.uint8), rqs.view(torch.uint8))
     assert torch.equal(qts.view(torch.uint8), rqts.view(torch.uint8))
@@ -500,24 +494,12 @@ def test_sm90_mm_dswiglu_quant_equals_the_standalone_casts_of_its_accumulator(m,
     h13 = (torch.randn(m, 2 * i, generator=rng) * 3).to(torch.bfloat16).cuda()
     q, qs, qt, qts, hp = G.mm_dswiglu_quant(dy, dy_s, w2c, w2c_s, h13, scale_mode, ELEMS[elem], emit_hp)
     dh = ops.mm(dy, dy_s, w2c, w2c_s, out_dtype=torch.float32, backend="sm90")
-    rq, rqs, rqt, rqts, rhp = ops.dswiglu_quant(dh, _concat(h13, -1).float(), scale_mode=scale_mode,
+    rq, rqs, rqt, rqts, rhp = ops.dswiglu_quant(dh, concat_gate_up(h13, -1).float(), scale_mode=scale_mode,
                                                 elem_dtype=ELEMS[elem], blocked=False, emit_hp=emit_hp,
                                                 backend="sm90")
     mp = -(-m // 32) * 32
     plain = (F.from_blocked_scales(qs, m, 2 * i // 32), F.from_blocked_scales(qts, 2 * i, mp // 32))
-    _assert_dh13_equal((q, qt, hp), plain, (rq, rqs, rqt, rqts, rhp), emit_hp)
-
-
-def _assert_dh13_equal(data: tuple, plain_scales: tuple, ref: tuple, emit_hp: bool):
-    """The fused dSwiGLU outputs (interleaved dh13: data, plain-layout scales) equal the standalone kernel's
-    (concatenated gate | up) bit for bit."""
-    (q, qt, hp), (qs, qts), (rq, rqs, rqt, rqts, rhp) = data, plain_scales, ref
-    assert torch.equal(_concat(qs.view(torch.uint8), -1, 2), rqs.view(torch.uint8))
-    assert torch.equal(_concat(qts.view(torch.uint8), 0), rqts.view(torch.uint8))
-    assert torch.equal(_concat(q.view(torch.uint8), -1), rq.view(torch.uint8))
-    assert torch.equal(_concat(qt.view(torch.uint8), 0), rqt.view(torch.uint8))
-    if emit_hp:
-        torch.testing.assert_close(_concat(hp, -1), rhp, rtol=0, atol=0, equal_nan=True)
+    assert_dh13_equal((q, qt, hp), plain, (rq, rqs, rqt, rqts, rhp), emit_hp)
 
 
 @pytest.mark.gpu
@@ -578,7 +560,7 @@ def test_sm90_grouped_fused_epilogues_equal_the_standalone_grouped_casts(sizes, 
                                                 torch.float32, offs)
     assert torch.equal(h13, ops.grouped_mm(x, x_s, w13, w13_s, offs, out_dtype=torch.float32, backend="sm90"))
     assert torch.all(h13[sum(sizes):] == 0) and torch.all(q[sum(sizes):].view(torch.uint8) == 0)
-    ref = ops.swiglu_quant(_concat(h13, -1), scale_mode=scale_mode, elem_dtype=ELEMS[elem], emit_hp=emit_hp,
+    ref = ops.swiglu_quant(concat_gate_up(h13, -1), scale_mode=scale_mode, elem_dtype=ELEMS[elem], emit_hp=emit_hp,
                            offs=offs, backend="sm90")
     for got, want in zip((q, qs, qt, qts), ref[:4]):
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
@@ -589,9 +571,9 @@ def test_sm90_grouped_fused_epilogues_equal_the_standalone_grouped_casts(sizes, 
     h13b = (torch.randn(t, 2 * i, generator=rng) * 3).to(torch.bfloat16).cuda()
     dq, dqs, dqt, dqts, dhp = G.mm_dswiglu_quant(dy, dy_s, w2c, w2c_s, h13b, scale_mode, ELEMS[elem], emit_hp, offs)
     dh = ops.grouped_mm(dy, dy_s, w2c, w2c_s, offs, out_dtype=torch.float32, backend="sm90")
-    rq, rqs, rqt, rqts, rhp = ops.dswiglu_quant(dh, _concat(h13b, -1).float(), scale_mode=scale_mode,
+    rq, rqs, rqt, rqts, rhp = ops.dswiglu_quant(dh, concat_gate_up(h13b, -1).float(), scale_mode=scale_mode,
                                                 elem_dtype=ELEMS[elem], blocked=False, emit_hp=emit_hp, offs=offs,
                                                 backend="sm90")
     plain = (F.from_blocked_scales_grouped_m(dqs, offs, t, 2 * i // 32),
              F.from_blocked_scales(dqts, 2 * i, 4 * F.grouped_scale_tiles(t, e)))
-    _assert_dh13_equal((dq, dqt, dhp), plain, (rq, rqs, rqt, rqts, rhp), emit_hp)
+    assert_dh13_equal((dq, dqt, dhp), plain, (rq, rqs, rqt, rqts, rhp), emit_hp)
