@@ -413,7 +413,7 @@ def test_zero_width_linear_layers(k, n, rng):
 # ---- 10. on a kernel GPU every op of a training step has a kernel (no op passed over to the reference) ----------
 
 @pytest.mark.parametrize("backend,kind", [("sm90", "linear"), ("sm90", "mlp"), ("sm90", "experts"), ("sm100", "linear"),
-                                          ("sm100", "mlp"), ("sm90+fused", "mlp"), ("sm90+fused", "experts")])
+                                          ("sm100", "mlp")])
 def test_every_op_of_a_training_step_runs_on_the_kernel_backend(backend, kind, monkeypatch, rng):
     """The automatic choice, simulated on the CPU for an SM90 / SM100 device: each op call records the backend its
     arguments select (the reference then computes it).  An op whose arguments the kernels refuse would run on the
@@ -421,15 +421,6 @@ def test_every_op_of_a_training_step_runs_on_the_kernel_backend(backend, kind, m
     from cute_mxfp8.ops import backends as B
     from cute_mxfp8.ops import library as L
 
-    if backend == "sm90+fused":  # as the sm90 backend will be once its fused epilogues are registered
-        from cute_mxfp8.ops import gemm_sm90 as G
-
-        backend = "sm90"
-        sm90 = B._BACKENDS["sm90"]
-        monkeypatch.setattr(sm90, "ops", {**sm90.ops, **G.FUSED_OPS})
-        monkeypatch.setattr(sm90, "limits", {**sm90.limits, **G.FUSED_LIMITS})
-        monkeypatch.setattr(sm90, "fuses_mlp", True)
-        monkeypatch.setattr(sm90, "fuses_grouped_mlp", True)
     for name in ("sm90", "sm100"):
         monkeypatch.setattr(B._BACKENDS[name], "unavailable_reason",
                             (lambda d: None) if name == backend else (lambda d: "simulated: another arch"))

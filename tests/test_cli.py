@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from cute_mxfp8.cli.main import main
 
@@ -49,6 +50,18 @@ def test_bench_cpu(tmp_path, capsys):
     assert "sm100: not run (needs an SM100" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["bench", "nope"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.profiler's kernel times)")
+def test_bench_mlp_kernel_breakdown_ranks_the_step_kernels():
+    from cute_mxfp8.cli.bench_mlp import kernel_breakdown
+
+    a = torch.randn(2048, 2048, device="cuda")
+    rows = kernel_breakdown(lambda: (a @ a).relu_(), torch.device("cuda"), top=5, steps=4)
+    assert 2 <= len(rows) <= 5 and rows[0][1] == 1.0  # the GEMM: one launch per step, the most time
+    assert all(r[2] > 0 for r in rows) and [r[2] for r in rows] == sorted((r[2] for r in rows), reverse=True)
+    assert 50 < rows[0][3] <= 100 and sum(r[3] for r in rows) <= 100.01
 
 
 def _train_args(tmp_path, *extra):

@@ -434,22 +434,7 @@ def test_sm90_fused_limits_name_the_fix():
     assert G.FUSED_LIMITS["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False, torch.bfloat16, offs) is None
     assert "dense only" in gemm_sm100.LIMITS["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False,
                                                                 torch.bfloat16, offs)
-    # registered once the GPU tests below have passed on the H200 (or with CUTE_MXFP8_EXPERIMENTAL=sm90_fused)
-    assert ("mm_swiglu_quant" in G.OPS) == ("sm90_fused" in G._experimental)
-
-
-def test_experimental_switch_registers_the_fused_epilogues_and_the_gather_kernel():
-    import subprocess
-    import sys
-
-    code = ("from cute_mxfp8.ops import gemm_sm90 as G; from cute_mxfp8.ops.backends import _BACKENDS as B; "
-            "print(sorted(set(G.FUSED_OPS) & set(B['sm90'].ops)), B['sm90'].fuses_mlp, G.ALIGN_KERNEL)")
-    env = {**__import__("os").environ, "CUTE_MXFP8_EXPERIMENTAL": "sm90_fused, sm90_align_kernel"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["['mm_dswiglu_quant',", "'mm_swiglu_quant']", "True", "True"]
-    env["CUTE_MXFP8_EXPERIMENTAL"] = "sm90_fusd"
-    res = subprocess.run([sys.executable, "-W", "error", "-c", code], env=env, capture_output=True, text=True)
-    assert res.returncode != 0 and "unknown names ['sm90_fusd']" in res.stderr
+    assert {"mm_swiglu_quant", "mm_dswiglu_quant"} <= set(G.OPS) and G.LIMITS["mm_swiglu_quant"] is G.FUSED_LIMITS["mm_swiglu_quant"]
 
 
 @pytest.mark.gpu
@@ -521,23 +506,6 @@ def test_token_align_kernel_equals_the_torch_gather(sizes, rng):
     for g, size in enumerate(sizes):
         used[int(starts[g]):int(starts[g]) + size] = True
     assert torch.equal(got[:, used], want[:, used]) and bool((got[:, ~used] == 0).all())
-
-
-@pytest.mark.gpu
-@sm90
-def test_sm90_grouped_mm_wgrad_with_the_gather_kernel(rng, monkeypatch):
-    """The same bit-exact wgrad with the gather kernel instead of index_select (ops.gemm_sm90.ALIGN_KERNEL)."""
-    from cute_mxfp8.ops import gemm_sm90 as G
-
-    monkeypatch.setattr(G, "ALIGN_KERNEL", True)
-    sizes = [0, 1, 31, 33, 129, 300]
-    t = sum(sizes) + 43
-    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
-    a, a_s = ops.quantize_colwise(_exact_values((t, 96), rng), offs=offs)
-    b, b_s = ops.quantize_colwise(_exact_values((t, 160), rng), offs=offs)
-    got = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, backend="sm90")
-    want = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, backend="reference")
-    assert torch.equal(got, want)
 
 
 @pytest.mark.gpu

@@ -248,12 +248,10 @@ def test_sm100_gemm_limits_name_the_fix(rng):
     from cute_mxfp8.ops.backends import _BACKENDS
 
     sm100 = _BACKENDS["sm100"]
-    from cute_mxfp8.ops import gemm_sm90
-
-    sm90_fused = "sm90_fused" in gemm_sm90._experimental  # CUTE_MXFP8_EXPERIMENTAL registers SM90's fused epilogues
-    assert sm100.fuses_mlp and _BACKENDS["sm90"].fuses_mlp == sm90_fused and not _BACKENDS["reference"].fuses_mlp
-    assert {"mm", "mm_swiglu_quant", "mm_dswiglu_quant"} <= set(sm100.ops)
-    assert "mm" in _BACKENDS["sm90"].ops and ("mm_swiglu_quant" in _BACKENDS["sm90"].ops) == sm90_fused
+    assert sm100.fuses_mlp and _BACKENDS["sm90"].fuses_mlp and not _BACKENDS["reference"].fuses_mlp
+    assert _BACKENDS["sm90"].fuses_grouped_mlp and not sm100.fuses_grouped_mlp
+    for name in ("sm90", "sm100"):
+        assert {"mm", "mm_swiglu_quant", "mm_dswiglu_quant"} <= set(_BACKENDS[name].ops)
     a, a_s = ops.quantize_rowwise(torch.randn(64, 96, generator=rng))
     b, b_s = ops.quantize_rowwise(torch.randn(136, 96, generator=rng))
     assert G.LIMITS["mm"](a, a_s, b, b_s, torch.bfloat16) is None

@@ -60,9 +60,31 @@ def _peak_mib(fn, x, dy, dev) -> float | None:
     return (torch.cuda.max_memory_allocated(dev) - base) / 2**20
 
 
-def mlp_rows(device: torch.device, time_ms) -> list[list]:
-    """One row per workload: [workload, shape, bf16 ms, MXFP8 ms, ratio, bf16 peak MiB, MXFP8 peak MiB]."""
+def kernel_breakdown(step, device: torch.device, top: int, steps: int = 3) -> list[list]:
+    """The ``top`` GPU kernels of ``step`` by time, from ``torch.profiler`` over ``steps`` steps after a warm-up:
+    rows [kernel name (cut to 90 characters), launches per step, ms per step, % of the kernels' time]."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize(device)
+    kernels = [e for e in prof.key_averages() if e.device_time_total > 0]
+    total = sum(e.device_time_total for e in kernels) or 1.0
+    kernels.sort(key=lambda e: -e.device_time_total)
+    return [[e.key[:90], e.count / steps, e.device_time_total / steps / 1e3, 100 * e.device_time_total / total]
+            for e in kernels[:top]]
+
+
+def mlp_rows(device: torch.device, time_ms, profile: int = 0) -> list[list]:
+    """One row per workload: [workload, shape, bf16 ms, MXFP8 ms, ratio, bf16 peak MiB, MXFP8 peak MiB].
+
+    ``profile`` > 0 (CUDA only) also prints, per workload, that many of the MXFP8 step's GPU kernels by time."""
     rows = []
+    if profile > 0 and device.type != "cuda":
+        print("bench mlp: --profile needs a CUDA device (torch.profiler's GPU kernel times); ignored on the CPU")
     for name, shape in (GPU_CASES if device.type == "cuda" else CPU_CASES):
         make = _grouped if "e" in shape else _dense
         if make is _grouped and (device.type != "cuda" or not hasattr(torch, "_grouped_mm")):
@@ -77,6 +99,13 @@ def mlp_rows(device: torch.device, time_ms) -> list[list]:
             peaks.append(_peak_mib(fn, x, dy, device))
             times.append(time_ms(lambda fn=fn: _step(fn, x, dy), device, budget_s=1.0))
         label = " ".join(f"{k.upper()}={v}" for k, v in shape.items())
+        if profile > 0 and device.type == "cuda":
+            from tabulate import tabulate
+
+            print(f"MXFP8 {name} {label}: top {profile} GPU kernels of a fwd+bwd step (torch.profiler)")
+            print(tabulate([[k, f"{n:g}", f"{ms:.3f}", f"{pct:.1f}"]
+                            for k, n, ms, pct in kernel_breakdown(lambda: _step(mxfp8, x, dy), device, profile)],
+                           headers=["kernel", "launches", "ms", "%"]))
         rows.append([name, label, times[0], times[1], times[1] / times[0], *peaks])
         del bf16, mx, mxfp8, x, dy
     return rows

@@ -86,6 +86,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                          help="also draw the GEMM TFLOP/s and MLP step times as a bar chart (needs matplotlib: "
                               "pip install 'cute_mxfp8[plot]'); `python -m cute_mxfp8.cli.bench_plot JSON PNG` "
                               "draws one from a saved --json")
+    p_bench.add_argument("--profile", metavar="N", type=int, default=0,
+                         help="mlp group on CUDA: also print the N GPU kernels that take the most time in each "
+                              "MXFP8 step (torch.profiler)")
     p_bench.set_defaults(func=_run_bench)
 
     p_inspect = sub.add_parser("inspect", help="compile every kernel variant for an arch (no GPU) and report",

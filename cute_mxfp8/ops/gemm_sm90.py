@@ -11,17 +11,14 @@ non-decreasing first, which leaves valid offsets unchanged and keeps every acces
 
 Inputs arrive checked by :mod:`cute_mxfp8.ops.library` (shapes, dtypes, devices, contiguous); :data:`LIMITS` adds
 what the kernels need beyond that (16-byte aligned operands for TMA, K > 0, 32-bit indexing) and refuses the call
-with the reason otherwise. The fused-epilogue ops have no SM90 kernel in the backend yet: :func:`mm_swiglu_quant` /
-:func:`mm_dswiglu_quant` here run the dequantize mainloop with the SM100 kernel's fused epilogue code (compiled and
-SASS-checked in CI); they join :data:`OPS` (and the SwiGLU MLP then fuses on SM90) once their GPU tests have passed
-on the H200. Until then the reference runs the fused ops and an explicit ``backend="sm90"`` raises.
+with the reason otherwise. The fused-epilogue ops :func:`mm_swiglu_quant` / :func:`mm_dswiglu_quant` (dense and
+2d-3d grouped) run the dequantize mainloop with the same epilogue code as the SM100 kernel
+(:mod:`cute_mxfp8.kernels.gemm_epilogue`), so the SwiGLU MLP and the grouped experts fuse on SM90 too.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import warnings
 
 import torch
 
@@ -77,19 +74,6 @@ def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     return d
 
 
-# Parts built and compile-checked whose GPU tests have not run yet, off by default; CUTE_MXFP8_EXPERIMENTAL (comma-
-# separated names, read at import) turns them on for those tests and benchmarks:
-#   sm90_fused         registers FUSED_OPS (the GEMM-fused SwiGLU / dSwiGLU epilogues; the SwiGLU MLP then fuses)
-#   sm90_align_kernel  the 2d-2d operands' group-aligned gather by kernels/token_align.py instead of index_select
-EXPERIMENTAL_ENV = "CUTE_MXFP8_EXPERIMENTAL"
-_EXPERIMENTAL_NAMES = ("sm90_fused", "sm90_align_kernel")
-_experimental = {x.strip() for x in os.environ.get(EXPERIMENTAL_ENV, "").split(",") if x.strip()}
-if _experimental - set(_EXPERIMENTAL_NAMES):
-    warnings.warn(f"{EXPERIMENTAL_ENV}: unknown names {sorted(_experimental - set(_EXPERIMENTAL_NAMES))} ignored; "
-                  f"known: {list(_EXPERIMENTAL_NAMES)}", stacklevel=2)
-ALIGN_KERNEL = "sm90_align_kernel" in _experimental
-
-
 def _group_columns(offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(sizes int64, starts int32, ends int32) of the groups in the 16-aligned layout, on the device."""
     o = offs.to(torch.int64)
@@ -105,7 +89,8 @@ def aligned_width(t: int, g: int) -> int:
 
 
 def aligned_token_layout(offs: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Where the 2d-2d kernel reads each group's tokens: every group moved to a 16-aligned first token (TMA loads
+    """The torch statement of the map :mod:`~cute_mxfp8.kernels.token_align` applies (its tests' reference): where
+    the 2d-2d kernel reads each group's tokens: every group moved to a 16-aligned first token (TMA loads
     need 16-byte aligned inner coordinates; groups start anywhere).  Returns (``src`` int64 (T',): the source token
     of each of the T' = :func:`aligned_width` columns of the laid-out operand (clamped into [0, T); the columns
     between groups are never used: the kernel masks past a group's end), ``starts`` int32 (G,): each group's first
@@ -120,11 +105,7 @@ def aligned_token_layout(offs: torch.Tensor, t: int) -> tuple[torch.Tensor, torc
 
 
 def _aligned_operands(a, b, offs, t):
-    """(a2, b2, starts): the two token-major operands in the 16-aligned group layout."""
-    if not ALIGN_KERNEL:
-        src, starts = aligned_token_layout(offs, t)
-        return (a.view(torch.uint8).index_select(1, src).view(a.dtype),
-                b.view(torch.uint8).index_select(1, src).view(b.dtype), starts)
+    """(a2, b2, starts): the two token-major operands in the 16-aligned group layout (the token-align kernel)."""
     _, starts, ends = _group_columns(offs)
     fn = compile_token_align("sm_90a")
     out = []
@@ -244,13 +225,9 @@ def _mm_dswiglu_limits(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, em
     return why
 
 
-# Built and compile-checked, registered once their GPU tests have run on the H200 (see the module docstring;
-# CUTE_MXFP8_EXPERIMENTAL=sm90_fused registers them now).
 FUSED_OPS = {"mm_swiglu_quant": mm_swiglu_quant, "mm_dswiglu_quant": mm_dswiglu_quant}
 FUSED_GROUPED = True  # they take offs (2d-3d): the grouped SwiGLU MLP fuses too
 FUSED_LIMITS = {"mm_swiglu_quant": _mm_swiglu_limits, "mm_dswiglu_quant": _mm_dswiglu_limits}
-OPS = {"mm": mm, "grouped_mm": grouped_mm, "grouped_mm_wgrad": grouped_mm_wgrad}
-LIMITS = {"mm": _mm_limits, "grouped_mm": _grouped_mm_limits, "grouped_mm_wgrad": _grouped_mm_wgrad_limits}
-if "sm90_fused" in _experimental:
-    OPS.update(FUSED_OPS)
-    LIMITS.update(FUSED_LIMITS)
+OPS = {"mm": mm, "grouped_mm": grouped_mm, "grouped_mm_wgrad": grouped_mm_wgrad, **FUSED_OPS}
+LIMITS = {"mm": _mm_limits, "grouped_mm": _grouped_mm_limits, "grouped_mm_wgrad": _grouped_mm_wgrad_limits,
+          **FUSED_LIMITS}
