@@ -252,7 +252,7 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
 @functools.lru_cache(maxsize=None)
 @disk_cached(skip_if="keep_ptx")
 def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mainloop: str = "dequant",
-                      arch: str = "sm_90a", keep_ptx: bool = False, transform_warps: int = 7,
+                      arch: str = "sm_90a", keep_ptx: bool = False, transform_warps: int = 8,
                       grouping: str = "none", epilogue: str = "plain", cast_elem: str = "e4m3",
                       scale_mode: str = "rceil", emit_hp: bool = False):
     """Compiled SM90 MXFP8 GEMM.  ``mainloop``: ``"dequant"``
@@ -268,7 +268,7 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
       qt, qts, hp, offs, sched)`` with the arguments and outputs of :func:`compile_gemm_sm100`'s fused epilogues
       (h cast to ``cast_elem`` / ``scale_mode``), grouped as ``MXGemmSm90Dequant.call_swiglu`` says.
 
-    ``transform_warps`` (dequant only): warps converting B, 3 (384 threads) or 7 (512).  Trusts its arguments (the
+    ``transform_warps`` (dequant only): warps converting B, 4 (384 threads) or 8 (512).  Trusts its arguments (the
     ops layer checks them, :mod:`cute_mxfp8.ops.gemm_sm90`)."""
     if arch != "sm_90a":
         raise ValueError(f"the WGMMA GEMM needs arch sm_90a, got {arch!r}")

@@ -46,7 +46,9 @@ def test_gemm_compiles_for_sm90_with_wgmma(elems, out, mainloop):
         # f16 conversions in hardware (consumers: 32 per stage; the transform warps' loop is unrolled)
         assert count("HGMMA") == 8 and count("QGMMA") == 0
         assert sum(count(f"F2FP.F16.{e.upper()}.UNPACK_B") for e in set(elems)) > 32
-    assert count("UTMALDG") == 2 and count("LDL") == count("STL") == 0
+    # promote: one TMA warp, A and B; dequant: the first stages' loads and the ones inside the unrolled loop
+    assert (count("UTMALDG") == 2 if mainloop == "promote" else count("UTMALDG") >= 4)
+    assert count("LDL") == count("STL") == 0
 
 
 def test_sm90_mm_limits_name_the_fix():
@@ -212,7 +214,7 @@ def test_grouped_gemms_compile_for_sm90_with_wgmma(grouping):
     def count(prefix):
         return sum(v for k, v in counts.items() if k.startswith(prefix))
 
-    assert count("HGMMA") == 8 and count("UTMALDG") == 2 and count("LDL") == count("STL") == 0
+    assert count("HGMMA") == 8 and count("UTMALDG") >= 4 and count("LDL") == count("STL") == 0
 
 
 def test_device_offsets_and_the_grouped_limits():

@@ -256,13 +256,15 @@ class MXGemmSm90Dequant:
     (:func:`~.mx_math.blocked_scale_offset`).
 
     CTA tile 256 x 128, 64-deep K stages (2 MX blocks).  Warp roles (512 threads with the default
-    ``transform_warps=7``, 384 with 3):
+    ``transform_warps=8``, 384 with 4):
 
-    * warp 0: TMA loads of the fp8 A (256 x 64) and B (128 x 64) stage tiles (``PipelineTmaAsync``, up to 8
-      stages, 64-byte swizzle);
-    * warps 1-3 and warpgroup 3 (*transform*, 7 warps; warps 1-3 only with ``transform_warps=3``): B fp8 ->
-      scaled bf16, written into a 3-stage ring of 128 x 64 bf16 tiles in the 128-byte-swizzled layout bf16 WGMMA
-      reads (``PipelineAsync`` to the consumers); their scale bytes are prefetched two stages ahead;
+    * warpgroup 0 and warpgroup 3 (*transform*, 8 warps; warpgroup 0 only with ``transform_warps=4``): B fp8 ->
+      scaled bf16, one MX block of one row per thread and stage, written into a 3-stage ring of 128 x 64 bf16
+      tiles in the 128-byte-swizzled layout bf16 WGMMA reads (``PipelineAsync`` to the consumers); their scale
+      bytes are prefetched two stages ahead.  Warp 0 also issues the TMA loads of the fp8 A (256 x 64) and B
+      (128 x 64) stage tiles (``PipelineTmaAsync``, up to 8 stages, 64-byte swizzle), :attr:`tma_ahead` stages
+      ahead of its conversion, where the slot is known to be free (no warp idles as a TMA-only producer and the
+      work divides evenly: 256 row blocks per stage);
     * warpgroups 1, 2 (*consumers*, 128 rows each as two 64-row WGMMA tiles): per 32-deep chunk they load their A
       rows from shared memory, scale and convert them into the WGMMA A-operand registers (two register buffers:
       chunk c + 1 is converted while the WGMMAs of chunk c run), and issue ``wgmma.m64n128k16.bf16`` with A from
@@ -282,13 +284,13 @@ class MXGemmSm90Dequant:
     TILE_M = 256
     TILE_N = 128
     K_STAGE = 64
-    B_STAGES = 3
+    B_STAGES = 3  # bf16 B ring (2 and 4 measured the same: docs/sm90_gemm.md)
     CONSUMER_WARPS = 8
 
     STAGE_PITCH = TILE_N + 4  # fp32 words per row of the fused epilogues' accumulator staging tile (16-byte
     #                           row reads by 8 lanes hit 8 different bank quads)
 
-    def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", transform_warps: int = 7,
+    def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", transform_warps: int = 8,
                  grouping: str = "none", epilogue: str = "plain", cast_elem: str = "e4m3",
                  scale_mode: str = "rceil", emit_hp: bool = False):
         if grouping not in ("none", "m", "k"):
@@ -300,14 +302,14 @@ class MXGemmSm90Dequant:
         self.grouping, self.epilogue, self.emit_hp = grouping, epilogue, emit_hp
         self.cast = MXCastParams(cast_elem, scale_mode, blocked=True)  # the fused epilogues' output cast
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
-        if transform_warps not in (3, 7):
-            raise ValueError(f"transform_warps must be 3 (warpgroup 0 only) or 7 (plus warpgroup 3), got "
+        if transform_warps not in (4, 8):
+            raise ValueError(f"transform_warps must be 4 (warpgroup 0) or 8 (plus warpgroup 3), got "
                              f"{transform_warps}")
         self.a_elem, self.b_elem = a_elem, b_elem
         self.TRANSFORM_THREADS = 32 * transform_warps
-        self.THREADS = 384 if transform_warps == 3 else 512
+        self.THREADS = 384 if transform_warps == 4 else 512
         # setmaxnreg budgets (multiples of 8; 65536 registers per SM shared by the CTA's threads)
-        self.regs_consumer = 224 if transform_warps == 3 else 208
+        self.regs_consumer = 224 if transform_warps == 4 else 208
         self.regs_other = (65536 - 256 * self.regs_consumer) // (self.THREADS - 256) // 8 * 8
 
     can_implement = MXGemmSm90.can_implement
@@ -322,6 +324,10 @@ class MXGemmSm90Dequant:
         self.bh_bytes = 2 * self.TILE_N * self.K_STAGE
         capacity = cutlass.memory.get_smem_capacity_in_bytes("sm_90")
         self.stages = min(8, (capacity - 2048 - self.B_STAGES * self.bh_bytes) // (self.a_bytes + self.b_bytes))
+        # warp 0 loads stage kt + tma_ahead while it converts stage kt: once every transform warp holds bf16 slot
+        # kt, the consumers have released fp8 stage kt - B_STAGES and every transform warp stage kt - B_STAGES
+        # (the consumers waited for its bf16 tile), so that stage's slot is free without waiting
+        self.tma_ahead = self.stages - self.B_STAGES
         self.a_smem = sm90.make_smem_layout_a(_K_MAJOR, self.tiler, self.a_dtype, self.stages)
         self.b_smem = sm90.make_smem_layout_b(_K_MAJOR, self.tiler, self.b_dtype, self.stages)
         self.bh_smem = sm90.make_smem_layout_b(_K_MAJOR, self.tiler, cutlass.BFloat16, self.B_STAGES)
@@ -520,12 +526,12 @@ class MXGemmSm90Dequant:
                                cute.make_layout(self.stages * self.a_bytes // 8))
         sb8 = cute.make_tensor(cute.recast_ptr(st.sb.data_ptr(), dtype=cutlass.Uint64),
                                cute.make_layout(self.stages * self.b_bytes // 8))
-        sbh32 = cute.make_tensor(cute.recast_ptr(st.sbh.data_ptr(), dtype=cutlass.Uint32),
-                                 cute.make_layout(self.B_STAGES * self.bh_bytes // 4))
+        sbh64 = cute.make_tensor(cute.recast_ptr(st.sbh.data_ptr(), dtype=cutlass.Uint64),
+                                 cute.make_layout(self.B_STAGES * self.bh_bytes // 8))
 
         if wg == 0 or wg == 3:
             cute.arch.warpgroup_reg_dealloc(self.regs_other)
-            if warp == 0:  # TMA producer
+            if k_tiles > 0:  # warps 0-3 are transform threads 0-127 (warp 0 also loads by TMA), warpgroup 3 128-255
                 sa = st.sa.get_tensor(a_smem.outer, swizzle=a_smem.inner)
                 sb = st.sb.get_tensor(b_smem.outer, swizzle=b_smem.inner)
                 gak = cute.local_tile(cute.domain_offset((a_row0, k0), ga), (self.TILE_M, self.K_STAGE), (0, None))
@@ -534,10 +540,8 @@ class MXGemmSm90Dequant:
                                                  cute.group_modes(gak, 0, 2))
                 tbs, tbg = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sb, 0, 2),
                                                  cute.group_modes(gbk, 0, 2))
-                _tma_producer(pipe, self.stages, k_tiles, tma_a, tag, tas, tma_b, tbg, tbs)
-            elif k_tiles > 0:  # warps 1-3 are transform threads 0-95, warpgroup 3 (if any) 96-223
-                self.transform(pipe, pipe_b, sb8, sbh32, sfb, k_tiles, k_last, sb_off, tiles_ka,
-                               tidx - 32 if wg == 0 else tidx - 288)
+                self.transform(pipe, pipe_b, sb8, sbh64, sfb, k_tiles, k_last, sb_off, tiles_ka,
+                               tidx if wg == 0 else tidx - 256, (tma_a, tag, tas, tma_b, tbg, tbs))
         else:
             cute.arch.warpgroup_reg_alloc(self.regs_consumer)
             sbh = st.sbh.get_tensor(bh_smem.outer, swizzle=bh_smem.inner)
@@ -546,85 +550,104 @@ class MXGemmSm90Dequant:
                          (st.sa.data_ptr(), h13, fused, offs, sched, bm, m))
 
     @cute.jit
-    def transform(self, pipe, pipe_b, sb8: cute.Tensor, sbh32: cute.Tensor, sfb: cute.Tensor,
+    def transform(self, pipe, pipe_b, sb8: cute.Tensor, sbh64: cute.Tensor, sfb: cute.Tensor,
                   k_tiles: cutlass.Int32, k_last: cutlass.Int32, sb_off: cutlass.Int32, tiles_k: cutlass.Int32,
-                  tt: cutlass.Int32):
-        """Warps 1-3: per stage, B's 128 rows x 4 sixteen-byte pieces (item ``it``: row ``it // 4``, piece
-        ``c = it % 4``, one MX block's half) -> scaled bf16 at the permuted logical k of the class docstring.  A warp
-        writes 8 rows x 4 pieces: the 128-byte swizzle puts the 8 rows in 8 different 16-byte bank groups.
-        ``sb_off``: the byte offset of the tile's first scale (row 0, block 0) in ``sfb``."""
+                  tt: cutlass.Int32, tma: tuple):
+        """The transform warps (warp 0, which also issues the TMA loads, warps 1-3, and warpgroup 3 when there
+        are 8): per stage, B's 128 rows x 2 MX blocks (item ``it``: row ``it // 2``, block ``p = it % 2``, the 32
+        bytes ``[32 p, 32 p + 32)`` of the row) -> scaled bf16 at the permuted logical k of the class docstring.
+        An item's two 16-byte pieces ``c = 2 p, 2 p + 1`` fill 4 consecutive bf16 of each of the 8 sixteen-byte
+        chunks of the row's bf16 tile: one 64-bit store per chunk; the 128-byte swizzle puts the 8 rows of a warp
+        store in 8 different chunks (2 wavefronts for 256 bytes, the minimum).  ``sb_off``: the byte offset of
+        the tile's first scale (row 0, block 0) in ``sfb``."""
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         bstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.B_STAGES)
-        items = self.TILE_N * 4
-        reps = (items + self.TRANSFORM_THREADS - 1) // self.TRANSFORM_THREADS
-        row_step = self.TRANSFORM_THREADS // 4  # rows between a thread's items; a multiple of 8, so the swizzle
-        c = tt % 4                               # phases (row % 8, (row >> 1) % 4) and the piece are per thread
-        n0 = tt // 4
-        src0 = (n0 * 64 + ((c ^ ((n0 >> 1) & 3)) << 4)) >> 3  # u64 index of the piece in stage 0 (64B swizzle)
-        dst0 = [(n0 * 128 + (((2 * j + half) ^ (n0 % 8)) << 4) + 4 * c) >> 2  # u32 index, 128B swizzle
-                for j in range(4) for half in range(2)]
+        reps = 2 * self.TILE_N // self.TRANSFORM_THREADS
+        row_step = self.TRANSFORM_THREADS // 2  # rows between a thread's items; a multiple of 8, so the swizzle
+        p = tt % 2                               # phases (row % 8, (row >> 1) % 4) are per thread
+        n0 = tt // 2
+        src0 = [(n0 * 64 + (((2 * p + i) ^ ((n0 >> 1) & 3)) << 4)) >> 3 for i in range(2)]  # u64, 64B swizzle
+        dst0 = [(n0 * 128 + ((ch ^ (n0 % 8)) << 4) + 8 * p) >> 3 for ch in range(8)]  # u64 index, 128B swizzle
         srow = [(sb_off + ((n0 + row_step * r) % 32) * 16 + ((n0 + row_step * r) // 32) * 4)
                 for r in range(reps)]  # blocked_scale_offset's row part (rows < 128 of this N tile)
 
         def block_part(kb):  # kb >= 0: shifts, not signed division
             return (kb >> 2) * 512 + (kb & 3)
 
+        if tt < 32:  # warp 0: the first stages' TMA loads; each later one is issued self.tma_ahead stages ahead
+            for s in cutlass.range(cutlass.min(k_tiles, cutlass.Int32(self.tma_ahead)), unroll=1):
+                self.tma_load(pipe, s, tma)
         # scale bytes two stages ahead, issued after the stage's proxy fence (which waits for this thread's
         # outstanding loads): stage kt's bytes, loaded during stage kt - 2, are long there.  The loop is unrolled
         # by two so the two register sets alternate without moves (a move would wait for its load).
-        valid = [cutlass.const_expr(r + 1 < reps) or tt + self.TRANSFORM_THREADS * r < items for r in range(reps)]
-        ra = self.scale_loads(sfb, srow, block_part(c // 2), valid)
-        rb = self.scale_loads(sfb, srow, block_part(cutlass.min(2, 2 * k_tiles - 2) + c // 2), valid)
+        ra = self.scale_loads(sfb, srow, block_part(p))
+        rb = self.scale_loads(sfb, srow, block_part(cutlass.min(2, 2 * k_tiles - 2) + p))
         for kt2 in cutlass.range(k_tiles // 2, unroll=1):
             kt = 2 * kt2
-            self.transform_stage(pipe, pipe_b, state, bstate, sb8, sbh32, src0, dst0, ra, valid, row_step,
-                                 kt, k_tiles, k_last, c)
-            ra = self.scale_loads(sfb, srow, block_part(cutlass.min(kt + 2, k_tiles - 1) * 2 + c // 2), valid)
+            self.transform_stage(pipe, pipe_b, state, bstate, sb8, sbh64, src0, dst0, ra, row_step, kt, k_tiles,
+                                 k_last, p, tt, tma)
+            ra = self.scale_loads(sfb, srow, block_part(cutlass.min(kt + 2, k_tiles - 1) * 2 + p))
             state.advance()
             bstate.advance()
-            self.transform_stage(pipe, pipe_b, state, bstate, sb8, sbh32, src0, dst0, rb, valid, row_step,
-                                 kt + 1, k_tiles, k_last, c)
-            rb = self.scale_loads(sfb, srow, block_part(cutlass.min(kt + 3, k_tiles - 1) * 2 + c // 2), valid)
+            self.transform_stage(pipe, pipe_b, state, bstate, sb8, sbh64, src0, dst0, rb, row_step, kt + 1,
+                                 k_tiles, k_last, p, tt, tma)
+            rb = self.scale_loads(sfb, srow, block_part(cutlass.min(kt + 3, k_tiles - 1) * 2 + p))
             state.advance()
             bstate.advance()
         if k_tiles % 2 == 1:
-            self.transform_stage(pipe, pipe_b, state, bstate, sb8, sbh32, src0, dst0, ra, valid, row_step,
-                                 k_tiles - 1, k_tiles, k_last, c)
+            self.transform_stage(pipe, pipe_b, state, bstate, sb8, sbh64, src0, dst0, ra, row_step, k_tiles - 1,
+                                 k_tiles, k_last, p, tt, tma)
 
     @cute.jit
-    def scale_loads(self, sf: cute.Tensor, srow: list, kb_part: cutlass.Int32, valid: list):
-        """The scale bytes ``sf[srow[r] + kb_part]`` (those with ``valid[r]``; 0 for the others) as Int32."""
-        out = [cutlass.Int32(0) for _ in range(len(srow))]
-        for r in cutlass.range_constexpr(len(srow)):
-            if valid[r]:
-                out[r] = cutlass.Int32(sf[srow[r] + kb_part])
-        return out
+    def tma_load(self, pipe, s: cutlass.Int32, tma: tuple):
+        """Warp 0: K tile ``s`` of A and B into fp8 stage ``s % stages`` (the producer state built from ``s``)."""
+        tma_a, tag, tas, tma_b, tbg, tbs = tma
+        q = s // self.stages
+        state = pipeline.PipelineState(self.stages, s, s - q * self.stages, (q % 2) ^ 1)
+        pipe.producer_acquire(state)
+        bar = pipe.producer_get_barrier(state)
+        cute.copy(tma_a, tag[(None, s)], tas[(None, state.index)], tma_bar_ptr=bar)
+        cute.copy(tma_b, tbg[(None, s)], tbs[(None, state.index)], tma_bar_ptr=bar)
+        pipe.producer_commit(state)
 
     @cute.jit
-    def transform_stage(self, pipe, pipe_b, state, bstate, sb8: cute.Tensor, sbh32: cute.Tensor, src0, dst0: list,
-                        scales: list, valid: list, row_step: cutlass.Constexpr[int], kt: cutlass.Int32,
-                        k_tiles: cutlass.Int32, k_last: cutlass.Int32, c: cutlass.Int32):
-        """One stage of the transform warps: wait for the fp8 stage and a free bf16 slot, convert, fence, hand over."""
+    def scale_loads(self, sf: cute.Tensor, srow: list, kb_part: cutlass.Int32):
+        """The scale bytes ``sf[srow[r] + kb_part]`` as Int32."""
+        return [cutlass.Int32(sf[srow[r] + kb_part]) for r in range(len(srow))]
+
+    @cute.jit
+    def transform_stage(self, pipe, pipe_b, state, bstate, sb8: cute.Tensor, sbh64: cute.Tensor, src0: list,
+                        dst0: list, scales: list, row_step: cutlass.Constexpr[int], kt: cutlass.Int32,
+                        k_tiles: cutlass.Int32, k_last: cutlass.Int32, p: cutlass.Int32, tt: cutlass.Int32,
+                        tma: tuple):
+        """One stage of the transform warps: wait for the fp8 stage and a free bf16 slot (warp 0 then issues the
+        TMA loads of stage ``kt + tma_ahead``: every warp has released stage ``kt - 3`` by now, see
+        :attr:`tma_ahead`), convert, fence, hand over."""
         if cutlass.const_expr(self.grouping == "k"):
-            mlo, mhi = self.k_masks(kt, k_tiles, k_last, c)
+            masks = [self.k_masks(kt, k_tiles, k_last, 2 * p + i) for i in range(2)]
         pipe.consumer_wait(state)
         pipe_b.producer_acquire(bstate)
-        src = src0 + state.index * (self.b_bytes >> 3)
-        dst = [x + bstate.index * (self.bh_bytes >> 2) for x in dst0]
+        if tt < 32:
+            if kt + self.tma_ahead < k_tiles:
+                self.tma_load(pipe, kt + self.tma_ahead, tma)
+        src = [x + state.index * (self.b_bytes >> 3) for x in src0]
+        dst = [x + bstate.index * (self.bh_bytes >> 3) for x in dst0]
         for r in cutlass.range_constexpr(len(scales)):
-            if valid[r]:
-                factor = e8m0_bf16x2(scales[r])
-                w01 = sb8[src + r * row_step * 8]
-                w23 = sb8[src + r * row_step * 8 + 1]
+            factor = e8m0_bf16x2(scales[r])
+            words = []
+            for i in cutlass.range_constexpr(2):  # piece c = 2 p + i: physical k 16 c + 4 j + e
+                w01 = sb8[src[i] + r * row_step * 8]
+                w23 = sb8[src[i] + r * row_step * 8 + 1]
                 if cutlass.const_expr(self.grouping == "k"):
-                    w01 = w01 & mlo
-                    w23 = w23 & mhi
-                words = (cutlass.Uint32(w01 & 0xFFFFFFFF), cutlass.Uint32(w01 >> 32),
-                         cutlass.Uint32(w23 & 0xFFFFFFFF), cutlass.Uint32(w23 >> 32))
-                for j in cutlass.range_constexpr(4):  # bytes 4j..4j+3 -> logical k 16j + 2c (+1), +8 (+1)
-                    for half in cutlass.range_constexpr(2):
-                        sbh32[dst[2 * j + half] + r * row_step * 32] = dequant_pair_bf16(
-                            words[j], factor, self.b_elem, half == 1)
+                    w01 = w01 & masks[i][0]
+                    w23 = w23 & masks[i][1]
+                words.append((cutlass.Uint32(w01 & 0xFFFFFFFF), cutlass.Uint32(w01 >> 32),
+                              cutlass.Uint32(w23 & 0xFFFFFFFF), cutlass.Uint32(w23 >> 32)))
+            for j in cutlass.range_constexpr(4):  # bytes 4j..4j+3 -> logical k 16j + 2c (+1), +8 (+1): chunk 2j + half
+                for half in cutlass.range_constexpr(2):
+                    lo = dequant_pair_bf16(words[0][j], factor, self.b_elem, half == 1)
+                    hi = dequant_pair_bf16(words[1][j], factor, self.b_elem, half == 1)
+                    sbh64[dst[2 * j + half] + r * row_step * 16] = (cutlass.Uint64(hi) << 32) | cutlass.Uint64(lo)
         cute.arch.fence_proxy("async.shared", space="cta")  # generic-proxy stores -> WGMMA (async proxy)
         pipe_b.producer_commit(bstate)
         pipe.consumer_release(state)
@@ -676,7 +699,6 @@ class MXGemmSm90Dequant:
             if cutlass.const_expr(self.grouping == "k"):
                 masks = self.k_masks(kt, k_tiles, k_last, c)
             pipe.consumer_wait(state)
-            pipe_b.consumer_wait(bstate)
             base = state.index * (self.a_bytes >> 3)
             for i in cutlass.range_constexpr(2):
                 for h in cutlass.range_constexpr(2):
@@ -693,6 +715,8 @@ class MXGemmSm90Dequant:
                         fa32[i][h][v1 + 6] = dequant_pair_bf16(hi, f, self.a_elem, True)
                 if cutlass.const_expr(i == 1):
                     pipe.consumer_release(state)  # this warpgroup's A reads of the stage are done
+                else:
+                    pipe_b.consumer_wait(bstate)  # B is needed from here on: A's first chunk converts meanwhile
                 warpgroup.fence()
                 for h in cutlass.range_constexpr(2):
                     for kk in cutlass.range_constexpr(2):
