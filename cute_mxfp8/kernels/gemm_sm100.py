@@ -161,8 +161,10 @@ class MXGemmSm100:
         self.d_stages = 2
         # fused epilogues: each epilogue warp transposes its colwise blocks through a 32 x 32 fp8 tile
         self.tr_bytes = TRANSPOSE_BYTES * len(self.EPI_WARPS) if self.epilogue != "plain" else 16
+        # the dSwiGLU epilogue stores no D: its shared memory goes to the pipeline (one more stage with fp32 h13)
+        self.stores_d = self.epilogue != "dswiglu"
         d_bytes = cute.size_in_bytes(self.d_dtype, sm100.make_smem_layout_epi(
-            self.d_dtype, _ROW_MAJOR, self.epi_tile, 1)) * self.d_stages
+            self.d_dtype, _ROW_MAJOR, self.epi_tile, 1)) * self.d_stages if self.stores_d else 0
         capacity = cutlass.memory.get_smem_capacity_in_bytes("sm_100")
         # 1 KB: barriers and the TMEM address
         self.ab_stages = (capacity - 1024 - d_bytes - self.tr_bytes) // stage_bytes
@@ -249,7 +251,8 @@ class MXGemmSm100:
             acc_empty: cute.struct.MemRange[cutlass.Int64, self.acc_stages]
             tmem_dealloc: cutlass.Int64  # a CTA pair frees its TMEM together
             tmem_addr: cutlass.Int32
-            sd: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(self.d_smem.outer)], 1024]
+            sd: cute.struct.Align[cute.struct.MemRange[
+                self.d_dtype, cute.cosize(self.d_smem.outer) if self.stores_d else 16], 1024]  # unused if no D
             sa: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem.outer)], 1024]
             sb: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem.outer)], 1024]
             ssfa: cute.struct.Align[cute.struct.MemRange[_SF_DTYPE, cute.cosize(self.sfa_smem)], 1024]
