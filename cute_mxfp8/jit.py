@@ -2,7 +2,7 @@
 
 The key of each ``compile_*`` function is exactly its arguments, which are exactly what changes code generation:
 element and input dtypes, scale mode, layout flags and the target arch.  Shapes are symbolic (``cute.sym_int``),
-so no shape ever recompiles.  Compiling needs no GPU: pass ``arch="sm_100a"`` to build for Blackwell on any
+so no shape ever recompiles.  Compiling needs no GPU: pass ``arch="sm_100f"`` to build for Blackwell on any
 machine (the CI does this for every variant).  The DSL is imported here lazily, so importing ``cute_mxfp8`` never
 needs it.
 
@@ -205,10 +205,17 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
     return _compile(kernel.launch_bwd, (dh, h13, q, scales(), qt, scales(), hp, *groups), arch, keep_ptx)
 
 
+# Blackwell datacenter targets of the tcgen05 kernels: sm_100f, the family build (compute capability 10.0 and
+# 10.3: B200/GB200 and B300/GB300), which the sm100 backend loads; sm_100a and sm_103a, one capability each
+SM100_TARGET = "sm_100f"
+SM100_ARCHS = (SM100_TARGET, "sm_100a", "sm_103a")
+
+
 @functools.lru_cache(maxsize=None)
 @disk_cached(skip_if="keep_ptx")
 def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
-                       arch: str = "sm_100a", keep_ptx: bool = False, max_ctas: int = 148, epilogue: str = "plain",
+                       arch: str = SM100_TARGET, keep_ptx: bool = False, max_ctas: int = 148,
+                       epilogue: str = "plain",
                        cast_elem: str = "e4m3", scale_mode: str = "rceil", emit_hp: bool = False,
                        cta_pair: bool = False, cluster_mn: tuple = (1, 1)):
     """Compiled SM100 MXFP8 GEMM (:class:`~cute_mxfp8.kernels.gemm_sm100.MXGemmSm100`), a (M, K) and b (N, K)
@@ -226,8 +233,8 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
 
     The compiled function trusts its arguments: shapes and scale buffer sizes (``blocked_scales_numel``) are not
     checked against a's, so a caller must check them (the ops layer does, :mod:`cute_mxfp8.ops.gemm_sm100`)."""
-    if arch != "sm_100a":
-        raise ValueError(f"the tcgen05 GEMM needs arch sm_100a, got {arch!r}")
+    if arch not in SM100_ARCHS:
+        raise ValueError(f"the tcgen05 GEMM needs one of the arches {SM100_ARCHS}, got {arch!r}")
     cutlass, _ = _cutlass()
     from .kernels.gemm_sm100 import MXGemmSm100
 
@@ -307,8 +314,8 @@ def compile_token_align(arch: str, keep_ptx: bool = False):
     """Compiled :class:`~cute_mxfp8.kernels.token_align.TokenAlignKernel`: ``fn(src, dst, offs, ends16)``, src
     (R, T) uint8, dst (R, T') uint8 with T' % 16 == 0 (16-byte aligned rows), offs / ends16 (G,) int32.
     Arch-generic code; ``arch`` is the build target."""
-    if arch not in ("sm_90a", "sm_100a"):
-        raise ValueError(f"arch must be 'sm_90a' or 'sm_100a', got {arch!r}")
+    if arch not in ("sm_90a", *SM100_ARCHS):
+        raise ValueError(f"arch must be 'sm_90a' or one of {SM100_ARCHS}, got {arch!r}")
     cutlass, _ = _cutlass()
     from .kernels.token_align import TokenAlignKernel
 

@@ -323,7 +323,7 @@ import cutlass.cute as cute
 from cute_mxfp8 import formats
 from cute_mxfp8.jit import compile_quant
 
-arch = "sm_100a" if torch.cuda.get_device_capability() == (10, 0) else "sm_90a"
+arch = "sm_100f" if torch.cuda.get_device_capability()[0] == 10 else "sm_90a"
 key = ("rowwise", "bfloat16", "e4m3", "rceil", False, arch)
 if sys.argv[1] == "compile":
     compile_quant(*key)

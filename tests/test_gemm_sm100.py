@@ -1,5 +1,5 @@
 """The SM100 tcgen05 block-scaled GEMM (``kernels/gemm_sm100.py``).  No SM100 GPU exists here, so CI compiles
-every variant for ``sm_100a`` on the CPU and checks the PTX and SASS that prove the design (block-scaled MMA,
+every variant for ``sm_100f`` on the CPU and checks the PTX and SASS that prove the design (block-scaled MMA,
 scale copies into TMEM, TMA loads and stores, no spills).  The ``sm100`` test runs it where the hardware is."""
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ def _multicasts(pair: bool, cluster: tuple) -> bool:
 def test_gemm_compiles_for_sm100_with_tcgen05(elems, n_tile, out, pair, cluster):
     from cute_mxfp8.jit import compile_gemm_sm100
 
-    fn = compile_gemm_sm100(*elems, out, n_tile, "sm_100a", True, 148, cta_pair=pair, cluster_mn=cluster)
+    fn = compile_gemm_sm100(*elems, out, n_tile, "sm_100f", True, 148, cta_pair=pair, cluster_mn=cluster)
     ptx = fn.__ptx__
     group = 2 if pair else 1
-    assert re.search(r"\.target\s+sm_100a\b", ptx)
+    assert re.search(r"\.target\s+sm_100f\b", ptx)
     # MX: E8M0 per 32 along K; the scales go shared memory -> TMEM
     assert f"tcgen05.mma.cta_group::{group}.kind::mxf8f6f4.block_scale.block32" in ptx
     assert f"tcgen05.cp.cta_group::{group}.32x128b.warpx4" in ptx
@@ -53,6 +53,51 @@ def test_gemm_compiles_for_sm100_with_tcgen05(elems, n_tile, out, pair, cluster)
     # A or B data (2-D TMA) multicast to the cluster's CTAs that share the tile, exactly when the cluster is larger
     # than the MMA
     assert (count("UTMALDG.2D.MULTICAST") > 0) == _multicasts(pair, cluster)
+
+
+@needs_sass
+@pytest.mark.parametrize("arch", ["sm_100a", "sm_103a"])
+def test_the_single_capability_builds_have_the_family_builds_code(arch):
+    """The backend loads the family build (sm_100f: B200/GB200 and B300/GB300); the per-capability targets build
+    the same kernel: same tcgen05 instructions, same shared memory, no spills."""
+    from cute_mxfp8.jit import compile_gemm_sm100
+
+    fns = {t: compile_gemm_sm100("e4m3", "e4m3", "bfloat16", 128, t, True, 148, cta_pair=True, cluster_mn=(2, 2))
+           for t in ("sm_100f", arch)}
+    assert re.search(rf"\.target\s+{arch}\b", fns[arch].__ptx__)
+    counts = {t: sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__)) for t, fn in fns.items()}
+    for op in ("UTCQMMA", "UTCCP", "UTMALDG", "UTMASTG"):
+        assert sum(v for k, v in counts[arch].items() if k.startswith(op)) == \
+            sum(v for k, v in counts["sm_100f"].items() if k.startswith(op)) > 0
+    assert fns[arch].launch_smem == fns["sm_100f"].launch_smem
+    assert not any(k.startswith(("LDL", "STL")) for k in counts[arch])
+    with pytest.raises(ValueError, match="sm_100f"):
+        compile_gemm_sm100("e4m3", "e4m3", "bfloat16", 128, "sm_90a", True)
+
+
+def test_the_sm100_backend_takes_every_family_member(monkeypatch):
+    """10.0 (B200/GB200) and 10.3 (B300/GB300) load the sm_100f build; other capabilities get the reason."""
+    from cute_mxfp8.ops import cute_kernels
+
+    for cap, ok in (((10, 0), True), ((10, 3), True), ((12, 0), False), ((9, 0), False)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, cap=cap: cap)
+        reason = cute_kernels._unavailable("sm100")(torch.device("cuda", 0))
+        if ok:
+            assert reason is None or "nvidia-cutlass-dsl" in reason
+        else:
+            assert f"found {cap[0]}.{cap[1]}" in reason and "10.0 or 10.3" in reason and "sm_100f" in reason
+
+
+@pytest.mark.parametrize("n_tile", [128, 256])
+def test_the_dswiglu_build_reserves_no_shared_memory_for_d(n_tile):
+    """GEMM3 stores no D: its shared memory does not depend on the h13 / D dtype, and what is left over is less
+    than one more pipeline stage (the D staging buffers went to the pipeline)."""
+    from cute_mxfp8.jit import compile_gemm_sm100
+
+    smem = {out: compile_gemm_sm100("e4m3", "e4m3", out, n_tile, "sm_100f", True, 148, "dswiglu", "e4m3", "rceil",
+                                    False, True, (2, 2)).launch_smem[0] for out in ("bfloat16", "float32")}
+    stage = 128 * 128 + n_tile // 2 * 128 + 2 * 128 * 4  # per CTA of the pair: A, half of B, their scales
+    assert smem["bfloat16"] == smem["float32"] and 232448 - smem["float32"] < stage + 2048
 
 
 # (epilogue, n_tile, (cast elem, scale mode), emit_hp, h13 dtype, cta_pair, cluster, A elem)
@@ -76,7 +121,7 @@ def test_fused_epilogue_gemm_compiles_for_sm100(variant):
     from cute_mxfp8.jit import compile_gemm_sm100
 
     epilogue, n_tile, (elem, mode), emit_hp, out, pair, cluster, a_elem = variant
-    fn = compile_gemm_sm100(a_elem, "e4m3", out, n_tile, "sm_100a", True, 148, epilogue, elem, mode, emit_hp, pair,
+    fn = compile_gemm_sm100(a_elem, "e4m3", out, n_tile, "sm_100f", True, 148, epilogue, elem, mode, emit_hp, pair,
                             cluster)
     ptx = fn.__ptx__
     assert f"tcgen05.mma.cta_group::{2 if pair else 1}.kind::mxf8f6f4.block_scale.block32" in ptx
@@ -118,8 +163,8 @@ def test_can_implement_names_the_constraint():
 
 
 @pytest.mark.sm100
-@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (10, 0)),
-                    reason="needs an SM100 (B200/GB200) GPU; none is available to this project yet")
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() in ((10, 0), (10, 3))),
+                    reason="needs an SM100-family (B200/GB200, B300/GB300) GPU; none is available to this project yet")
 @pytest.mark.parametrize("m,n,k", [(256, 256, 256), (300, 136, 96), (1024, 2048, 4096)])
 @pytest.mark.parametrize("n_tile,out", [(128, torch.bfloat16), (256, torch.bfloat16), (128, torch.float32)])
 def test_gemm_matches_reference_on_sm100(m, n, k, n_tile, out, rng):
@@ -144,8 +189,8 @@ def test_gemm_matches_reference_on_sm100(m, n, k, n_tile, out, rng):
     assert bool(((d.float() - ref).abs() <= bound).all())
 
 
-sm100 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (10, 0)),
-                           reason="needs an SM100 (B200/GB200) GPU; none is available to this project yet")
+sm100 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() in ((10, 0), (10, 3))),
+                           reason="needs an SM100-family (B200/GB200, B300/GB300) GPU; none is available to this project yet")
 
 
 def _codes_close(got, ref, what):

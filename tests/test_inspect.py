@@ -24,7 +24,7 @@ def _family(direction: str) -> ik.Family:
     return next(f for f in ik.FAMILIES if f.kernel == f"quantize_{direction}")
 
 
-def _compiled(args: dict, arch: str = "sm_100a"):
+def _compiled(args: dict, arch: str = "sm_100f"):
     return ik.compile_variant(arch, _family(args["direction"]), args)
 
 

@@ -1,4 +1,4 @@
-"""CuTe DSL rowwise / colwise quantization kernels: compiled for sm_90a and sm_100a on the CPU (every variant, PTX checked),
+"""CuTe DSL rowwise / colwise quantization kernels: compiled for sm_90a and sm_100f on the CPU (every variant, PTX checked),
 and bit-exact against the reference on a GPU (``-m gpu``, SM90)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ BUILDS = [("rowwise", False, False), ("rowwise", True, False), ("rowwise", False
           ("colwise", True, False), ("dual", False, False), ("dual", True, False)]
 
 
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100f"])
 @pytest.mark.parametrize("direction,grouped,batched", BUILDS)
 @pytest.mark.parametrize("in_dtype,elem,mode,blocked", VARIANTS)
 def test_quant_kernels_compile_for_arch(arch, direction, grouped, batched, in_dtype, elem, mode, blocked):

@@ -1,4 +1,4 @@
-"""Fused SwiGLU + dual MXFP8 kernels (forward and backward): every variant compiles for sm_100a on the CPU (the
+"""Fused SwiGLU + dual MXFP8 kernels (forward and backward): every variant compiles for sm_100f on the CPU (the
 sm_90a builds are compiled by ``inspect`` in tests/test_cli.py), and on an SM90 GPU (``-m gpu``) the kernels match
 the reference run on the same GPU: scales bit-exact, elements bit-exact except where the kernel's fp32 exp/FMA
 rounding differs from torch's, bounded by the issue's rule (at most one fp8 code apart, on at most 1e-5 of the
@@ -27,9 +27,9 @@ def test_swiglu_kernels_compile_for_sm100(direction, in_dtype, elem, mode, block
 
     from cute_mxfp8.cli import sass_facts
 
-    fn = compile_swiglu_quant(direction, in_dtype, elem, mode, blocked, "sm_100a", True, grouped, emit_hp)
+    fn = compile_swiglu_quant(direction, in_dtype, elem, mode, blocked, "sm_100f", True, grouped, emit_hp)
     ptx = fn.__ptx__
-    assert re.search(r"\.target\s+sm_100a\b", ptx) and f"cvt.rn.satfinite.{elem}x2.f32" in ptx
+    assert re.search(r"\.target\s+sm_100f\b", ptx) and f"cvt.rn.satfinite.{elem}x2.f32" in ptx
     (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
     assert res["local_frame"] == 0  # no spills (ptxas, not the PTX, decides)
     assert ".local" not in ptx and "bar.sync" not in ptx

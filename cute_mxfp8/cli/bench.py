@@ -286,14 +286,14 @@ def launch_overhead_us(device: torch.device, calls: int = 2000) -> dict:
     compiled kernel called through TVM-FFI with torch tensors, the ``torch.ops.cute_mxfp8`` custom op, and the
     documented wrapper.  Measured as wall time of ``calls`` back-to-back calls then one synchronize, so it is the
     Python + dispatch + launch cost (the GPU work of each call is a few microseconds and overlaps)."""
-    from cute_mxfp8.jit import compile_quant
+    from cute_mxfp8.jit import SM100_TARGET, compile_quant
     from cute_mxfp8.ops.backends import resolve_backend
 
     x = torch.randn(128, 128, device=device, dtype=torch.bfloat16)
     backend = resolve_backend(device, None, "quantize_rowwise", (x, "rceil", torch.float8_e4m3fn, True, None))
     if backend == "reference":
         return {}
-    arch = {"sm90": "sm_90a", "sm100": "sm_100a"}[backend]
+    arch = {"sm90": "sm_90a", "sm100": SM100_TARGET}[backend]
     kernel = compile_quant("rowwise", "bfloat16", "e4m3", "rceil", True, arch)
     q, s = torch.empty(128, 128, dtype=torch.float8_e4m3fn, device=device), torch.zeros(512, dtype=torch.uint8,
                                                                                         device=device)
@@ -380,7 +380,7 @@ def main(args) -> int:
         print("note: this GPU has no MXFP8 tensor cores: `mm` on sm90 is the WGMMA kernel (dequantize mainloop: bf16 "
               "WGMMA on operands scaled on the fly; 'sm90 promote mainloop' is the other design), its 'vs baseline' "
               "is against cuBLAS bf16; the other GEMM rows time the reference emulation; the tcgen05 kernels run "
-              "on SM100 only (`python -m cute_mxfp8 inspect --arch sm_100a` reports their builds).")
+              "on SM100 only (`python -m cute_mxfp8 inspect --arch sm_100f` reports their builds).")
     if device.type == "cpu":
         print("note: on CPU these time the torch reference (emulation), not kernels.")
     mlp = []

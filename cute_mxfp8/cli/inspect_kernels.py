@@ -1,4 +1,4 @@
-"""``python -m cute_mxfp8 inspect [--arch sm_100a|sm_90a]``: compile every kernel variant for an arch, no GPU needed.
+"""``python -m cute_mxfp8 inspect [--arch sm_100f|sm_100a|sm_103a|sm_90a]``: compile every kernel variant for an arch, no GPU needed.
 
 One row per variant of the registry :data:`FAMILIES`: whether it compiled (or the error); from the CUBIN, the
 registers per thread, shared memory (static from the CUBIN, dynamic from the launch) and the local-memory frame;
@@ -34,7 +34,7 @@ class Family:
     kernel: str
     compile: Callable
     axes: dict
-    archs: tuple = ("sm_100a", "sm_90a")  # targets the kernel exists for (the tcgen05 GEMM: sm_100a only)
+    archs: tuple = (*jit.SM100_ARCHS, "sm_90a")  # targets the kernel exists for (the tcgen05 GEMM: SM100 only)
 
     def variants(self) -> list[dict]:
         return [dict(zip(self.axes, values)) for values in itertools.product(*self.axes.values())]
@@ -88,17 +88,17 @@ FAMILIES = [
       for epi in ("swiglu", "dswiglu") for hp in (False, True) for elem, mode in (("e4m3", "rceil"), ("e5m2", "floor"))),
     Family("gemm_sm100", jit.compile_gemm_sm100,
            {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "n_tile": [128, 256]},
-           archs=("sm_100a",)),
+           archs=jit.SM100_ARCHS),
     # 2-CTA MMAs and clusters (TMA multicast), then the fused SwiGLU / dSwiGLU epilogues, 1-CTA and in the
     # configuration the ops run (2-CTA, cluster (2, 2))
     *(Family(f"gemm_sm100_{'2cta' if pair else '1cta'}_cluster{m}x{n}",
              functools.partial(jit.compile_gemm_sm100, cta_pair=pair, cluster_mn=(m, n)),
-             {**_GEMM_E4M3, "out_dtype": ["bfloat16", "float32"], "n_tile": [128, 256]}, archs=("sm_100a",))
+             {**_GEMM_E4M3, "out_dtype": ["bfloat16", "float32"], "n_tile": [128, 256]}, archs=jit.SM100_ARCHS)
       for pair, (m, n) in ((True, (2, 1)), (True, (4, 1)), (True, (2, 2)), (False, (2, 1)), (False, (1, 2)))),
     *(Family(f"gemm_sm100_{epi}{'_2cta_cluster2x2' if pair else ''}{'_hp' if hp else ''}_{elem}_{mode}",
              functools.partial(jit.compile_gemm_sm100, epilogue=epi, cast_elem=elem, scale_mode=mode, emit_hp=hp,
                                cta_pair=pair, cluster_mn=(2, 2) if pair else (1, 1)),
-             {**_GEMM_E4M3, "out_dtype": ["bfloat16"], "n_tile": [128, 256]}, archs=("sm_100a",))
+             {**_GEMM_E4M3, "out_dtype": ["bfloat16"], "n_tile": [128, 256]}, archs=jit.SM100_ARCHS)
       for epi in ("swiglu", "dswiglu") for pair in (False, True) for hp in (False, True)
       for elem, mode in (("e4m3", "rceil"), ("e5m2", "floor"))),
 ]

@@ -94,7 +94,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p_inspect = sub.add_parser("inspect", help="compile every kernel variant for an arch (no GPU) and report",
                                description="Compile every kernel variant for an arch, without a GPU, and print a "
                                            "row per variant with the PTX instruction counts that prove the design.")
-    p_inspect.add_argument("--arch", default="sm_100a", choices=["sm_100a", "sm_90a"],
+    p_inspect.add_argument("--arch", default="sm_100f", choices=["sm_100f", "sm_100a", "sm_103a", "sm_90a"],
                            help="target architecture (default: %(default)s)")
     p_inspect.add_argument("--json", metavar="PATH", default=None, help="also write the rows as JSON to PATH")
     p_inspect.set_defaults(func=_run_inspect)

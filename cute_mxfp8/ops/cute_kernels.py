@@ -1,7 +1,8 @@
 """The ``sm90`` and ``sm100`` backends: the quantize ops implemented by CuTe DSL kernels (compiled through
 :mod:`cute_mxfp8.jit`).
 
-Both backends run the same arch-generic kernels, compiled for ``sm_90a`` or ``sm_100a``.  Implemented:
+Both backends run the same arch-generic kernels, compiled for ``sm_90a`` or ``sm_100f`` (the Blackwell
+datacenter family: compute capability 10.0 and 10.3).  Implemented:
 ``quantize_rowwise``, ``quantize_colwise`` and ``quantize_dual`` (one read of the input; ``quantize_gate_up`` is
 two dual casts packed by :mod:`.gate_up`) for contiguous 2-D
 activations and 3-D (E, N, K) expert weights with K % 32 == 0, plain or blocked scales, and token groups
@@ -22,7 +23,7 @@ import math
 import torch
 
 from .. import formats as F
-from ..jit import compile_quant, compile_swiglu_quant
+from ..jit import SM100_TARGET, compile_quant, compile_swiglu_quant
 from . import gemm_sm90, gemm_sm100
 from .backends import Backend, register_backend
 from .gate_up import pack_gate_up_casts
@@ -31,23 +32,24 @@ from .shapes import colwise_shapes, rowwise_shapes
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _IN = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
-# backend name -> (compute capability, compile target, the hardware it needs).  Arch-specific ("a") code loads only
-# on its exact capability: sm_100a runs on 10.0 (B200/GB200), not on 10.3 (B300).
-_ARCHS = {"sm90": ((9, 0), "sm_90a", "an SM90 (H100/H200)"), "sm100": ((10, 0), "sm_100a", "an SM100 (B200/GB200)")}
+# backend name -> (compute capabilities, compile target, the hardware it needs).  Arch-specific ("a") code loads
+# only on its exact capability (sm_100a on 10.0, not on a B300's 10.3); family ("f") code on every member.
+_ARCHS = {"sm90": (((9, 0),), "sm_90a", "an SM90 (H100/H200)"),
+          "sm100": (((10, 0), (10, 3)), SM100_TARGET, "an SM100-family (B200/GB200, B300/GB300)")}
 _MAX_ELEMENTS = 2**31 - 1  # shapes, block counts and scale offsets are 32-bit in the kernels (strides are 64-bit)
 _MAX_K = 65535 * 128  # grid.y of the tile kernel counts 128-column tiles
 _MAX_EXPERTS = 65535  # grid.z of the tile kernel
 
 
 def _unavailable(name: str):
-    (major, minor), arch, hardware = _ARCHS[name]
+    caps, arch, hardware = _ARCHS[name]
+    wanted = " or ".join(f"{major}.{minor}" for major, minor in caps)
 
     @functools.lru_cache(maxsize=None)
     def cached(device: torch.device) -> str | None:
         got = torch.cuda.get_device_capability(device)
-        if got != (major, minor):
-            return (f"needs {hardware} GPU (compute capability {major}.{minor}, the {arch} build), "
-                    f"found {got[0]}.{got[1]}")
+        if tuple(got) not in caps:
+            return f"needs {hardware} GPU (compute capability {wanted}, the {arch} build), found {got[0]}.{got[1]}"
         try:
             import cutlass  # noqa: F401
         except ImportError as e:  # the DSL is a dependency; say so if it is missing

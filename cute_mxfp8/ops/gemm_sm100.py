@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from ..jit import compile_gemm_sm100
+from ..jit import SM100_TARGET, compile_gemm_sm100
 from .gemm_common import MAX_ELEMENTS, mm_with_bias, operand_limits, run_mm_dswiglu_quant, run_mm_swiglu_quant
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
@@ -53,7 +53,7 @@ def _u8(t: torch.Tensor) -> torch.Tensor:
 
 
 def _kernel(a, b, out_dtype, epilogue="plain", elem_dtype=torch.float8_e4m3fn, scale_mode="rceil", emit_hp=False):
-    return compile_gemm_sm100(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], N_TILE, "sm_100a", False,
+    return compile_gemm_sm100(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], N_TILE, SM100_TARGET, False,
                               max_ctas(_device(a)), epilogue, _ELEM[elem_dtype], scale_mode, emit_hp, CTA_PAIR,
                               CLUSTER_MN)
 
