@@ -88,6 +88,20 @@ def test_the_sm100_backend_takes_every_family_member(monkeypatch):
             assert f"found {cap[0]}.{cap[1]}" in reason and "10.0 or 10.3" in reason and "sm_100f" in reason
 
 
+@needs_sass
+@pytest.mark.parametrize("pair,cluster", [(False, (1, 1)), (True, (2, 2))])
+def test_the_last_k_tile_issues_only_the_blocks_left_of_k(pair, cluster):
+    """K % 128 != 0: MMAs 2-4 of a stage are each behind a branch on the blocks the tile has, so the scale
+    buffer's padding past K (a caller's 0xFF included) never multiplies the TMA zero fill; the first is not."""
+    from cute_mxfp8.jit import compile_gemm_sm100
+
+    fn = compile_gemm_sm100("e4m3", "e4m3", "bfloat16", 128, "sm_100f", True, 148, cta_pair=pair, cluster_mn=cluster)
+    lines = sass_facts.disassemble(fn.__cubin__).splitlines()
+    mmas = [i for i, line in enumerate(lines) if "UTCQMMA" in line]
+    assert len(mmas) == 4
+    assert all(any("BRA" in line for line in lines[a:b]) for a, b in zip(mmas, mmas[1:]))
+
+
 @pytest.mark.parametrize("n_tile", [128, 256])
 def test_the_dswiglu_build_reserves_no_shared_memory_for_d(n_tile):
     """GEMM3 stores no D: its shared memory does not depend on the h13 / D dtype, and what is left over is less
@@ -187,6 +201,36 @@ def test_gemm_matches_reference_on_sm100(m, n, k, n_tile, out, rng):
     ref = da @ db.t()
     bound = 2.0 ** -8 * ref.abs() + k * 2.0 ** -23 * (da.abs() @ db.abs().t())
     assert bool(((d.float() - ref).abs() <= bound).all())
+
+
+@pytest.mark.sm100
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() in ((10, 0), (10, 3))),
+                    reason="needs an SM100-family (B200/GB200, B300/GB300) GPU; none is available to this project yet")
+@pytest.mark.parametrize("k", [96, 160, 416])
+def test_scale_padding_past_k_is_never_read_on_sm100(k, rng):
+    """K % 128 != 0 with the blocked scales' padding (columns past K // 32, rows past M / N) set to 0xFF, E8M0
+    NaN: the last K tile issues only the MMAs of its blocks, so the result is finite and equals the zero-padded
+    buffers' bit for bit."""
+    from cute_mxfp8 import formats as F
+    from cute_mxfp8 import ops
+    from cute_mxfp8.jit import compile_gemm_sm100
+
+    m, n = 200, 136
+    qa, sa = ops.quantize_rowwise(torch.randn(m, k, generator=rng).cuda())
+    qb, sb = ops.quantize_rowwise(torch.randn(n, k, generator=rng).cuda())
+
+    def nan_padded(blocked, rows):
+        plain = F.from_blocked_scales(blocked, rows, k // 32).view(torch.uint8)
+        full = torch.full(((rows + 127) // 128 * 128, (k // 32 + 3) // 4 * 4), 0xFF, dtype=torch.uint8,
+                          device=plain.device)
+        full[:rows, :k // 32] = plain
+        return F.to_blocked_scales(full.view(torch.float8_e8m0fnu)).view(torch.uint8)
+
+    fn = compile_gemm_sm100("e4m3", "e4m3", "float32", 128)
+    got, want = (torch.empty(m, n, device="cuda") for _ in range(2))
+    fn(qa, qb, nan_padded(sa, m), nan_padded(sb, n), got)
+    fn(qa, qb, sa.view(torch.uint8), sb.view(torch.uint8), want)
+    assert bool(want.isfinite().all()) and torch.equal(got, want)
 
 
 sm100 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() in ((10, 0), (10, 3))),

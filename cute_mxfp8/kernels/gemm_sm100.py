@@ -336,6 +336,11 @@ class MXGemmSm100:
             tcgd = thr.partition_C(cute.local_tile(gd, cute.slice_(self.mma_tiler, (None, None, 0)),
                                                    (None, None, None)))
         k_tiles = cute.size(tcga, mode=[4])
+        # MX blocks of the last 128-deep K tile (K % 32 == 0): only those MMAs are issued, so the scale buffer's
+        # padding past K (any bytes: a caller's 0xFF, E8M0 NaN, included) never meets the TMA zero fill
+        last_blocks = (cute.size(ga, mode=[1]) // 32) % self.K_STAGE_BLOCKS
+        if last_blocks == 0:
+            last_blocks = self.K_STAGE_BLOCKS
         a_ctas = cute.make_layout(cute.slice_(cluster, (0, 0, None, 0)).shape)
         b_ctas = cute.make_layout(cute.slice_(cluster, (0, None, 0, 0)).shape)
         sfb_ctas = cute.make_layout(cute.slice_(cluster_sfb, (0, None, 0, 0)).shape)
@@ -359,7 +364,7 @@ class MXGemmSm100:
                             (tma_sfa, tsfas, tsfag), (tma_sfb, tsfbs, tsfbg))
         if warp == self.MMA_WARP:
             self._mma_role(mma, ab_pipe, acc_pipe, tmem, sched, sa, sb, ssfa, ssfb, sfa_smem, sfb_smem, acc_layout,
-                           k_tiles, pair, leader)
+                           k_tiles, last_blocks, pair, leader)
         if warp < self.MMA_WARP:
             self._epilogue_role(acc_pipe, tmem, sched, tma_d, tcgd, sd, acc_layout, epi_tile, tidx, warp, h13,
                                 fused, tr[(None, None, warp)], rows, cols, pair)
@@ -391,11 +396,12 @@ class MXGemmSm100:
 
     @cute.jit
     def _mma_role(self, mma, ab_pipe, acc_pipe, tmem, sched, sa, sb, ssfa, ssfb, sfa_smem, sfb_smem, acc_layout,
-                  k_tiles, pair, leader):
+                  k_tiles, last_blocks, pair, leader):
         """MMA warp: per K tile, copy the scales into TMEM (``tcgen05.cp``) and issue the block-scaled MMAs
         into the tile's accumulator stage; hand the stage to the epilogue when the tile is done.  Of a CTA pair
-        only the leader issues (its MMAs read both CTAs' shared memory and write both TMEMs).  The next stage's
-        data is probed one step ahead (``consumer_try_wait``)."""
+        only the leader issues (its MMAs read both CTAs' shared memory and write both TMEMs).  The last K tile
+        issues ``last_blocks`` MMAs (the MX blocks left of K).  The next stage's data is probed one step ahead
+        (``consumer_try_wait``)."""
         tmem.wait_for_alloc()
         acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
         acc = cute.make_tensor(acc_ptr, acc_layout)
@@ -425,11 +431,18 @@ class MXGemmSm100:
                     ab_pipe.consumer_wait(ab_state, ready)
                     cute.copy(cp_sfa, src_sfa[(None, None, None, None, ab_state.index)], dst_sfa)
                     cute.copy(cp_sfb, src_sfb[(None, None, None, None, ab_state.index)], dst_sfb)
-                    for kb in cutlass.range(cute.size(fa, mode=[2]), unroll_full=True):
+                    blocks = cutlass.Int32(self.K_STAGE_BLOCKS)
+                    if kt == k_tiles - 1:
+                        blocks = last_blocks
+                    for kb in cutlass.range_constexpr(self.K_STAGE_BLOCKS):
                         mma.set(tcgen05.Field.SFA, tsfa[(None, None, kb)].iterator)
                         mma.set(tcgen05.Field.SFB, tsfb[(None, None, kb)].iterator)
-                        cute.gemm(mma, tile_acc, fa[(None, None, kb, ab_state.index)],
-                                  fb[(None, None, kb, ab_state.index)], tile_acc)
+                        if cutlass.const_expr(kb == 0):  # K >= 32: every K tile has its first block
+                            cute.gemm(mma, tile_acc, fa[(None, None, kb, ab_state.index)],
+                                      fb[(None, None, kb, ab_state.index)], tile_acc)
+                        elif kb < blocks:
+                            cute.gemm(mma, tile_acc, fa[(None, None, kb, ab_state.index)],
+                                      fb[(None, None, kb, ab_state.index)], tile_acc)
                         mma.set(tcgen05.Field.ACCUMULATE, True)
                     ab_pipe.consumer_release(ab_state)
                 ab_state.advance()
