@@ -366,11 +366,12 @@ def compile_scale_layout_probe(arch: str, keep_ptx: bool = False):
 @disk_cached(skip_if="keep_ptx")
 def compile_tile_schedule_probe(n_tile: int, max_ctas: int, arch: str, keep_ptx: bool = False,
                                 cluster_mn: tuple = (1, 1)):
-    """Compiled :class:`~cute_mxfp8.kernels.gemm_checks.TileScheduleProbe`: ``fn(count, m, n)``, count
-    (ceil(M / 128), ceil(N / n_tile)) int32 zero-filled (incremented per visit)."""
+    """Compiled :class:`~cute_mxfp8.kernels.gemm_checks.TileScheduleProbe`: ``fn(count, order, m, n)``, count
+    and order (ceil(M / 128), ceil(N / n_tile)) int32, count zero-filled (incremented per visit), order the
+    cluster-tile index of the (last) visit."""
     cutlass, _ = _cutlass()
     from .kernels.gemm_checks import TileScheduleProbe
 
-    count = _fake(cutlass.Int32, (_sym(), _sym()), align=4)
-    return _compile(TileScheduleProbe(n_tile, max_ctas, tuple(cluster_mn)), (count, cutlass.Int32(1), cutlass.Int32(1)),
-                    arch, keep_ptx)
+    count, order = (_fake(cutlass.Int32, (_sym(), _sym()), align=4) for _ in range(2))
+    return _compile(TileScheduleProbe(n_tile, max_ctas, tuple(cluster_mn)),
+                    (count, order, cutlass.Int32(1), cutlass.Int32(1)), arch, keep_ptx)

@@ -125,11 +125,23 @@ def test_gemm_scale_layout_gathers_to_blocked_scales(rows, k):
                                                      (128, 132, (2, 1)), (256, 132, (4, 1)), (128, 8, (2, 2))])
 @pytest.mark.parametrize("m,n", [(1, 8), (129, 200), (1000, 4104), (8192, 8192), (16384, 7168)])
 def test_gemm_tile_schedule_covers_every_tile_once(n_tile, max_ctas, cluster, m, n):
+    """The device order (the probe) is the plain-Python :func:`tile_order`: every tile once, each at the
+    cluster-tile index the reference gives it."""
     from cute_mxfp8.jit import compile_tile_schedule_probe
+    from cute_mxfp8.kernels.tile_scheduler import tile_order
 
     count = torch.zeros(-(-m // 128), -(-n // n_tile), dtype=torch.int32, device="cuda")
-    compile_tile_schedule_probe(n_tile, max_ctas, "sm_90a", False, cluster)(count, m, n)
+    order = torch.full_like(count, -1)
+    compile_tile_schedule_probe(n_tile, max_ctas, "sm_90a", False, cluster)(count, order, m, n)
     assert bool((count == 1).all()), f"tiles visited {count.unique().tolist()} times"
+    want = torch.full_like(count, -1)
+    flat = tile_order(*count.shape, cluster, clusters=1)[0]  # one cluster: its list is the cluster-tile order
+    for linear, (mt, nt) in enumerate(flat):
+        for i in range(cluster[0]):
+            for j in range(cluster[1]):
+                if mt + i < count.shape[0] and nt + j < count.shape[1]:
+                    want[mt + i, nt + j] = linear
+    assert torch.equal(order, want)
 
 
 @pytest.mark.gpu

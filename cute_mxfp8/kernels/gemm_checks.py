@@ -5,7 +5,7 @@ there is no SM100 here, so the H200 runs these and the tests compare them with t
   :mod:`.gemm_epilogue`, fed from a global fp32 accumulator instead of tensor memory.
 * :class:`ScaleLayoutProbe`: the blocked scale layout the GEMM's TMA reads through (:func:`.blockscaled.scale_layout`
   with run-time shapes, as the GEMM builds it), evaluated for every scale of an operand.
-* :class:`TileScheduleProbe`: the GEMM's persistent tile schedule (:func:`.gemm_sm100.tile_schedule`), every CTA
+* :class:`TileScheduleProbe`: the GEMM's persistent tile order (:mod:`.tile_scheduler`), every CTA
   counting the output tiles it is given.
 """
 
@@ -14,12 +14,12 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils as utils
 
 from .blockscaled import SF_VEC, scale_layout
 from .gemm_epilogue import (BLOCK, GATE_UP_TILE, MODES, TRANSPOSE_BYTES, dswiglu_block, gate_column,
                             load_row_block, swiglu_block, transpose_tiles)
 from .mx_math import MXCastParams
+from .tile_scheduler import PersistentTiles
 
 
 class EpilogueCheckKernel:
@@ -100,31 +100,34 @@ class ScaleLayoutProbe:
 
 
 class TileScheduleProbe:
-    """Runs the GEMM's persistent tile schedule for an (M, N) output: ``(count, m, n)`` with ``count`` (M tiles,
-    N tiles) int32 zero-filled; every CTA's thread 0 walks the tiles it is given (as all roles of the GEMM do) and
-    adds 1 to each tile inside the output.  Compile-time: ``n_tile``, ``max_ctas`` and ``cluster_mn`` as the GEMM's (launched in
-    clusters of that shape, as the GEMM is)."""
+    """Runs the GEMM's persistent tile order (:mod:`.tile_scheduler`) for an (M, N) output:
+    ``(count, order, m, n)`` with ``count`` and ``order`` (M tiles, N tiles) int32, ``count`` zero-filled; every
+    CTA's thread 0 walks the tiles it is given (as all roles of the GEMM do), adds 1 to ``count`` at each tile
+    inside the output and writes there the cluster-tile index it visited it at (``tile_order``'s position).
+    Compile-time: ``n_tile``, ``max_ctas`` and ``cluster_mn`` as the GEMM's (launched in clusters of that shape,
+    as the GEMM is)."""
 
     def __init__(self, n_tile: int, max_ctas: int, cluster_mn: tuple = (1, 1)):
         self.n_tile, self.max_ctas, self.cluster_mn = n_tile, max_ctas, tuple(cluster_mn)
 
     @cute.jit
-    def __call__(self, count: cute.Tensor, m: cutlass.Int32, n: cutlass.Int32, stream: cuda.CUstream):
-        from .gemm_sm100 import tile_schedule
+    def __call__(self, count: cute.Tensor, order: cute.Tensor, m: cutlass.Int32, n: cutlass.Int32,
+                 stream: cuda.CUstream):
+        from .gemm_sm100 import tile_grid
 
-        sched, grid = tile_schedule(m, n, self.n_tile, self.max_ctas, self.cluster_mn)
-        self.kernel(count, sched).launch(grid=grid, block=[32, 1, 1], cluster=(*self.cluster_mn, 1), stream=stream)
+        grid = tile_grid(m, n, self.n_tile, self.max_ctas, self.cluster_mn)
+        self.kernel(count, order).launch(grid=grid, block=[32, 1, 1], cluster=(*self.cluster_mn, 1), stream=stream)
 
     @cute.kernel
-    def kernel(self, count: cute.Tensor, sched: utils.PersistentTileSchedulerParams):
+    def kernel(self, count: cute.Tensor, order: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
-        tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = tiles.initial_work_tile_info()
-        while work.is_valid_tile:
-            mt, nt, _ = work.tile_idx
+        tiles = PersistentTiles(count.shape[0], count.shape[1], self.cluster_mn)
+        linear = tiles.first()
+        while tiles.valid(linear):
+            mt, nt = tiles.tile(linear)
             # a cluster's CTAs take neighbouring tiles, so past the last tile row/column some get tiles outside
             # the output (the GEMM's TMA clips them, its epilogue predicates them): not counted here
             if tidx == 0 and mt < count.shape[0] and nt < count.shape[1]:
                 cute.arch.atomic_add(count.iterator + cute.crd2idx((mt, nt), count.layout), cutlass.Int32(1))
-            tiles.advance_to_next_work()
-            work = tiles.get_current_work()
+                order[mt, nt] = linear
+            linear = tiles.next(linear)

@@ -11,13 +11,13 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.blackwell_helpers as sm100
 import cutlass.utils.blockscaled_layout as bsl
 from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from .blockscaled import SF_VEC, scale_layout
 from .gemm_epilogue import EPILOGUES, GATE_UP_TILE, TRANSPOSE_BYTES, dswiglu_block, swiglu_block
+from .tile_scheduler import PersistentTiles, grid_clusters
 
 _K_MAJOR = cute.nvgpu.OperandMajorMode.K
 _SF_DTYPE = cutlass.Float8E8M0FNU
@@ -27,15 +27,16 @@ _ROW_MAJOR = cutlass.tensor_utils.LayoutEnum.ROW_MAJOR
 CLUSTERS = {False: ((1, 1), (2, 1), (1, 2)), True: ((2, 1), (4, 1), (2, 2))}
 
 
-def tile_schedule(m, n, n_tile: int, max_ctas: int, cluster_mn: tuple = (1, 1)):
-    """The GEMM's persistent schedule of an (M, N) output in per-CTA (128, ``n_tile``) tiles, clusters of
-    ``cluster_mn`` CTAs taking neighbouring tiles: (scheduler params, grid of at most ``max_ctas`` CTAs).  Every
-    role of every CTA walks the same sequence (``StaticPersistentTileScheduler``);
-    :class:`.gemm_checks.TileScheduleProbe` runs it on any GPU."""
-    tiles = (cute.ceil_div(m, MXGemmSm100.TILE_M), cute.ceil_div(n, n_tile), 1)
-    sched = utils.PersistentTileSchedulerParams(tiles, (*cluster_mn, 1))
-    clusters = max_ctas // (cluster_mn[0] * cluster_mn[1])
-    return sched, utils.StaticPersistentTileScheduler.get_grid_shape(sched, clusters)
+def tile_counts(m, n, n_tile: int):
+    """(M tiles, N tiles) of an (M, N) output in per-CTA (128, ``n_tile``) tiles."""
+    return (m + MXGemmSm100.TILE_M - 1) // MXGemmSm100.TILE_M, (n + n_tile - 1) // n_tile
+
+
+def tile_grid(m, n, n_tile: int, max_ctas: int, cluster_mn: tuple = (1, 1)):
+    """The GEMM's persistent launch grid ``(cm, cn, clusters)`` for an (M, N) output: at most ``max_ctas`` CTAs
+    in clusters of ``cluster_mn``, each walking the tile order of :mod:`.tile_scheduler` (every role of every CTA
+    walks the same sequence; :class:`.gemm_checks.TileScheduleProbe` runs it on any GPU)."""
+    return (*cluster_mn, grid_clusters(*tile_counts(m, n, n_tile), cluster_mn, max_ctas))
 
 
 @cute.jit
@@ -69,7 +70,8 @@ class MXGemmSm100:
     the cluster).  Pipelines: ``PipelineTmaUmma`` over ``ab_stages`` shared-memory stages (as many as fit: 1-CTA
     bf16 6 at N-tile 128 and 4 at 256, 2-CTA N-tile 128 8), producer and consumer probing one stage ahead; ``PipelineUmmaAsync`` over ``acc_stages`` TMEM
     accumulators (2 at N-tile 128: a tile's epilogue overlaps the next tile's mainloop; 1 at 256);
-    ``PipelineTmaStore`` for D.  Tiles: ``StaticPersistentTileScheduler`` over at most ``max_ctas`` CTAs.
+    ``PipelineTmaStore`` for D.  Tiles: :class:`.tile_scheduler.PersistentTiles` over at most ``max_ctas`` CTAs
+    (bands of 8 cluster rows, so a wave's A and B tiles stay in L2).
 
     Compile-time parameters: the A/B element types, ``out_dtype``, ``n_tile`` (128 or 256), ``max_ctas``,
     ``epilogue`` with ``cast_elem`` / ``scale_mode`` / ``emit_hp``, ``cta_pair`` (2-CTA MMA, M = 256) and
@@ -241,7 +243,7 @@ class MXGemmSm100:
             tma_d, gd = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), d3,
                                                     cute.slice_(self.d_smem, (None, None, 0)), self.epi_tile)
 
-        sched, grid = tile_schedule(m, n, self.n_tile, self.max_ctas, cl)
+        grid = tile_grid(m, n, self.n_tile, self.max_ctas, cl)
 
         @cute.struct
         class Shared:
@@ -261,7 +263,7 @@ class MXGemmSm100:
 
         self.shared = Shared
         self.kernel(mma, self.tiled_mma_sfb, tma_a, ga, tma_b, gb, tma_sfa, gsfa, tma_sfb, gsfb, tma_d, gd, h13,
-                    fused, m, n, self.cluster_vmnk, self.cluster_sfb_vmnk, sched, self.a_smem, self.b_smem,
+                    fused, m, n, self.cluster_vmnk, self.cluster_sfb_vmnk, self.a_smem, self.b_smem,
                     self.sfa_smem, self.sfb_smem, self.d_smem, self.epi_tile).launch(
             grid=grid, block=[self.THREADS, 1, 1], cluster=(*cl, 1), smem=Shared.size_in_bytes(), stream=stream)
 
@@ -272,7 +274,7 @@ class MXGemmSm100:
                tma_b: cute.CopyAtom, gb: cute.Tensor, tma_sfa: cute.CopyAtom, gsfa: cute.Tensor,
                tma_sfb: cute.CopyAtom, gsfb: cute.Tensor, tma_d, gd, h13, fused: tuple, rows: cutlass.Int32,
                cols: cutlass.Int32, cluster: cute.Layout, cluster_sfb: cute.Layout,
-               sched: utils.PersistentTileSchedulerParams, a_smem: cute.ComposedLayout,
+               a_smem: cute.ComposedLayout,
                b_smem: cute.ComposedLayout, sfa_smem: cute.Layout, sfb_smem: cute.Layout,
                d_smem: cute.ComposedLayout, epi_tile: cute.Tile):
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -336,6 +338,7 @@ class MXGemmSm100:
             tcgd = thr.partition_C(cute.local_tile(gd, cute.slice_(self.mma_tiler, (None, None, 0)),
                                                    (None, None, None)))
         k_tiles = cute.size(tcga, mode=[4])
+        counts = tile_counts(rows, cols, self.n_tile)
         # MX blocks of the last 128-deep K tile (K % 32 == 0): only those MMAs are issued, so the scale buffer's
         # padding past K (any bytes: a caller's 0xFF, E8M0 NaN, included) never meets the TMA zero fill
         last_blocks = (cute.size(ga, mode=[1]) // 32) % self.K_STAGE_BLOCKS
@@ -360,25 +363,26 @@ class MXGemmSm100:
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
 
         if warp == self.TMA_WARP:
-            self._load_role(ab_pipe, sched, k_tiles, pair, masks, (tma_a, tas, tag), (tma_b, tbs, tbg),
+            self._load_role(ab_pipe, counts, k_tiles, pair, masks, (tma_a, tas, tag), (tma_b, tbs, tbg),
                             (tma_sfa, tsfas, tsfag), (tma_sfb, tsfbs, tsfbg))
         if warp == self.MMA_WARP:
-            self._mma_role(mma, ab_pipe, acc_pipe, tmem, sched, sa, sb, ssfa, ssfb, sfa_smem, sfb_smem, acc_layout,
+            self._mma_role(mma, ab_pipe, acc_pipe, tmem, counts, sa, sb, ssfa, ssfb, sfa_smem, sfb_smem, acc_layout,
                            k_tiles, last_blocks, pair, leader)
         if warp < self.MMA_WARP:
-            self._epilogue_role(acc_pipe, tmem, sched, tma_d, tcgd, sd, acc_layout, epi_tile, tidx, warp, h13,
+            self._epilogue_role(acc_pipe, tmem, counts, tma_d, tcgd, sd, acc_layout, epi_tile, tidx, warp, h13,
                                 fused, tr[(None, None, warp)], rows, cols, pair)
 
     @cute.jit
-    def _load_role(self, ab_pipe, sched, k_tiles, pair, masks, a, b, sfa, sfb):
+    def _load_role(self, ab_pipe, counts, k_tiles, pair, masks, a, b, sfa, sfb):
         """TMA warp: for each scheduled tile, stream its K tiles of A, B and both scales into the stages
         (multicast to the cluster CTAs sharing them).  Each stage's slot is probed one step ahead
         (``producer_try_acquire``), so the wait itself rarely blocks."""
-        tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = tiles.initial_work_tile_info()
+        tiles = PersistentTiles(*counts, self.cluster_mn)
+        linear = tiles.first()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
-        while work.is_valid_tile:
-            mt, nt, lt = work.tile_idx
+        while tiles.valid(linear):
+            mt, nt = tiles.tile(linear)
+            lt = 0
             coords = ((mt // pair, lt), (nt, lt), (mt // pair, lt), (nt, lt))  # MMA-tile coordinates
             state.reset_count()
             ready = _peek(ab_pipe.producer_try_acquire, state, k_tiles, True)
@@ -390,12 +394,11 @@ class MXGemmSm100:
                               mcast_mask=mask)
                 state.advance()
                 ready = _peek(ab_pipe.producer_try_acquire, state, k_tiles, True)
-            tiles.advance_to_next_work()
-            work = tiles.get_current_work()
+            linear = tiles.next(linear)
         ab_pipe.producer_tail(state)
 
     @cute.jit
-    def _mma_role(self, mma, ab_pipe, acc_pipe, tmem, sched, sa, sb, ssfa, ssfb, sfa_smem, sfb_smem, acc_layout,
+    def _mma_role(self, mma, ab_pipe, acc_pipe, tmem, counts, sa, sb, ssfa, ssfb, sfa_smem, sfb_smem, acc_layout,
                   k_tiles, last_blocks, pair, leader):
         """MMA warp: per K tile, copy the scales into TMEM (``tcgen05.cp``) and issue the block-scaled MMAs
         into the tile's accumulator stage; hand the stage to the epilogue when the tile is done.  Of a CTA pair
@@ -415,11 +418,11 @@ class MXGemmSm100:
         cp_sfb, src_sfb, dst_sfb = self._scale_copy(ssfb, tsfb)
         fa, fb = mma.make_fragment_A(sa), mma.make_fragment_B(sb)
 
-        tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = tiles.initial_work_tile_info()
+        tiles = PersistentTiles(*counts, self.cluster_mn)
+        linear = tiles.first()
         ab_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.acc_stages)
-        while work.is_valid_tile:
+        while tiles.valid(linear):
             ab_state.reset_count()
             ready = _peek(ab_pipe.consumer_try_wait, ab_state, k_tiles, leader)
             if leader:
@@ -450,8 +453,7 @@ class MXGemmSm100:
             if leader:
                 acc_pipe.producer_commit(acc_state)
             acc_state.advance()
-            tiles.advance_to_next_work()
-            work = tiles.get_current_work()
+            linear = tiles.next(linear)
         acc_pipe.producer_tail(acc_state)
 
     def _scale_copy(self, sf_smem: cute.Tensor, sf_tmem: cute.Tensor):
@@ -465,7 +467,7 @@ class MXGemmSm100:
         return tiled, src, thr.partition_D(dst)
 
     @cute.jit
-    def _epilogue_role(self, acc_pipe, tmem, sched, tma_d, tcgd, sd, acc_layout, epi_tile, tidx, warp, h13, fused,
+    def _epilogue_role(self, acc_pipe, tmem, counts, tma_d, tcgd, sd, acc_layout, epi_tile, tidx, warp, h13, fused,
                        tr, rows, cols, pair):
         """Epilogue warps: allocate TMEM, then per tile walk the 128 x 32 accumulator sub-tiles (``tcgen05.ld``:
         thread ``tidx`` gets row ``tidx`` of the tile, 32 columns, in fp32) and, by ``self.epilogue``:
@@ -508,12 +510,13 @@ class MXGemmSm100:
             store = (r2s, r2s_thr.partition_D(sd), r2s.retile(r_d), sdt, gdt, store_pipe, tma_d)
         lane = tidx % 32
 
-        tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = tiles.initial_work_tile_info()
+        tiles = PersistentTiles(*counts, self.cluster_mn)
+        linear = tiles.first()
         acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.acc_stages)
         stored = cutlass.Int32(0)
-        while work.is_valid_tile:
-            mt, nt, lt = work.tile_idx  # this CTA's 128-row tile (of a 2-CTA MMA tile: half mt % 2)
+        while tiles.valid(linear):
+            mt, nt = tiles.tile(linear)  # this CTA's 128-row tile (of a 2-CTA MMA tile: half mt % 2)
+            lt = 0
             row = mt * self.TILE_M + tidx
             mma_tile = (mt // pair, nt, lt)
             acc_pipe.consumer_wait(acc_state)
@@ -540,8 +543,7 @@ class MXGemmSm100:
             cute.arch.fence_view_async_tmem_load()
             acc_pipe.consumer_release(acc_state)
             acc_state.advance()
-            tiles.advance_to_next_work()
-            work = tiles.get_current_work()
+            linear = tiles.next(linear)
         tmem.relinquish_alloc_permit()
         self.epi_sync.arrive_and_wait()
         tmem.free(acc_ptr)

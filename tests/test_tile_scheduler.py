@@ -1,0 +1,60 @@
+"""The GEMMs' persistent tile order (kernels/tile_scheduler.py) in its plain-Python statement: every tile once,
+clusters balanced, a wave's tiles packed into bands of ``swizzle`` rows.  The device function runs the same order
+on the H200 (tests/test_gemm_checks.py, the probe kernel compared with :func:`tile_order`)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+pytest.importorskip("cutlass")
+from cute_mxfp8.kernels.tile_scheduler import SWIZZLE, tile_order  # noqa: E402
+
+SHAPES = [(1, 1), (1, 9), (7, 3), (64, 56), (129, 17), (128, 16)]  # (M tiles, N tiles): skewed, odd, one tile
+CLUSTERS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)]
+
+
+@pytest.mark.parametrize("m_tiles,n_tiles", SHAPES)
+@pytest.mark.parametrize("cluster", CLUSTERS)
+@pytest.mark.parametrize("swizzle", [1, SWIZZLE])
+@pytest.mark.parametrize("clusters", [1, 37, 148])
+def test_every_tile_once_and_clusters_balanced(m_tiles, n_tiles, cluster, swizzle, clusters):
+    order = tile_order(m_tiles, n_tiles, cluster, swizzle, clusters)
+    cm, cn = cluster
+    seen = []
+    for walk in order:
+        for mt, nt in walk:
+            assert mt % cm == 0 and nt % cn == 0  # a cluster's CTA (0, 0) sits on the cluster grid
+            seen += [(mt + i, nt + j) for i in range(cm) for j in range(cn) if mt + i < m_tiles and nt + j < n_tiles]
+    assert sorted(seen) == sorted(itertools.product(range(m_tiles), range(n_tiles)))
+    sizes = [len(walk) for walk in order]
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == math.ceil(m_tiles / cm) * math.ceil(n_tiles / cn)
+
+
+@pytest.mark.parametrize("m_tiles,n_tiles,swizzle,wave", [(64, 56, 8, 37), (64, 56, 4, 74), (130, 9, 8, 16)])
+def test_a_wave_stays_in_one_band_of_rows(m_tiles, n_tiles, swizzle, wave):
+    """``wave`` consecutive cluster tiles (one wave of persistent clusters) span at most two bands of
+    ``swizzle`` rows, and their columns number about wave / band height (the last band may be shorter): the L2
+    reuse the order is for."""
+    flat = tile_order(m_tiles, n_tiles, (1, 1), swizzle, 1)[0]
+    assert flat[:swizzle] == [(r, 0) for r in range(swizzle)]  # down the band first
+    for start in range(0, len(flat) - wave + 1, wave):
+        tiles = flat[start:start + wave]
+        bands = {mt // swizzle for mt, _ in tiles}
+        cols = {nt for _, nt in tiles}
+        height = min(min(swizzle, m_tiles - b * swizzle) for b in bands)
+        assert len(bands) <= 2 and len(cols) <= math.ceil(wave / height) + 1
+    # swizzle 1 is plain row-major order: a wave is one row's run of columns
+    assert tile_order(m_tiles, n_tiles, (1, 1), 1, 1)[0][:n_tiles] == [(0, c) for c in range(n_tiles)]
+
+
+@pytest.mark.parametrize("args", [(4, 4, (1, 1), 0, 1), (4, 4, (0, 1), 8, 1), (4, 4, (1, 1), 8, 0)])
+def test_tile_order_rejects_empty_arguments(args):
+    with pytest.raises(ValueError, match="must be >= 1"):
+        tile_order(*args)
+
+
+def test_empty_output_has_no_tiles():
+    assert tile_order(0, 5, (2, 2), SWIZZLE, 3) == [[], [], []]
