@@ -28,6 +28,7 @@ from . import gemm_sm90, gemm_sm100
 from .backends import Backend, register_backend
 from .gate_up import pack_gate_up_casts
 from .gemm_common import offs_limits
+from .group_meta import derived
 from .shapes import colwise_shapes, rowwise_shapes
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
@@ -130,7 +131,12 @@ def _group_args(device: torch.device, offs) -> tuple:
     if offs is None:
         none = _placeholder(device, torch.int32, (1,))
         return none, none
-    return offs, F.group_tile_starts(offs)
+    return offs, _tile_starts(offs)
+
+
+def _tile_starts(offs):
+    """:func:`~cute_mxfp8.formats.group_tile_starts` of ``offs``, once per offsets tensor."""
+    return derived(offs, "tile_starts", lambda: F.group_tile_starts(offs))
 
 
 def _e8m0(*ts):
@@ -170,7 +176,7 @@ def _ops(arch: str) -> dict:
             tile("rowwise", x, scale_mode, elem_dtype, blocked, q, s, None, None)
         elif grouped:
             if end > 0:
-                kernel("rowwise", x, scale_mode, elem_dtype, True, True)(x, q, s, offs, F.group_tile_starts(offs))
+                kernel("rowwise", x, scale_mode, elem_dtype, True, True)(x, q, s, offs, _tile_starts(offs))
             rows_past_groups(x, scale_mode, elem_dtype, q, s, end, True)
         else:
             kernel("rowwise", x, scale_mode, elem_dtype, blocked)(x, q, s)

@@ -25,6 +25,7 @@ import torch
 from .. import formats as F
 from ..swiglu import GATE_UP_TILE
 from ..jit import compile_gemm_sm90, compile_token_align
+from .group_meta import derived
 from .gemm_common import (MAX_ELEMENTS, device_offsets, mm_with_bias, offs_limits,
                           operand_limits, run_mm_dswiglu_quant, run_mm_swiglu_quant)
 
@@ -67,10 +68,9 @@ def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     e, n, k = b.shape
     d = torch.empty(a.shape[0], n, dtype=out_dtype, device=a.device)
     if d.numel():
-        offs = device_offsets(offs, a.shape[0])
         fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="m")
-        fn(a, b.view(e * n, k), a_scales.view(torch.uint8), b_scales.view(torch.uint8).reshape(-1), d, offs,
-           group_schedule(offs))
+        fn(a, b.view(e * n, k), a_scales.view(torch.uint8), b_scales.view(torch.uint8).reshape(-1), d,
+           *_schedule_m(offs, a.shape[0]))
     return d
 
 
@@ -104,16 +104,38 @@ def aligned_token_layout(offs: torch.Tensor, t: int) -> tuple[torch.Tensor, torc
     return src, starts
 
 
-def _aligned_operands(a, b, offs, t):
-    """(a2, b2, starts): the two token-major operands in the 16-aligned group layout (the token-align kernel)."""
-    _, starts, ends = _group_columns(offs)
+def _schedule_m(offs, t):
+    """(safe offs, (2, G) schedule) of a 2d-3d launch over T = ``t`` rows, once per offsets tensor."""
+    safe = derived(offs, "device_offsets", lambda: device_offsets(offs, t), t)
+    return safe, derived(offs, "schedule_m", lambda: group_schedule(safe), t)
+
+
+def _schedule_k(offs, t):
+    """(safe offs, aligned group ends, (3, G) schedule) of a 2d-2d launch over T = ``t`` tokens, once per
+    offsets tensor: row 0 the groups' first columns in the 16-aligned layout, row 1 their first scale tiles,
+    ``[2, 0]`` the scale matrix's column tiles."""
+    def compute():
+        safe = device_offsets(offs, t)
+        g = safe.numel()
+        _, starts, ends = _group_columns(safe)
+        sched = torch.zeros(3, g, dtype=torch.int32, device=safe.device)
+        sched[0] = starts
+        sched[1] = F.group_tile_starts(safe)
+        sched[2, 0] = F.grouped_scale_tiles(t, g)
+        return safe, ends, sched
+
+    return derived(offs, "schedule_k", compute, t)
+
+
+def _aligned_operands(a, b, offs, ends, t):
+    """(a2, b2): the two token-major operands in the 16-aligned group layout (the token-align kernel)."""
     fn = compile_token_align("sm_90a")
     out = []
     for x in (a, b):
         x2 = torch.empty(x.shape[0], aligned_width(t, offs.numel()), dtype=torch.uint8, device=x.device)
         fn(x.view(torch.uint8), x2, offs, ends)
         out.append(x2.view(x.dtype))
-    return out[0], out[1], starts
+    return out[0], out[1]
 
 
 def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
@@ -128,12 +150,8 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
         return torch.zeros(g, n, k, dtype=out_dtype, device=a.device)
     d = torch.empty(g, n, k, dtype=out_dtype, device=a.device)
     if d.numel():
-        offs = device_offsets(offs, t)
-        a2, b2, starts = _aligned_operands(a, b, offs, t)
-        sched = torch.zeros(3, g, dtype=torch.int32, device=a.device)
-        sched[0] = starts
-        sched[1] = F.group_tile_starts(offs)
-        sched[2, 0] = F.grouped_scale_tiles(t, g)
+        offs, ends, sched = _schedule_k(offs, t)
+        a2, b2 = _aligned_operands(a, b, offs, ends, t)
         fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="k")
         fn(a2, b2, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d.view(g * n, k), offs, sched)
     return d
@@ -158,8 +176,7 @@ def _group_args(a, offs):
     """(extra kernel arguments, group count) of a fused launch: the device-side groups, or placeholders."""
     if offs is None:
         return _placeholders(a.device), None
-    offs = device_offsets(offs, a.shape[0])
-    return (offs, group_schedule(offs)), offs.numel()
+    return _schedule_m(offs, a.shape[0]), offs.numel()
 
 
 def _fused_kernel(a, b, out_dtype, epilogue, elem_dtype, scale_mode, emit_hp, grouped=False):

@@ -1,0 +1,48 @@
+"""Per-``offs`` device tensors the grouped kernels take (tile starts, the 2d-3d tile schedule, the 2d-2d aligned
+columns), computed once per offsets tensor instead of once per op call.
+
+A grouped MLP step calls a dozen grouped ops with the same ``offs`` tensor (casts, 2d-3d GEMMs, 2d-2d wgrads),
+and each derived tensor is several small torch kernels: computed per call they were ~150 launches of host time
+per step on the H200 (``bench mlp --profile``).  :func:`derived` keys the results on the tensor object, its
+version counter (an in-place change of ``offs`` recomputes) and the op's extra key (the token count), holds them
+as long as ``offs`` lives, and never reads ``offs`` on the host (no sync).  Everything here is computed with
+torch on ``offs``'s device; the functions that compute each entry live with their users.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Callable
+
+import torch
+
+_ENTRIES: dict[int, tuple[weakref.ref, int, dict]] = {}
+
+
+def _drop(key: int, ref: weakref.ref) -> None:
+    entry = _ENTRIES.get(key)
+    if entry is not None and entry[0] is ref:
+        del _ENTRIES[key]
+
+
+def derived(offs: torch.Tensor, name: str, compute: Callable[[], object], *key) -> object:
+    """``compute()`` for this ``offs`` tensor (same object, same version) and ``(name, *key)``, cached while
+    ``offs`` is alive.  Tensors under tracing (fake or functional tensors, ``torch.compile``) are not cached."""
+    if not isinstance(offs, torch.Tensor) or type(offs) is not torch.Tensor or torch.compiler.is_compiling():
+        return compute()
+    slot = id(offs)
+    entry = _ENTRIES.get(slot)
+    if entry is None or entry[0]() is not offs or entry[1] != offs._version:
+        ref = weakref.ref(offs, lambda r, slot=slot: _drop(slot, r))
+        entry = (ref, offs._version, {})
+        _ENTRIES[slot] = entry
+    values = entry[2]
+    k = (name, *key)
+    if k not in values:
+        values[k] = compute()
+    return values[k]
+
+
+def cached_entries() -> int:
+    """How many offsets tensors have derived values cached (for tests)."""
+    return len(_ENTRIES)

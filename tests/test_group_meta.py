@@ -1,0 +1,82 @@
+"""The per-offsets cache of the grouped kernels' derived tensors (ops/group_meta.py): computed once per tensor
+and key, recomputed when ``offs`` changes in place, dropped with ``offs``, never used for traced tensors."""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from cute_mxfp8.ops.group_meta import cached_entries, derived
+
+
+def _counter():
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return torch.tensor([len(calls)])
+
+    return calls, compute
+
+
+def test_once_per_tensor_and_key():
+    offs = torch.tensor([3, 7, 7, 12], dtype=torch.int32)
+    calls, compute = _counter()
+    first = derived(offs, "x", compute, 16)
+    assert derived(offs, "x", compute, 16) is first and len(calls) == 1
+    derived(offs, "x", compute, 32)  # another token count: another entry
+    derived(offs, "y", compute, 16)  # another name: another entry
+    assert len(calls) == 3
+    equal = offs.clone()  # equal values, another tensor: not shared (identity, not value, is the key)
+    derived(equal, "x", compute, 16)
+    assert len(calls) == 4
+
+
+def test_in_place_change_recomputes():
+    offs = torch.tensor([3, 7], dtype=torch.int32)
+    calls, compute = _counter()
+    derived(offs, "x", compute)
+    offs[1] = 9  # bumps the version counter
+    assert int(derived(offs, "x", compute)) == 2 and len(calls) == 2
+
+
+def test_entry_dies_with_its_tensor():
+    before = cached_entries()
+    offs = torch.tensor([1, 2], dtype=torch.int32)
+    derived(offs, "x", lambda: 0)
+    assert cached_entries() == before + 1
+    del offs
+    gc.collect()
+    assert cached_entries() == before
+
+
+def test_fake_tensors_are_not_cached():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    calls, compute = _counter()
+    with FakeTensorMode():
+        offs = torch.empty(4, dtype=torch.int32)
+        derived(offs, "x", compute)
+        derived(offs, "x", compute)
+    assert len(calls) == 2
+
+
+def test_the_grouped_gemm_schedules_are_the_per_call_ones_cached():
+    """What the SM90 grouped ops hand their kernels (CPU tensors here: the same torch code runs on the GPU)."""
+    from cute_mxfp8 import formats as F
+    from cute_mxfp8.ops import gemm_sm90 as G
+    from cute_mxfp8.ops.gemm_common import device_offsets
+
+    offs = torch.tensor([0, 1, 32, 65, 300, 300, 411], dtype=torch.int32)
+    t = 450
+    safe, sched = G._schedule_m(offs, t)
+    assert torch.equal(safe, device_offsets(offs, t)) and torch.equal(sched, G.group_schedule(safe))
+    assert G._schedule_m(offs, t)[1] is sched  # cached
+    safe, ends, sched_k = G._schedule_k(offs, t)
+    _, starts, want_ends = G._group_columns(safe)
+    assert torch.equal(ends, want_ends) and torch.equal(sched_k[0], starts)
+    assert torch.equal(sched_k[1], F.group_tile_starts(safe)) and int(sched_k[2, 0]) == F.grouped_scale_tiles(t, 7)
+    assert G._schedule_k(offs, t)[2] is sched_k
+    bad = torch.tensor([5, 3, 900], dtype=torch.int32)  # out of contract: clamped, made non-decreasing
+    assert G._schedule_m(bad, 100)[0].tolist() == [5, 5, 100]
