@@ -52,6 +52,14 @@ def test_bench_cpu(tmp_path, capsys):
         main(["bench", "nope"])
 
 
+def test_bench_profile_takes_a_count_and_says_where_it_applies(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "mlp", "--profile", "-1"])
+    assert "--profile: must be an integer >= 0, got -1" in capsys.readouterr().err
+    assert main(["bench", "quantize", "--profile", "2", "--device", "cpu"]) == 0
+    assert "--profile applies to the mlp group only; ignored for ['quantize']" in capsys.readouterr().out
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.profiler's kernel times)")
 def test_bench_mlp_kernel_breakdown_ranks_the_step_kernels():

@@ -327,6 +327,8 @@ def main(args) -> int:
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         raise SystemExit(f"unknown bench group(s) {unknown}; choose from {GROUPS}")
+    if getattr(args, "profile", 0) and "mlp" not in groups:
+        print(f"bench: --profile applies to the mlp group only; ignored for {groups}")
     large = device.type == "cuda"
     cases = []
     for g in groups:

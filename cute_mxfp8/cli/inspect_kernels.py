@@ -169,10 +169,14 @@ def finish(row: dict) -> dict:
 
 def inspect_all(arch: str, with_sass: bool) -> list[dict]:
     """Compile every variant in order; disassemble the CUBINs on worker threads while the next ones compile."""
+    from tqdm import tqdm
+
     rows = []
+    todo = variants(arch)
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         pending = []
-        for family, args in variants(arch):
+        # minutes on an empty compile cache: show progress (on stderr, so --json / the table stay clean)
+        for family, args in tqdm(todo, desc=f"compiling for {arch}", unit="variant", leave=False):
             row, fn = compile_variant(arch, family, args)
             rows.append(row)
             if with_sass and fn is not None:

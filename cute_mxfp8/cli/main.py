@@ -30,6 +30,17 @@ def _run_bench(args: argparse.Namespace) -> int:
 MODULE_PROG = "python -m cute_mxfp8"
 
 
+def _non_negative(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
+    return value
+
+
 def default_prog(argv0: str | None = None) -> str:
     """The program name for usage lines: the basename of ``argv0`` (default ``sys.argv[0]``), e.g. ``cute-mxfp8``
     for the console script, or ``python -m cute_mxfp8`` when run as a module (``__main__.py``) or unknown."""
@@ -86,14 +97,16 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                          help="also draw the GEMM TFLOP/s and MLP step times as a bar chart (needs matplotlib: "
                               "pip install 'cute_mxfp8[plot]'); `python -m cute_mxfp8.cli.bench_plot JSON PNG` "
                               "draws one from a saved --json")
-    p_bench.add_argument("--profile", metavar="N", type=int, default=0,
+    p_bench.add_argument("--profile", metavar="N", type=_non_negative, default=0,
                          help="mlp group on CUDA: also print the N GPU kernels that take the most time in each "
                               "MXFP8 step (torch.profiler)")
     p_bench.set_defaults(func=_run_bench)
 
     p_inspect = sub.add_parser("inspect", help="compile every kernel variant for an arch (no GPU) and report",
                                description="Compile every kernel variant for an arch, without a GPU, and print a "
-                                           "row per variant with the PTX instruction counts that prove the design.")
+                                           "row per variant: registers, shared and local memory, and the SASS "
+                                           "instruction counts that prove the design (PTX counts when nvdisasm "
+                                           "is not installed).")
     p_inspect.add_argument("--arch", default="sm_100f", choices=["sm_100f", "sm_100a", "sm_103a", "sm_90a"],
                            help="target architecture (default: %(default)s)")
     p_inspect.add_argument("--json", metavar="PATH", default=None, help="also write the rows as JSON to PATH")

@@ -9,8 +9,10 @@ activations and 3-D (E, N, K) expert weights with K % 32 == 0, plain or blocked 
 (``offs``) on 2-D inputs: grouped-M blocked rowwise scales, grouped-K colwise blocks (2d-2d wgrad operands);
 ``swiglu_quant`` / ``dswiglu_quant`` (fused SwiGLU or its derivative + dual quantization, dense or grouped).
 The ``sm100`` backend adds the dense GEMM ops on the tcgen05 kernel (:mod:`.gemm_sm100`: ``mm``,
-``mm_swiglu_quant``, ``mm_dswiglu_quant``), which the SwiGLU MLP then uses fused; the ``sm90`` backend the dense
-``mm`` on the WGMMA kernel (:mod:`.gemm_sm90`).
+``mm_swiglu_quant``, ``mm_dswiglu_quant``), which the SwiGLU MLP then uses fused; the ``sm90`` backend the WGMMA
+kernels (:mod:`.gemm_sm90`): ``mm``, ``grouped_mm`` (2d-3d), ``grouped_mm_wgrad`` (2d-2d) and the fused
+``mm_swiglu_quant`` / ``mm_dswiglu_quant``, dense and 2d-3d grouped, which the SwiGLU MLP and the grouped experts
+use fused.
 Other ops are not implemented by these backends yet: automatic selection passes over them (the reference runs),
 and an explicit ``backend="sm90"`` for them raises with the reason (:class:`BackendUnavailableError`).
 """
@@ -60,7 +62,8 @@ def _unavailable(name: str):
     def reason(device: torch.device) -> str | None:
         """Checked on every op call, so the per-GPU answer is cached (capability and DSL do not change)."""
         if device.type != "cuda":
-            return f"needs {hardware} CUDA device, got a {device.type} tensor"
+            return (f"needs {hardware} CUDA device (compute capability {wanted}, the {arch} build), got a "
+                    f"{device.type} tensor")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         return cached(device)
