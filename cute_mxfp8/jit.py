@@ -217,7 +217,7 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
                        arch: str = SM100_TARGET, keep_ptx: bool = False, max_ctas: int = 148,
                        epilogue: str = "plain",
                        cast_elem: str = "e4m3", scale_mode: str = "rceil", emit_hp: bool = False,
-                       cta_pair: bool = False, cluster_mn: tuple = (1, 1)):
+                       cta_pair: bool = False, cluster_mn: tuple = (1, 1), grouping: str = "none"):
     """Compiled SM100 MXFP8 GEMM (:class:`~cute_mxfp8.kernels.gemm_sm100.MXGemmSm100`), a (M, K) and b (N, K)
     fp8 (``a_elem`` / ``b_elem``) K-major, sfa / sfb their 1-D blocked E8M0 scale buffers (uint8 view, 16-byte
     aligned).  ``max_ctas`` bounds the persistent grid (148: the SMs of a B200); ``cta_pair`` selects the 2-CTA
@@ -230,6 +230,9 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
       blocked uint8 (zero-filled), hp (M, I) fp32 (``emit_hp``; else any placeholder).
     * ``"dswiglu"`` (N = I): same arguments, h13 (M, 2I) ``out_dtype`` read, dh13 cast: q (M, 2I), qt (2I, Mp),
       hp (M, 2I).
+    * ``grouping="m"`` (plain epilogue): ``fn(a, b, sfa, sfb, d, offs, sched)``, the 2d-3d GEMM of
+      ``MXGemmSm100.call_grouped``: a (T, K), b (E, N, K), sfa grouped-M blocked, sfb (E x blocked) flat, d (T, N),
+      offs (E,) and sched (2, E) int32.
 
     The compiled function trusts its arguments: shapes and scale buffer sizes (``blocked_scales_numel``) are not
     checked against a's, so a caller must check them (the ops layer does, :mod:`cute_mxfp8.ops.gemm_sm100`)."""
@@ -239,7 +242,7 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
     from .kernels.gemm_sm100 import MXGemmSm100
 
     kernel = MXGemmSm100(a_elem, b_elem, out_dtype, n_tile, max_ctas, epilogue, cast_elem, scale_mode, emit_hp,
-                         cta_pair, tuple(cluster_mn))
+                         cta_pair, tuple(cluster_mn), grouping)
     fake, sym = _fake, _sym
 
     def scales():  # TMA reads them: the buffer must be 16-byte aligned (fresh blocked buffers are)
@@ -247,6 +250,11 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
 
     d = kernel.d_dtype
     ab = (fake(kernel.a_dtype, (sym(), sym(32))), fake(kernel.b_dtype, (sym(), sym(32))), scales(), scales())
+    if grouping == "m":
+        b3 = fake(kernel.b_dtype, (sym(), sym(), sym(32)))
+        groups = (fake(cutlass.Int32, (sym(),)), fake(cutlass.Int32, (sym(), sym())))
+        return _compile(kernel.call_grouped, (ab[0], b3, *ab[2:], fake(d, (sym(), sym(16 // (d.width // 8)))),
+                                              *groups), arch, keep_ptx)
     if epilogue == "plain":
         return _compile(kernel, (*ab, fake(d, (sym(), sym(16 // (d.width // 8))))), arch, keep_ptx)
     q = kernel.cast.elem_dtype

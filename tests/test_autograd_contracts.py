@@ -413,7 +413,7 @@ def test_zero_width_linear_layers(k, n, rng):
 # ---- 10. on a kernel GPU every op of a training step has a kernel (no op passed over to the reference) ----------
 
 @pytest.mark.parametrize("backend,kind", [("sm90", "linear"), ("sm90", "mlp"), ("sm90", "experts"), ("sm100", "linear"),
-                                          ("sm100", "mlp")])
+                                          ("sm100", "mlp"), ("sm100", "experts")])
 def test_every_op_of_a_training_step_runs_on_the_kernel_backend(backend, kind, monkeypatch, rng):
     """The automatic choice, simulated on the CPU for an SM90 / SM100 device: each op call records the backend its
     arguments select (the reference then computes it).  An op whose arguments the kernels refuse would run on the
@@ -439,7 +439,11 @@ def test_every_op_of_a_training_step_runs_on_the_kernel_backend(backend, kind, m
     else:
         y = MXFP8SwiGLUMLP(256, 192, dtype=torch.bfloat16)(x)
     y.backward(torch.randn_like(y))
-    assert len(chosen) >= 4 and all(b == backend for _, b in chosen), [c for c in chosen if c[1] != backend]
+    # SM100 has no 2d-2d wgrad kernel yet (issue 13): that op alone stays on the reference there
+    pending = {"grouped_mm_wgrad"} if backend == "sm100" and kind == "experts" else set()
+    assert len(chosen) >= 4 and all(b == backend for op, b in chosen if op not in pending), \
+        [c for c in chosen if c[1] != backend]
+    assert all(b == "reference" for op, b in chosen if op in pending)
     fused = B._BACKENDS[backend].fuses_grouped_mlp if kind == "experts" else B._BACKENDS[backend].fuses_mlp
     if kind in ("mlp", "experts") and fused:
         assert {"mm_swiglu_quant", "mm_dswiglu_quant"} <= {op for op, _ in chosen}

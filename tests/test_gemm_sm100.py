@@ -102,6 +102,45 @@ def test_the_last_k_tile_issues_only_the_blocks_left_of_k(pair, cluster):
     assert all(any("BRA" in line for line in lines[a:b]) for a, b in zip(mmas, mmas[1:]))
 
 
+@needs_sass
+@pytest.mark.parametrize("elems,out,pair,cluster", [(("e4m3", "e4m3"), "bfloat16", True, (2, 2)),
+                                                    (("e5m2", "e4m3"), "float32", True, (2, 1)),
+                                                    (("e4m3", "e5m2"), "bfloat16", False, (1, 1))], ids=str)
+def test_grouped_2d3d_gemm_compiles_for_sm100(elems, out, pair, cluster):
+    """2d-3d: the same block-scaled MMA and scale copies, B and SFB by expert (a batch coordinate: one TMA rank
+    more), D by masked per-row stores (no TMA store: a group's last tile must not write the next group's rows)."""
+    from cute_mxfp8.jit import compile_gemm_sm100
+
+    fn = compile_gemm_sm100(*elems, out, 128, "sm_100f", True, 148, cta_pair=pair, cluster_mn=cluster,
+                            grouping="m")
+    assert f"tcgen05.mma.cta_group::{2 if pair else 1}.kind::mxf8f6f4.block_scale.block32" in fn.__ptx__
+    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
+    assert res["local_frame"] == 0 and fn.launch_smem[0] <= 232448
+    ops = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
+
+    def count(prefix):
+        return sum(v for k, v in ops.items() if k.startswith(prefix))
+
+    assert count("UTCQMMA") == 4 and count("UTCCP") >= 2 and count("UTMALDG.4D") >= 1  # SFB: (.., E) batch
+    assert count("UTMASTG") == 0 and count("STG") >= 16 and count("LDL") == count("STL") == 0
+    with pytest.raises(ValueError, match="plain epilogue only"):
+        compile_gemm_sm100(*elems, out, 128, "sm_100f", True, 148, "swiglu", grouping="m")
+
+
+def test_sm100_grouped_limits_name_the_fix():
+    from cute_mxfp8 import ops as ops_api
+    from cute_mxfp8.ops import gemm_sm100 as G
+
+    offs = torch.tensor([40, 64], dtype=torch.int32)
+    a, a_s = ops_api.quantize_rowwise(torch.randn(64, 96), offs=offs)
+    b, b_s = ops_api.quantize_rowwise(torch.randn(2, 136, 96))
+    assert G.LIMITS["grouped_mm"](a, a_s, b, b_s, offs, torch.bfloat16) is None
+    b, b_s = ops_api.quantize_rowwise(torch.randn(2, 100, 96))  # N = 100: rows of D not 16-byte aligned
+    assert "16-byte aligned rows" in G.LIMITS["grouped_mm"](a, a_s, b, b_s, offs, torch.bfloat16)
+    strided = torch.tensor([40, 0, 64, 0], dtype=torch.int32)[::2]  # the same values, not contiguous
+    assert "offs must be contiguous" in G.LIMITS["grouped_mm"](a, a_s, b, b_s, strided, torch.float32)
+
+
 @pytest.mark.parametrize("n_tile", [128, 256])
 def test_the_dswiglu_build_reserves_no_shared_memory_for_d(n_tile):
     """GEMM3 stores no D: its shared memory does not depend on the h13 / D dtype, and what is left over is less
@@ -231,6 +270,29 @@ def test_scale_padding_past_k_is_never_read_on_sm100(k, rng):
     fn(qa, qb, nan_padded(sa, m), nan_padded(sb, n), got)
     fn(qa, qb, sa.view(torch.uint8), sb.view(torch.uint8), want)
     assert bool(want.isfinite().all()) and torch.equal(got, want)
+
+
+@pytest.mark.sm100
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() in ((10, 0), (10, 3))),
+                    reason="needs an SM100-family (B200/GB200, B300/GB300) GPU; none is available to this project yet")
+@pytest.mark.parametrize("sizes", [[0, 1, 31, 33, 129, 300], [257], [0, 0], [64, 0, 70], [512, 300, 2]], ids=str)
+@pytest.mark.parametrize("n,k,out", [(136, 96, torch.bfloat16), (256, 320, torch.float32)])
+def test_sm100_grouped_mm_is_bit_exact_on_integer_data(sizes, n, k, out, rng):
+    """2d-3d on the sm100 backend: integer-valued MX operands (sums exact in any order) give the reference's bits;
+    empty groups, groups ending inside a 256-row tile, and the 40 rows past offs[-1] (zeros)."""
+    from cute_mxfp8 import ops
+
+    def exact(shape):
+        ints = torch.randint(-8, 9, shape, generator=rng).float()
+        return (ints * 2.0 ** torch.randint(-1, 2, shape, generator=rng).float()).cuda()
+
+    t = sum(sizes) + 40
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    a, a_s = ops.quantize_rowwise(exact((t, k)), offs=offs)
+    b, b_s = ops.quantize_rowwise(exact((len(sizes), n, k)))
+    got = ops.grouped_mm(a, a_s, b, b_s, offs, out_dtype=out, backend="sm100")
+    want = ops.grouped_mm(a, a_s, b, b_s, offs, out_dtype=out, backend="reference")
+    assert torch.all(got[sum(sizes):] == 0) and torch.equal(got, want)
 
 
 sm100 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() in ((10, 0), (10, 3))),

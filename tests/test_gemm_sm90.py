@@ -268,12 +268,13 @@ def test_aligned_token_layout_maps_every_group_token(sizes, rng):
 
 
 def test_group_schedule_counts_tiles_per_group():
-    from cute_mxfp8.ops.gemm_sm90 import group_schedule
+    from cute_mxfp8.ops.gemm_common import group_schedule
 
     offs = torch.tensor([0, 1, 257, 257, 900], dtype=torch.int32)
-    s = group_schedule(offs)
+    s = group_schedule(offs, 256)
     # sizes 0, 1, 256, 0, 643: 256-row tiles 0, 1, 1, 0, 3; 128-row scale tiles 0, 1, 2, 0, 6
     assert s.dtype == torch.int32 and s.tolist() == [[0, 1, 2, 2, 5], [0, 0, 1, 3, 3]]
+    assert group_schedule(offs, 128)[0].tolist() == [0, 1, 3, 3, 9]  # the 1-CTA SM100 tiles
 
 
 def _exact_values(shape, rng):

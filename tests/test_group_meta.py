@@ -66,12 +66,12 @@ def test_the_grouped_gemm_schedules_are_the_per_call_ones_cached():
     """What the SM90 grouped ops hand their kernels (CPU tensors here: the same torch code runs on the GPU)."""
     from cute_mxfp8 import formats as F
     from cute_mxfp8.ops import gemm_sm90 as G
-    from cute_mxfp8.ops.gemm_common import device_offsets
+    from cute_mxfp8.ops.gemm_common import device_offsets, group_schedule
 
     offs = torch.tensor([0, 1, 32, 65, 300, 300, 411], dtype=torch.int32)
     t = 450
     safe, sched = G._schedule_m(offs, t)
-    assert torch.equal(safe, device_offsets(offs, t)) and torch.equal(sched, G.group_schedule(safe))
+    assert torch.equal(safe, device_offsets(offs, t)) and torch.equal(sched, group_schedule(safe, 256))
     assert G._schedule_m(offs, t)[1] is sched  # cached
     safe, ends, sched_k = G._schedule_k(offs, t)
     _, starts, want_ends = G._group_columns(safe)

@@ -17,6 +17,7 @@ from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from .blockscaled import SF_VEC, scale_layout
 from .gemm_epilogue import EPILOGUES, GATE_UP_TILE, TRANSPOSE_BYTES, dswiglu_block, swiglu_block
+from .mx_math import group_of_row, pack_bf16x2
 from .tile_scheduler import PersistentTiles, grid_clusters
 
 _K_MAJOR = cute.nvgpu.OperandMajorMode.K
@@ -97,8 +98,15 @@ class MXGemmSm100:
 
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
                  max_ctas: int = 148, epilogue: str = "plain", cast_elem: str = "e4m3", scale_mode: str = "rceil",
-                 emit_hp: bool = False, cta_pair: bool = False, cluster_mn: tuple = (1, 1)):
+                 emit_hp: bool = False, cta_pair: bool = False, cluster_mn: tuple = (1, 1), grouping: str = "none"):
         from .mx_math import MXCastParams, gemm_dtypes
+
+        if grouping not in ("none", "m"):
+            raise ValueError(f"grouping must be 'none' (dense) or 'm' (2d-3d token groups), got {grouping!r}")
+        if grouping == "m" and epilogue != "plain":
+            raise ValueError(f"the 2d-3d grouped GEMM has the plain epilogue only so far, got {epilogue!r}")
+        self.grouping = grouping
+        self.mma_m = self.TILE_M * (2 if cta_pair else 1)  # rows of one MMA tile (a group starts on a fresh one)
 
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
         if n_tile not in (128, 256):
@@ -164,9 +172,9 @@ class MXGemmSm100:
         # fused epilogues: each epilogue warp transposes its colwise blocks through a 32 x 32 fp8 tile
         self.tr_bytes = TRANSPOSE_BYTES * len(self.EPI_WARPS) if self.epilogue != "plain" else 16
         # the dSwiGLU epilogue stores no D: its shared memory goes to the pipeline (one more stage with fp32 h13)
-        self.stores_d = self.epilogue != "dswiglu"
+        self.stores_d = self.epilogue != "dswiglu" and self.grouping == "none"  # grouped: masked row stores
         d_bytes = cute.size_in_bytes(self.d_dtype, sm100.make_smem_layout_epi(
-            self.d_dtype, _ROW_MAJOR, self.epi_tile, 1)) * self.d_stages if self.stores_d else 0
+            self.d_dtype, _ROW_MAJOR, self.epi_tile, 1)) * self.d_stages if self.stores_d else 1024  # placeholder
         capacity = cutlass.memory.get_smem_capacity_in_bytes("sm_100")
         # 1 KB: barriers and the TMEM address
         self.ab_stages = (capacity - 1024 - d_bytes - self.tr_bytes) // stage_bytes
@@ -211,16 +219,44 @@ class MXGemmSm100:
         self._launch(a, b, sfa, sfb, None, h13, (q, qs, qt, qts, hp), stream)
 
     @cute.jit
+    def call_grouped(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor,
+                     offs: cute.Tensor, sched: cute.Tensor, stream: cuda.CUstream):
+        """2d-3d (``grouping="m"``, plain epilogue): ``a`` (T, K) with token groups ``offs`` (E,) int32 (cumulative
+        ends, valid: the ops layer makes them so on the device), ``b`` (E, N, K) the experts' weights, ``sfa`` the
+        grouped-M blocked scales (every group on a fresh 128-row tile), ``sfb`` the E blocked buffers back to back,
+        ``d`` (T, N) row-major; ``sched`` (2, E) int32: row 0 the cumulative MMA-tile counts of the groups
+        (``ceil(size / mma_m)``, ``mma_m`` = 256 with ``cta_pair`` else 128), row 1 their first 128-row scale
+        tiles (``formats.group_tile_starts``).  Rows from ``offs[-1]`` on are written as zeros.
+
+        Design: a group's last MMA tile would write the next group's rows, so D is not TMA-stored: each epilogue
+        thread owns one row and stores it (pairs of columns, one 32-bit or 64-bit store each) only inside its
+        group (chosen over per-group tensor maps, which need a device-side descriptor update per group switch and
+        still a zero tail).  A and SFA are loaded by element row offset (group start + ``mma_m`` t), B and SFB by
+        the expert batch coordinate."""
+        self._launch(a, b, sfa, sfb, d, None, (), stream, (d, offs, sched))
+
+    @cute.jit
     def _launch(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d, h13, fused: tuple,
-                stream: cuda.CUstream):
+                stream: cuda.CUstream, groups=None):
         self._configure()
         m, k = a.shape
-        n = b.shape[0]
         # (rows, K, batch) views, K-major; the scales as their blocked layout over element coordinates
         a3 = cute.make_tensor(a.iterator, cute.make_ordered_layout((m, k, 1), order=(1, 0, 2)))
-        b3 = cute.make_tensor(b.iterator, cute.make_ordered_layout((n, k, 1), order=(1, 0, 2)))
-        sfa3 = cute.make_tensor(cute.recast_ptr(sfa.iterator, dtype=_SF_DTYPE), scale_layout(m, k))
-        sfb3 = cute.make_tensor(cute.recast_ptr(sfb.iterator, dtype=_SF_DTYPE), scale_layout(n, k))
+        if cutlass.const_expr(groups is None):
+            n = b.shape[0]
+            b3 = cute.make_tensor(b.iterator, cute.make_ordered_layout((n, k, 1), order=(1, 0, 2)))
+            sfa3 = cute.make_tensor(cute.recast_ptr(sfa.iterator, dtype=_SF_DTYPE), scale_layout(m, k))
+            sfb3 = cute.make_tensor(cute.recast_ptr(sfb.iterator, dtype=_SF_DTYPE), scale_layout(n, k))
+            m_rows = m
+        else:
+            e = cute.size(groups[1])
+            n = b.shape[1]
+            b3 = cute.make_tensor(b.iterator, cute.make_ordered_layout((n, k, e), order=(1, 0, 2)))
+            sa_rows = (m // 128 + e) * 128  # formats.grouped_scale_tiles
+            sfa3 = cute.make_tensor(cute.recast_ptr(sfa.iterator, dtype=_SF_DTYPE), scale_layout(sa_rows, k))
+            sfb3 = cute.make_tensor(cute.recast_ptr(sfb.iterator, dtype=_SF_DTYPE), scale_layout(n, k, e))
+            m_rows = (m // self.mma_m + e + 1) * self.mma_m  # a bound on the groups' tiles plus the tail's
+            d = None  # masked row stores, no TMA store
 
         mma, cl = self.tiled_mma, self.cluster_mn
         load_a = sm100.cluster_shape_to_tma_atom_A(cl, mma.thr_id)
@@ -243,7 +279,7 @@ class MXGemmSm100:
             tma_d, gd = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), d3,
                                                     cute.slice_(self.d_smem, (None, None, 0)), self.epi_tile)
 
-        grid = tile_grid(m, n, self.n_tile, self.max_ctas, cl)
+        grid = tile_grid(m_rows, n, self.n_tile, self.max_ctas, cl)
 
         @cute.struct
         class Shared:
@@ -263,7 +299,7 @@ class MXGemmSm100:
 
         self.shared = Shared
         self.kernel(mma, self.tiled_mma_sfb, tma_a, ga, tma_b, gb, tma_sfa, gsfa, tma_sfb, gsfb, tma_d, gd, h13,
-                    fused, m, n, self.cluster_vmnk, self.cluster_sfb_vmnk, self.a_smem, self.b_smem,
+                    fused, groups, m, n, self.cluster_vmnk, self.cluster_sfb_vmnk, self.a_smem, self.b_smem,
                     self.sfa_smem, self.sfb_smem, self.d_smem, self.epi_tile).launch(
             grid=grid, block=[self.THREADS, 1, 1], cluster=(*cl, 1), smem=Shared.size_in_bytes(), stream=stream)
 
@@ -272,7 +308,8 @@ class MXGemmSm100:
     @cute.kernel
     def kernel(self, mma: cute.TiledMma, mma_sfb: cute.TiledMma, tma_a: cute.CopyAtom, ga: cute.Tensor,
                tma_b: cute.CopyAtom, gb: cute.Tensor, tma_sfa: cute.CopyAtom, gsfa: cute.Tensor,
-               tma_sfb: cute.CopyAtom, gsfb: cute.Tensor, tma_d, gd, h13, fused: tuple, rows: cutlass.Int32,
+               tma_sfb: cute.CopyAtom, gsfb: cute.Tensor, tma_d, gd, h13, fused: tuple, groups,
+               rows: cutlass.Int32,
                cols: cutlass.Int32, cluster: cute.Layout, cluster_sfb: cute.Layout,
                a_smem: cute.ComposedLayout,
                b_smem: cute.ComposedLayout, sfa_smem: cute.Layout, sfb_smem: cute.Layout,
@@ -339,6 +376,8 @@ class MXGemmSm100:
                                                    (None, None, None)))
         k_tiles = cute.size(tcga, mode=[4])
         counts = tile_counts(rows, cols, self.n_tile)
+        if cutlass.const_expr(groups is not None):  # the groups' tiles and the tail's, read on the device
+            counts = (pair * self._group_tiles(groups, rows), counts[1])
         # MX blocks of the last 128-deep K tile (K % 32 == 0): only those MMAs are issued, so the scale buffer's
         # padding past K (any bytes: a caller's 0xFF, E8M0 NaN, included) never meets the TMA zero fill
         last_blocks = (cute.size(ga, mode=[1]) // 32) % self.K_STAGE_BLOCKS
@@ -362,18 +401,79 @@ class MXGemmSm100:
                                                      self.acc_stages)).layout
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
 
+        regroup = (ga, gsfa, thr, tile_mk, crd, a_ctas, sa, ssfa)  # the grouped A / SFA partitions per tile
         if warp == self.TMA_WARP:
             self._load_role(ab_pipe, counts, k_tiles, pair, masks, (tma_a, tas, tag), (tma_b, tbs, tbg),
-                            (tma_sfa, tsfas, tsfag), (tma_sfb, tsfbs, tsfbg))
+                            (tma_sfa, tsfas, tsfag), (tma_sfb, tsfbs, tsfbg), groups, regroup, rows)
         if warp == self.MMA_WARP:
             self._mma_role(mma, ab_pipe, acc_pipe, tmem, counts, sa, sb, ssfa, ssfb, sfa_smem, sfb_smem, acc_layout,
-                           k_tiles, last_blocks, pair, leader)
+                           k_tiles, last_blocks, pair, leader, groups, rows)
         if warp < self.MMA_WARP:
             self._epilogue_role(acc_pipe, tmem, counts, tma_d, tcgd, sd, acc_layout, epi_tile, tidx, warp, h13,
-                                fused, tr[(None, None, warp)], rows, cols, pair)
+                                fused, tr[(None, None, warp)], rows, cols, pair, groups, k_tiles)
 
     @cute.jit
-    def _load_role(self, ab_pipe, counts, k_tiles, pair, masks, a, b, sfa, sfb):
+    def _group_tiles(self, groups, m: cutlass.Int32):
+        """2d-3d: the MMA tiles of all groups (``sched[0, E - 1]``) plus those of the rows past ``offs[-1]``."""
+        _, offs, sched = groups
+        e = cute.size(offs)
+        total = cutlass.Int32(0)
+        end = cutlass.Int32(0)
+        if e > 0:
+            total = sched[0, e - 1]
+            end = offs[e - 1]
+        return total + (m - end + self.mma_m - 1) // self.mma_m
+
+    @cute.jit
+    def _tile_of(self, groups, m: cutlass.Int32, mt: cutlass.Int32, pair, k_tiles: cutlass.Int32):
+        """2d-3d: CTA tile ``mt``'s MMA tile -> (its first row, the row its group ends at, its first row in the
+        grouped-M scale layout, the expert, its K tiles); a tail tile (rows past ``offs[-1]``) has 0 K tiles and
+        ends at M (its rows are written as zeros)."""
+        _, offs, sched = groups
+        e = cute.size(offs)
+        u = mt // pair
+        g = group_of_row(u, sched[0, None], e)
+        zero = cutlass.Int32(0)
+        row0 = zero
+        rows_end = m
+        sa_row0 = zero
+        expert = zero
+        kt = zero
+        if g < e:
+            start = zero
+            before = zero
+            if g > 0:
+                start = offs[g - 1]
+                before = sched[0, g - 1]
+            row0 = start + (u - before) * self.mma_m
+            rows_end = offs[g]
+            sa_row0 = sched[1, g] * 128 + (u - before) * self.mma_m
+            expert = g
+            kt = k_tiles
+        else:
+            end = zero
+            total = zero
+            if e > 0:
+                end = offs[e - 1]
+                total = sched[0, e - 1]
+            row0 = end + (u - total) * self.mma_m
+        return row0, rows_end, sa_row0, expert, kt
+
+    @cute.jit
+    def _grouped_a(self, regroup, tma_a, tma_sfa, row0: cutlass.Int32, sa_row0: cutlass.Int32):
+        """The TMA source partitions of A and SFA for an MMA tile starting at element row ``row0`` / scale row
+        ``sa_row0`` (tile 0 of the offset coordinate tensors; TMA zero-fills past M)."""
+        ga, gsfa, thr, tile_mk, crd, a_ctas, sa, ssfa = regroup
+        tcga = thr.partition_A(cute.local_tile(cute.domain_offset((row0, 0, 0), ga), tile_mk, (None, None, None)))
+        tcgsfa = thr.partition_A(cute.local_tile(cute.domain_offset((sa_row0, 0, 0), gsfa), tile_mk,
+                                                 (None, None, None)))
+        _, tag = cpasync.tma_partition(tma_a, crd[2], a_ctas, cute.group_modes(sa, 0, 3), cute.group_modes(tcga, 0, 3))
+        _, tsfag = cpasync.tma_partition(tma_sfa, crd[2], a_ctas, cute.group_modes(ssfa, 0, 3),
+                                         cute.group_modes(tcgsfa, 0, 3))
+        return tag, cute.filter_zeros(tsfag)
+
+    @cute.jit
+    def _load_role(self, ab_pipe, counts, k_tiles, pair, masks, a, b, sfa, sfb, groups, regroup, m):
         """TMA warp: for each scheduled tile, stream its K tiles of A, B and both scales into the stages
         (multicast to the cluster CTAs sharing them).  Each stage's slot is probed one step ahead
         (``producer_try_acquire``), so the wait itself rarely blocks."""
@@ -382,24 +482,31 @@ class MXGemmSm100:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
         while tiles.valid(linear):
             mt, nt = tiles.tile(linear)
-            lt = 0
-            coords = ((mt // pair, lt), (nt, lt), (mt // pair, lt), (nt, lt))  # MMA-tile coordinates
+            if cutlass.const_expr(groups is None):
+                kt_tile = k_tiles
+                srcs = (a[2], b[2], sfa[2], sfb[2])
+                coords = ((mt // pair, 0), (nt, 0), (mt // pair, 0), (nt, 0))  # MMA-tile coordinates
+            else:  # A / SFA from the group's row offset, B / SFB of the group's expert
+                row0, _, sa_row0, expert, kt_tile = self._tile_of(groups, m, mt, pair, k_tiles)
+                a_src, sfa_src = self._grouped_a(regroup, a[0], sfa[0], row0, sa_row0)
+                srcs = (a_src, b[2], sfa_src, sfb[2])
+                coords = ((0, 0), (nt, expert), (0, 0), (nt, expert))
             state.reset_count()
-            ready = _peek(ab_pipe.producer_try_acquire, state, k_tiles, True)
-            for kt in cutlass.range(0, k_tiles, 1, unroll=1):
+            ready = _peek(ab_pipe.producer_try_acquire, state, kt_tile, True)
+            for kt in cutlass.range(0, kt_tile, 1, unroll=1):
                 ab_pipe.producer_acquire(state, ready)
                 bar = ab_pipe.producer_get_barrier(state)
-                for (atom, smem, gmem), (rest, l), mask in zip((a, b, sfa, sfb), coords, masks):
+                for (atom, smem, _), gmem, (rest, l), mask in zip((a, b, sfa, sfb), srcs, coords, masks):
                     cute.copy(atom, gmem[(None, rest, kt, l)], smem[(None, state.index)], tma_bar_ptr=bar,
                               mcast_mask=mask)
                 state.advance()
-                ready = _peek(ab_pipe.producer_try_acquire, state, k_tiles, True)
+                ready = _peek(ab_pipe.producer_try_acquire, state, kt_tile, True)
             linear = tiles.next(linear)
         ab_pipe.producer_tail(state)
 
     @cute.jit
     def _mma_role(self, mma, ab_pipe, acc_pipe, tmem, counts, sa, sb, ssfa, ssfb, sfa_smem, sfb_smem, acc_layout,
-                  k_tiles, last_blocks, pair, leader):
+                  k_tiles, last_blocks, pair, leader, groups, m):
         """MMA warp: per K tile, copy the scales into TMEM (``tcgen05.cp``) and issue the block-scaled MMAs
         into the tile's accumulator stage; hand the stage to the epilogue when the tile is done.  Of a CTA pair
         only the leader issues (its MMAs read both CTAs' shared memory and write both TMEMs).  The last K tile
@@ -423,19 +530,23 @@ class MXGemmSm100:
         ab_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.acc_stages)
         while tiles.valid(linear):
+            kt_tile = k_tiles
+            if cutlass.const_expr(groups is not None):  # a tail tile has none: its rows are written as zeros
+                mt, _ = tiles.tile(linear)
+                kt_tile = self._tile_of(groups, m, mt, pair, k_tiles)[4]
             ab_state.reset_count()
-            ready = _peek(ab_pipe.consumer_try_wait, ab_state, k_tiles, leader)
+            ready = _peek(ab_pipe.consumer_try_wait, ab_state, kt_tile, leader)
             if leader:
                 acc_pipe.producer_acquire(acc_state)
             tile_acc = acc[(None, None, None, acc_state.index)]
             mma.set(tcgen05.Field.ACCUMULATE, False)
-            for kt in cutlass.range(0, k_tiles, 1, unroll=1):
+            for kt in cutlass.range(0, kt_tile, 1, unroll=1):
                 if leader:
                     ab_pipe.consumer_wait(ab_state, ready)
                     cute.copy(cp_sfa, src_sfa[(None, None, None, None, ab_state.index)], dst_sfa)
                     cute.copy(cp_sfb, src_sfb[(None, None, None, None, ab_state.index)], dst_sfb)
                     blocks = cutlass.Int32(self.K_STAGE_BLOCKS)
-                    if kt == k_tiles - 1:
+                    if kt == kt_tile - 1:
                         blocks = last_blocks
                     for kb in cutlass.range_constexpr(self.K_STAGE_BLOCKS):
                         mma.set(tcgen05.Field.SFA, tsfa[(None, None, kb)].iterator)
@@ -449,7 +560,7 @@ class MXGemmSm100:
                         mma.set(tcgen05.Field.ACCUMULATE, True)
                     ab_pipe.consumer_release(ab_state)
                 ab_state.advance()
-                ready = _peek(ab_pipe.consumer_try_wait, ab_state, k_tiles, leader)
+                ready = _peek(ab_pipe.consumer_try_wait, ab_state, kt_tile, leader)
             if leader:
                 acc_pipe.producer_commit(acc_state)
             acc_state.advance()
@@ -468,11 +579,12 @@ class MXGemmSm100:
 
     @cute.jit
     def _epilogue_role(self, acc_pipe, tmem, counts, tma_d, tcgd, sd, acc_layout, epi_tile, tidx, warp, h13, fused,
-                       tr, rows, cols, pair):
+                       tr, rows, cols, pair, groups, k_tiles):
         """Epilogue warps: allocate TMEM, then per tile walk the 128 x 32 accumulator sub-tiles (``tcgen05.ld``:
         thread ``tidx`` gets row ``tidx`` of the tile, 32 columns, in fp32) and, by ``self.epilogue``:
 
-        * plain: convert, stage in shared memory, TMA-store D;
+        * plain: convert, stage in shared memory, TMA-store D (token groups: each thread stores its row's columns
+          in pairs, only inside the row's group; zeros for the rows past ``offs[-1]``);
         * swiglu: per 32 h columns, the gate and up sub-tiles (64 columns apart, the interleaved layout) are
           TMA-stored as h13 and fed to :func:`.gemm_epilogue.swiglu_block`;
         * dswiglu: each dh sub-tile goes to :func:`.gemm_epilogue.dswiglu_block` (which reads h13).
@@ -521,10 +633,18 @@ class MXGemmSm100:
             mma_tile = (mt // pair, nt, lt)
             acc_pipe.consumer_wait(acc_state)
             tile_acc = cute.group_modes(t_acc[(None, None, None, None, None, acc_state.index)], 3, 5)
-            if cutlass.const_expr(self.epilogue == "plain"):
+            if cutlass.const_expr(self.epilogue == "plain" and groups is None):
                 for sub in cutlass.range(cute.size(tile_acc, mode=[3])):
                     cute.copy(t2r, tile_acc[(None, None, None, sub)], r_acc)
                     stored = self._store_d(store, r_acc, mma_tile, sub, stored, warp)
+            if cutlass.const_expr(groups is not None):
+                row0, rows_end, _, _, kt_tile = self._tile_of(groups, rows, mt, pair, k_tiles)
+                grow = row0 + (mt % pair) * self.TILE_M + tidx  # this thread's row of D
+                for sub in cutlass.range(cute.size(tile_acc, mode=[3])):
+                    cute.copy(t2r, tile_acc[(None, None, None, sub)], r_acc)
+                    if kt_tile == 0:
+                        r_acc.fill(0.0)
+                    self._store_row(groups[0], frag, grow, rows_end, nt * self.n_tile + sub * 32, cols)
             if cutlass.const_expr(self.epilogue == "swiglu"):
                 for hb in cutlass.range(self.n_tile // 64, unroll=1):  # 32 h columns: gate and up sub-tiles
                     sub = 4 * (hb // 2) + hb % 2
@@ -549,6 +669,24 @@ class MXGemmSm100:
         tmem.free(acc_ptr)
         if cutlass.const_expr(store is not None):
             store[5].producer_tail()
+
+    @cute.jit
+    def _store_row(self, d: cute.Tensor, frag: cute.Tensor, row: cutlass.Int32, rows_end: cutlass.Int32,
+                   col0: cutlass.Int32, cols: cutlass.Int32):
+        """Token groups: the row's 32 values ``frag`` at columns ``col0 ..`` of D, as pairs (one 32-bit bf16x2 or
+        64-bit store each; N is even), only for a row inside its group and columns inside N."""
+        wide = cutlass.Uint32 if cutlass.const_expr(self.d_dtype is cutlass.BFloat16) else cutlass.Uint64
+        dw = cute.make_tensor(cute.recast_ptr(d.iterator, dtype=wide),
+                              cute.make_layout((d.shape[0], cols // 2), stride=(cols // 2, 1)))
+        if row < rows_end:
+            for j in cutlass.range_constexpr(16):
+                col = col0 + 2 * j
+                if col < cols:
+                    if cutlass.const_expr(self.d_dtype is cutlass.BFloat16):
+                        dw[row, col // 2] = pack_bf16x2(frag[2 * j], frag[2 * j + 1])
+                    else:
+                        dw[row, col // 2] = (cutlass.Uint64(frag[2 * j + 1].bitcast(cutlass.Uint32)) << 32) | \
+                            cutlass.Uint64(frag[2 * j].bitcast(cutlass.Uint32))
 
     @cute.jit
     def _store_d(self, store, r_acc, tile, sub, stored, warp):

@@ -32,6 +32,28 @@ def device_offsets(offs: torch.Tensor, total: int) -> torch.Tensor:
     return offs.clamp(0, total).cummax(0).values
 
 
+def group_schedule(offs: torch.Tensor, tile_m: int) -> torch.Tensor:
+    """(2, G) int32 on ``offs``'s device, computed there (no sync): row 0 the cumulative count of each group's
+    ``tile_m``-row M tiles (the 2d-3d kernels' tile -> group lookup; a group starts on a fresh tile), row 1 the
+    groups' first 128-row scale tiles (:func:`cute_mxfp8.formats.group_tile_starts`, where the grouped scale
+    layouts start each group)."""
+    from .. import formats as F
+
+    o = offs.to(torch.int64)
+    sizes = torch.diff(o, prepend=o.new_zeros(1))
+    ends = torch.cumsum((sizes + tile_m - 1) // tile_m, 0)
+    return torch.stack([ends.to(torch.int32), F.group_tile_starts(offs)])
+
+
+def schedule_m(offs: torch.Tensor, t: int, tile_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(safe offs, :func:`group_schedule`) of a 2d-3d launch over ``t`` rows in ``tile_m``-row tiles, computed
+    once per offsets tensor (:func:`.group_meta.derived`)."""
+    from .group_meta import derived
+
+    safe = derived(offs, "device_offsets", lambda: device_offsets(offs, t), t)
+    return safe, derived(offs, "schedule_m", lambda: group_schedule(safe, tile_m), t, tile_m)
+
+
 def operand_limits(a, a_scales, b, b_scales) -> str | None:
     """Why a TMA-fed GEMM kernel cannot take these operands (None: it can)."""
     for name, t in (("a", a), ("b", b), ("a_scales", a_scales), ("b_scales", b_scales)):

@@ -1,5 +1,6 @@
 """The ``sm100`` backend's GEMM ops on the tcgen05 kernel (:class:`cute_mxfp8.kernels.gemm_sm100.MXGemmSm100`):
-``mm``, ``mm_swiglu_quant`` and ``mm_dswiglu_quant``, same signatures and outputs as the reference backend's.
+``mm``, ``mm_swiglu_quant``, ``mm_dswiglu_quant`` (dense) and ``grouped_mm`` (2d-3d, offsets read on the device
+only), same signatures and outputs as the reference backend's.
 
 Inputs arrive checked by :mod:`cute_mxfp8.ops.library` (shapes, dtypes, devices); :data:`LIMITS` adds what the
 kernel needs beyond that (contiguous 16-byte aligned operands for TMA, D's row alignment, K > 0, 32-bit indexing)
@@ -15,7 +16,8 @@ import warnings
 import torch
 
 from ..jit import SM100_TARGET, compile_gemm_sm100
-from .gemm_common import MAX_ELEMENTS, mm_with_bias, operand_limits, run_mm_dswiglu_quant, run_mm_swiglu_quant
+from .gemm_common import (MAX_ELEMENTS, mm_with_bias, offs_limits, operand_limits, run_mm_dswiglu_quant,
+                          run_mm_swiglu_quant, schedule_m)
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -23,6 +25,7 @@ _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 # TMEM accumulator stages, so each tile's epilogue overlaps the next tile's mainloop; the (2, 2) cluster multicasts
 # A to two pairs, cutting L2 traffic to the ratio of a 256 x 256 tile (docs/sm100_gemm.md).  Unmeasured: no SM100.
 N_TILE, CTA_PAIR, CLUSTER_MN = 128, True, (2, 2)
+_MMA_M = 256 if CTA_PAIR else 128  # rows of an MMA tile: each token group starts on a fresh one
 
 
 @functools.lru_cache(maxsize=None)
@@ -63,6 +66,18 @@ def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
     ``out_dtype`` (the plain epilogue has no bias input yet: an extra pass over D)."""
     return mm_with_bias(lambda d: _kernel(a, b, d.dtype)(a, b, _u8(a_scales), _u8(b_scales), d), a, b, out_dtype,
                         bias)
+
+
+def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
+    """2d-3d: ``out[rows of group g] = a[rows of g] · b[g]ᵀ``; rows at or past ``offs[-1]`` are zero.  The offsets
+    stay on the device (clamped and made non-decreasing there, :func:`.gemm_common.device_offsets`)."""
+    e, n, k = b.shape
+    d = torch.empty(a.shape[0], n, dtype=out_dtype, device=a.device)
+    if d.numel():
+        fn = compile_gemm_sm100(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], N_TILE, SM100_TARGET, False,
+                                max_ctas(_device(a)), cta_pair=CTA_PAIR, cluster_mn=CLUSTER_MN, grouping="m")
+        fn(a, b, _u8(a_scales), _u8(b_scales).reshape(-1), d, *schedule_m(offs, a.shape[0], _MMA_M))
+    return d
 
 
 def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):
@@ -112,5 +127,18 @@ def _mm_dswiglu_limits(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, em
     return why
 
 
-OPS = {"mm": mm, "mm_swiglu_quant": mm_swiglu_quant, "mm_dswiglu_quant": mm_dswiglu_quant}
-LIMITS = {"mm": _mm_limits, "mm_swiglu_quant": _mm_swiglu_limits, "mm_dswiglu_quant": _mm_dswiglu_limits}
+def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype):
+    from ..kernels.gemm_sm100 import MXGemmSm100
+
+    why = offs_limits(offs) or operand_limits(a, a_scales, b, b_scales)
+    t, (e, n, k) = a.shape[0], b.shape
+    if why is None and t and n:
+        why = MXGemmSm100.can_implement(t, n, k, _OUT[out_dtype])
+    if why is None and t * n > MAX_ELEMENTS:
+        return f"the output would have {t * n} elements; the kernel indexes with int32: split the tokens"
+    return why
+
+
+OPS = {"mm": mm, "mm_swiglu_quant": mm_swiglu_quant, "mm_dswiglu_quant": mm_dswiglu_quant, "grouped_mm": grouped_mm}
+LIMITS = {"mm": _mm_limits, "mm_swiglu_quant": _mm_swiglu_limits, "mm_dswiglu_quant": _mm_dswiglu_limits,
+          "grouped_mm": _grouped_mm_limits}

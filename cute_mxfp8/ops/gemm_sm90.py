@@ -26,7 +26,7 @@ from .. import formats as F
 from ..swiglu import GATE_UP_TILE
 from ..jit import compile_gemm_sm90, compile_token_align
 from .group_meta import derived
-from .gemm_common import (MAX_ELEMENTS, device_offsets, mm_with_bias, offs_limits,
+from .gemm_common import (MAX_ELEMENTS, device_offsets, mm_with_bias, offs_limits, schedule_m,
                           operand_limits, run_mm_dswiglu_quant, run_mm_swiglu_quant)
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
@@ -40,16 +40,6 @@ _MAX_GRID = 65535  # CUDA's grid y / z limit (N tiles; 2d-2d groups)
 def _placeholders(device: torch.device):
     """(offs, sched) arguments of a dense launch (read by no thread)."""
     return torch.zeros(1, dtype=torch.int32, device=device), torch.zeros(2, 1, dtype=torch.int32, device=device)
-
-
-def group_schedule(offs: torch.Tensor) -> torch.Tensor:
-    """(2, G) int32 on ``offs``'s device, computed there (no sync): row 0 the cumulative count of each group's
-    256-row M tiles (the 2d-3d kernel's tile -> group lookup), row 1 the groups' first 128-row scale tiles
-    (:func:`cute_mxfp8.formats.group_tile_starts`, where the grouped scale layouts start each group)."""
-    o = offs.to(torch.int64)
-    sizes = torch.diff(o, prepend=o.new_zeros(1))
-    ends = torch.cumsum((sizes + _TILE_M - 1) // _TILE_M, 0)
-    return torch.stack([ends.to(torch.int32), F.group_tile_starts(offs)])
 
 
 def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
@@ -106,8 +96,7 @@ def aligned_token_layout(offs: torch.Tensor, t: int) -> tuple[torch.Tensor, torc
 
 def _schedule_m(offs, t):
     """(safe offs, (2, G) schedule) of a 2d-3d launch over T = ``t`` rows, once per offsets tensor."""
-    safe = derived(offs, "device_offsets", lambda: device_offsets(offs, t), t)
-    return safe, derived(offs, "schedule_m", lambda: group_schedule(safe), t)
+    return schedule_m(offs, t, _TILE_M)
 
 
 def _schedule_k(offs, t):
