@@ -72,6 +72,8 @@ def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     """2d-3d: ``out[rows of group g] = a[rows of g] · b[g]ᵀ``; rows at or past ``offs[-1]`` are zero.  The offsets
     stay on the device (clamped and made non-decreasing there, :func:`.gemm_common.device_offsets`)."""
     e, n, k = b.shape
+    if e == 0:  # no groups: every row is past offs[-1]
+        return torch.zeros(a.shape[0], n, dtype=out_dtype, device=a.device)
     d = torch.empty(a.shape[0], n, dtype=out_dtype, device=a.device)
     if d.numel():
         fn = compile_gemm_sm100(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], N_TILE, SM100_TARGET, False,

@@ -56,6 +56,8 @@ def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
 def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     """2d-3d: ``out[rows of group g] = a[rows of g] · b[g]ᵀ``; rows at or past ``offs[-1]`` are zero."""
     e, n, k = b.shape
+    if e == 0:  # no groups: every row is past offs[-1] (and no weight to build a TMA descriptor over)
+        return torch.zeros(a.shape[0], n, dtype=out_dtype, device=a.device)
     d = torch.empty(a.shape[0], n, dtype=out_dtype, device=a.device)
     if d.numel():
         fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="m")
