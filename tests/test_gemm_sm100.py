@@ -125,6 +125,9 @@ def test_grouped_2d3d_gemm_compiles_for_sm100(elems, out, pair, cluster):
     assert count("UTMASTG") == 0 and count("STG") >= 16 and count("LDL") == count("STL") == 0
     with pytest.raises(ValueError, match="plain epilogue only"):
         compile_gemm_sm100(*elems, out, 128, "sm_100f", True, 148, "swiglu", grouping="m")
+    with pytest.raises(ValueError, match="one MMA tile tall"):  # B multicast across M tiles of other experts
+        compile_gemm_sm100(*elems, out, 128, "sm_100f", True, 148, cta_pair=pair, cluster_mn=(4 if pair else 2, 1),
+                           grouping="m")
 
 
 def test_sm100_grouped_limits_name_the_fix():

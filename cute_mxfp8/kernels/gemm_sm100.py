@@ -121,6 +121,10 @@ class MXGemmSm100:
             raise ValueError(f"cluster_mn must be one of {CLUSTERS[cta_pair]} with cta_pair={cta_pair}, "
                              f"got {cluster_mn}")
         self.cta_pair, self.cluster_mn = cta_pair, cluster_mn
+        if grouping == "m" and cluster_mn[0] != (2 if cta_pair else 1):
+            raise ValueError(f"the 2d-3d grouped GEMM needs a cluster one MMA tile tall (M extent "
+                             f"{2 if cta_pair else 1} with cta_pair={cta_pair}), got {cluster_mn}: M-neighbouring "
+                             f"tiles may belong to different experts, so B cannot be multicast across them")
         self.acc_stages = 2 if n_tile == 128 else 1  # 2 x 256 accumulator columns would leave none for scales
         self.epi_sync = pipeline.NamedBarrier(barrier_id=1, num_threads=32 * len(self.EPI_WARPS))
         self.tmem_sync = pipeline.NamedBarrier(barrier_id=2, num_threads=32 * (len(self.EPI_WARPS) + 1))
@@ -422,7 +426,7 @@ class MXGemmSm100:
         if e > 0:
             total = sched[0, e - 1]
             end = offs[e - 1]
-        return total + (m - end + self.mma_m - 1) // self.mma_m
+        return total + (cutlass.max(m - end, 0) + self.mma_m - 1) // self.mma_m
 
     @cute.jit
     def _tile_of(self, groups, m: cutlass.Int32, mt: cutlass.Int32, pair, k_tiles: cutlass.Int32):
@@ -446,7 +450,7 @@ class MXGemmSm100:
                 start = offs[g - 1]
                 before = sched[0, g - 1]
             row0 = start + (u - before) * self.mma_m
-            rows_end = offs[g]
+            rows_end = cutlass.min(offs[g], m)
             sa_row0 = sched[1, g] * 128 + (u - before) * self.mma_m
             expert = g
             kt = k_tiles
