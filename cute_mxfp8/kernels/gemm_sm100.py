@@ -17,7 +17,7 @@ from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from .blockscaled import SF_VEC, scale_layout
 from .gemm_epilogue import EPILOGUES, GATE_UP_TILE, TRANSPOSE_BYTES, dswiglu_block, swiglu_block
-from .mx_math import group_of_row, pack_bf16x2
+from .mx_math import group_of_tile, pack_bf16x2
 from .tile_scheduler import PersistentTiles, grid_clusters
 
 _K_MAJOR = cute.nvgpu.OperandMajorMode.K
@@ -434,33 +434,19 @@ class MXGemmSm100:
         grouped-M scale layout, the expert, its K tiles); a tail tile (rows past ``offs[-1]``) has 0 K tiles and
         ends at M (its rows are written as zeros)."""
         _, offs, sched = groups
-        e = cute.size(offs)
         u = mt // pair
-        g = group_of_row(u, sched[0, None], e)
+        g, start, before = group_of_tile(u, offs, sched)  # the tail: g = E, start = offs[-1]
+        row0 = start + (u - before) * self.mma_m
         zero = cutlass.Int32(0)
-        row0 = zero
         rows_end = m
         sa_row0 = zero
         expert = zero
         kt = zero
-        if g < e:
-            start = zero
-            before = zero
-            if g > 0:
-                start = offs[g - 1]
-                before = sched[0, g - 1]
-            row0 = start + (u - before) * self.mma_m
+        if g < cute.size(offs):
             rows_end = cutlass.min(offs[g], m)
             sa_row0 = sched[1, g] * 128 + (u - before) * self.mma_m
             expert = g
             kt = k_tiles
-        else:
-            end = zero
-            total = zero
-            if e > 0:
-                end = offs[e - 1]
-                total = sched[0, e - 1]
-            row0 = end + (u - total) * self.mma_m
         return row0, rows_end, sa_row0, expert, kt
 
     @cute.jit

@@ -17,8 +17,8 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .gemm_epilogue import EPILOGUES, GATE_UP_TILE, dswiglu_block, swiglu_block
-from .mx_math import (BLOCK, MXCastParams, dequant_pair_bf16, e8m0_bf16x2, e8m0_to_f32, group_of_row,
-                      gemm_dtypes, pack_bf16x2)
+from .mx_math import (BLOCK, MXCastParams, dequant_pair_bf16, e8m0_bf16x2, e8m0_to_f32, gemm_dtypes,
+                      group_of_tile, pack_bf16x2)
 
 _K_MAJOR = utils.LayoutEnum.ROW_MAJOR  # A (M, K) and B (N, K) with K contiguous
 
@@ -435,7 +435,7 @@ class MXGemmSm90Dequant:
             cols = n_e
             per_expert = (cols + 127) // 128 * tiles_ka * 512  # bytes of one expert's blocked B scales
             sa_rows = (m // 128 + groups) * 128  # formats.grouped_scale_tiles
-            g, start, before = self.tile_group(offs, sched, bm)
+            g, start, before = group_of_tile(bm, offs, sched)
             if g < groups:
                 t = bm - before
                 a_row0 = start + t * self.TILE_M
@@ -467,18 +467,6 @@ class MXGemmSm90Dequant:
             d_row0 = bz * m + a_row0
             rows = bz * m + m
         return a_row0, b_row0, k0, k_tiles, k_last, d_row0, rows, cols, sa_base, sa_rows, tiles_ka, ct0, sb_off
-
-    @cute.jit
-    def tile_group(self, offs: cute.Tensor, sched: cute.Tensor, bm: cutlass.Int32):
-        """``"m"`` grouping: the group of M tile ``bm`` (``size(offs)`` for the tail tiles), its first row and the
-        tiles of the groups before it."""
-        g = group_of_row(bm, sched[0, None], cute.size(offs))
-        start = cutlass.Int32(0)
-        before = cutlass.Int32(0)
-        if g > 0:
-            start = offs[g - 1]
-            before = sched[0, g - 1]
-        return g, start, before
 
     @cute.jit
     def k_masks(self, kt: cutlass.Int32, k_tiles: cutlass.Int32, k_last: cutlass.Int32, c: cutlass.Int32):
@@ -740,7 +728,7 @@ class MXGemmSm90Dequant:
             if cutlass.const_expr(self.grouping == "none"):
                 self.fused_epilogue(accs, base, h13, fused, ct, lane, lrow, c, d_row0, bn, rows, cols, None)
             else:  # the group found again (not kept live through the mainloop: it would spill)
-                g, start, _ = self.tile_group(offs, sched, bm)
+                g, start, _ = group_of_tile(bm, offs, sched)
                 if g < cute.size(offs):  # the tail tiles past offs[-1] have no h rows (q, qt zero-filled)
                     grp = (start, sched[1, g] * 128, 4 * (m // 128 + cute.size(offs)))
                     self.fused_epilogue(accs, base, h13, fused, ct, lane, lrow, c, d_row0, bn, rows, cols, grp)

@@ -126,6 +126,20 @@ def group_of_row(r: cutlass.Int32, offs: cute.Tensor, num_groups: cutlass.Int32)
 
 
 @cute.jit
+def group_of_tile(tile: cutlass.Int32, offs: cute.Tensor, sched: cute.Tensor):
+    """2d-3d grouped GEMMs: (g, its first row, the M tiles of the groups before it) of M tile ``tile``, with
+    ``sched[0]`` the groups' cumulative tile counts; ``g = size(offs)`` for the tail tiles past the last group,
+    whose first row is then ``offs[-1]`` (0 without groups)."""
+    g = group_of_row(tile, sched[0, None], cute.size(offs))
+    start = cutlass.Int32(0)
+    before = cutlass.Int32(0)
+    if g > 0:
+        start = offs[g - 1]
+        before = sched[0, g - 1]
+    return g, start, before
+
+
+@cute.jit
 def last_group_at_or_below(vb: cutlass.Int32, tile_starts: cute.Tensor, num_groups: cutlass.Int32):
     """Largest g with ``4 * tile_starts[g] <= vb`` (tile_starts non-decreasing, tile_starts[0] == 0): 17 fixed
     binary-search steps (up to 131072 groups; the ops layer allows 65536)."""
