@@ -17,7 +17,7 @@ from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from .blockscaled import SF_VEC, scale_layout
 from .gemm_epilogue import EPILOGUES, GATE_UP_TILE, TRANSPOSE_BYTES, dswiglu_block, swiglu_block
-from .mx_math import group_of_tile, pack_bf16x2
+from .mx_math import group_of_tile
 from .tile_scheduler import PersistentTiles, grid_clusters
 
 _K_MAJOR = cute.nvgpu.OperandMajorMode.K
@@ -233,8 +233,7 @@ class MXGemmSm100:
         tiles (``formats.group_tile_starts``).  Rows from ``offs[-1]`` on are written as zeros.
 
         Design: a group's last MMA tile would write the next group's rows, so D is not TMA-stored: each epilogue
-        thread owns one row and stores it (pairs of columns, one 32-bit or 64-bit store each) only inside its
-        group (chosen over per-group tensor maps, which need a device-side descriptor update per group switch and
+        thread owns one row and stores it (16-byte vectors) only inside its group (chosen over per-group tensor maps, which need a device-side descriptor update per group switch and
         still a zero tail).  A and SFA are loaded by element row offset (group start + ``mma_m`` t), B and SFB by
         the expert batch coordinate."""
         self._launch(a, b, sfa, sfb, d, None, (), stream, (d, offs, sched))
@@ -574,7 +573,7 @@ class MXGemmSm100:
         thread ``tidx`` gets row ``tidx`` of the tile, 32 columns, in fp32) and, by ``self.epilogue``:
 
         * plain: convert, stage in shared memory, TMA-store D (token groups: each thread stores its row's columns
-          in pairs, only inside the row's group; zeros for the rows past ``offs[-1]``);
+          in 16-byte vectors, only inside the row's group; zeros for the rows past ``offs[-1]``);
         * swiglu: per 32 h columns, the gate and up sub-tiles (64 columns apart, the interleaved layout) are
           TMA-stored as h13 and fed to :func:`.gemm_epilogue.swiglu_block`;
         * dswiglu: each dh sub-tile goes to :func:`.gemm_epilogue.dswiglu_block` (which reads h13).
@@ -663,20 +662,20 @@ class MXGemmSm100:
     @cute.jit
     def _store_row(self, d: cute.Tensor, frag: cute.Tensor, row: cutlass.Int32, rows_end: cutlass.Int32,
                    col0: cutlass.Int32, cols: cutlass.Int32):
-        """Token groups: the row's 32 values ``frag`` at columns ``col0 ..`` of D, as pairs (one 32-bit bf16x2 or
-        64-bit store each; N is even), only for a row inside its group and columns inside N."""
-        wide = cutlass.Uint32 if cutlass.const_expr(self.d_dtype is cutlass.BFloat16) else cutlass.Uint64
-        dw = cute.make_tensor(cute.recast_ptr(d.iterator, dtype=wide),
-                              cute.make_layout((d.shape[0], cols // 2), stride=(cols // 2, 1)))
+        """Token groups: the row's 32 values ``frag`` at columns ``col0 ..`` of D in 16-byte vectors (8 bf16 or 4
+        fp32 each; N is a multiple of that, so a vector lies wholly inside or outside N, and rows start 16-byte
+        aligned), only for a row inside its group."""
+        vec = 16 // (self.d_dtype.width // 8)
         if row < rows_end:
-            for j in cutlass.range_constexpr(16):
-                col = col0 + 2 * j
+            for v in cutlass.range_constexpr(32 // vec):
+                col = col0 + vec * v
                 if col < cols:
-                    if cutlass.const_expr(self.d_dtype is cutlass.BFloat16):
-                        dw[row, col // 2] = pack_bf16x2(frag[2 * j], frag[2 * j + 1])
-                    else:
-                        dw[row, col // 2] = (cutlass.Uint64(frag[2 * j + 1].bitcast(cutlass.Uint32)) << 32) | \
-                            cutlass.Uint64(frag[2 * j].bitcast(cutlass.Uint32))
+                    r = cute.make_rmem_tensor((vec,), self.d_dtype)
+                    for j in cutlass.range_constexpr(vec):
+                        r[j] = frag[vec * v + j].to(self.d_dtype)
+                    dst = cute.make_tensor(d.iterator + cute.assume(row * cols + col, divby=vec),
+                                           cute.make_layout(vec))
+                    cute.autovec_copy(r, dst)
 
     @cute.jit
     def _store_d(self, store, r_acc, tile, sub, stored, warp):
