@@ -230,9 +230,10 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
       blocked uint8 (zero-filled), hp (M, I) fp32 (``emit_hp``; else any placeholder).
     * ``"dswiglu"`` (N = I): same arguments, h13 (M, 2I) ``out_dtype`` read, dh13 cast: q (M, 2I), qt (2I, Mp),
       hp (M, 2I).
-    * ``grouping="m"`` (plain epilogue): ``fn(a, b, sfa, sfb, d, offs, sched)``, the 2d-3d GEMM of
-      ``MXGemmSm100.call_grouped``: a (T, K), b (E, N, K), sfa grouped-M blocked, sfb (E x blocked) flat, d (T, N),
-      offs (E,) and sched (2, E) int32.
+    * ``grouping="m"``: the 2d-3d GEMM, the same arguments plus ``offs`` (E,) and ``sched`` (2, E) int32
+      (``MXGemmSm100.call_grouped`` / ``call_swiglu_grouped`` / ``call_dswiglu_grouped``): a (T, K), b (E * N, K)
+      the experts back to back, sfa grouped-M blocked, sfb (E x blocked) flat; the fused outputs in the grouped
+      layouts (qt (I, T) unpadded).
 
     The compiled function trusts its arguments: shapes and scale buffer sizes (``blocked_scales_numel``) are not
     checked against a's, so a caller must check them (the ops layer does, :mod:`cute_mxfp8.ops.gemm_sm100`)."""
@@ -250,18 +251,19 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
 
     d = kernel.d_dtype
     ab = (fake(kernel.a_dtype, (sym(), sym(32))), fake(kernel.b_dtype, (sym(), sym(32))), scales(), scales())
-    if grouping == "m":
-        b3 = fake(kernel.b_dtype, (sym(), sym(), sym(32)))
-        groups = (fake(cutlass.Int32, (sym(),)), fake(cutlass.Int32, (sym(), sym())))
-        return _compile(kernel.call_grouped, (ab[0], b3, *ab[2:], fake(d, (sym(), sym(16 // (d.width // 8)))),
-                                              *groups), arch, keep_ptx)
+    groups = (fake(cutlass.Int32, (sym(),)), fake(cutlass.Int32, (sym(), sym()))) if grouping == "m" else ()
     if epilogue == "plain":
-        return _compile(kernel, (*ab, fake(d, (sym(), sym(16 // (d.width // 8))))), arch, keep_ptx)
+        entry = kernel.call_grouped if grouping == "m" else kernel
+        return _compile(entry, (*ab, fake(d, (sym(), sym(16 // (d.width // 8)))), *groups), arch, keep_ptx)
     q = kernel.cast.elem_dtype
     fused = (fake(d, (sym(), sym(128))), fake(q, (sym(), sym(32))), fake(cutlass.Uint8, (sym(),)),
-             fake(q, (sym(32), sym(32))), fake(cutlass.Uint8, (sym(),)), fake(cutlass.Float32, (sym(), sym(32))))
-    entry = kernel.call_swiglu if epilogue == "swiglu" else kernel.call_dswiglu
-    return _compile(entry, (*ab, *fused), arch, keep_ptx)
+             fake(q, (sym(32), sym() if grouping == "m" else sym(32))), fake(cutlass.Uint8, (sym(),)),
+             fake(cutlass.Float32, (sym(), sym(32))))
+    if grouping == "m":
+        entry = kernel.call_swiglu_grouped if epilogue == "swiglu" else kernel.call_dswiglu_grouped
+    else:
+        entry = kernel.call_swiglu if epilogue == "swiglu" else kernel.call_dswiglu
+    return _compile(entry, (*ab, *fused, *groups), arch, keep_ptx)
 
 
 @functools.lru_cache(maxsize=None)

@@ -123,11 +123,43 @@ def test_grouped_2d3d_gemm_compiles_for_sm100(elems, out, pair, cluster):
 
     assert count("UTCQMMA") == 4 and count("UTCCP") >= 2 and count("UTMALDG.4D") >= 1  # SFB: (.., E) batch
     assert count("UTMASTG") == 0 and count("STG.E.128") >= 4 and count("LDL") == count("STL") == 0  # 16-byte rows
-    with pytest.raises(ValueError, match="plain epilogue only"):
-        compile_gemm_sm100(*elems, out, 128, "sm_100f", True, 148, "swiglu", grouping="m")
     with pytest.raises(ValueError, match="one MMA tile tall"):  # B multicast across M tiles of other experts
         compile_gemm_sm100(*elems, out, 128, "sm_100f", True, 148, cta_pair=pair, cluster_mn=(4 if pair else 2, 1),
                            grouping="m")
+
+
+@needs_sass
+@pytest.mark.parametrize("epilogue,pair", [("swiglu", True), ("dswiglu", True), ("swiglu", False)])
+def test_grouped_fused_epilogues_compile_for_sm100(epilogue, pair):
+    """The 2d-3d GEMM with the fused SwiGLU / dSwiGLU epilogues: the dense epilogue's shuffles per block
+    (31 butterfly + 32 index per dual cast), h13 by masked 16-byte row stores (no TMA store), no spills."""
+    from cute_mxfp8.jit import compile_gemm_sm100
+
+    fn = compile_gemm_sm100("e4m3", "e4m3", "bfloat16", 128, "sm_100f", True, 148, epilogue, "e4m3", "rceil",
+                            False, pair, (2, 2) if pair else (1, 1), "m")
+    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
+    assert res["local_frame"] == 0 and fn.launch_smem[0] <= 232448
+    ops = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
+
+    def count(prefix):
+        return sum(v for k, v in ops.items() if k.startswith(prefix))
+
+    casts = 1 if epilogue == "swiglu" else 2  # dual casts per 32-column block: h, or dg and du
+    assert count("UTCQMMA") == 4 and count("UTMASTG") == 0 and count("LDL") == count("STL") == 0
+    assert count("SHFL.BFLY") == 31 * casts and count("SHFL.IDX") == 32 * casts
+    assert count("STG.E.128") >= 4 * (epilogue == "swiglu")  # h13 rows
+
+
+@pytest.mark.sm100
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() in ((10, 0), (10, 3))),
+                    reason="needs an SM100-family (B200/GB200, B300/GB300) GPU; none is available to this project yet")
+@pytest.mark.parametrize("sizes", [[0, 1, 31, 33, 129, 300], [256, 0, 77]], ids=str)
+@pytest.mark.parametrize("elem,scale_mode,emit_hp", [("e4m3", "rceil", False), ("e5m2", "floor", True)])
+def test_sm100_grouped_fused_epilogues_equal_the_standalone_grouped_casts(sizes, elem, scale_mode, emit_hp, rng):
+    from fused_checks import grouped_fused_check
+
+    grouped_fused_check("sm100", sizes, getattr(torch, f"float8_{elem}fn" if elem == "e4m3" else f"float8_{elem}"),
+                        scale_mode, emit_hp, rng)
 
 
 def test_sm100_grouped_limits_name_the_fix():

@@ -15,7 +15,7 @@ from cute_mxfp8 import MXFP8Config  # noqa: E402
 from cute_mxfp8 import formats as F  # noqa: E402
 from cute_mxfp8 import ops  # noqa: E402
 from cute_mxfp8.cli import sass_facts  # noqa: E402
-from fused_checks import assert_dh13_equal, concat_gate_up  # noqa: E402
+from fused_checks import assert_dh13_equal, concat_gate_up, grouped_fused_check  # noqa: E402
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 ELEMS = {"e4m3": E4M3, "e5m2": E5M2}
@@ -432,11 +432,17 @@ def test_sm90_fused_limits_name_the_fix():
     assert "I % 64" in G.FUSED_LIMITS["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False, torch.bfloat16)
     from cute_mxfp8.ops import gemm_sm100
 
-    offs = torch.tensor([64], dtype=torch.int32)  # grouped fused epilogues: SM90 has them, SM100 not yet
-    w, w_s = ops.quantize_rowwise(torch.randn(256, 64))
-    assert G.FUSED_LIMITS["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False, torch.bfloat16, offs) is None
-    assert "dense only" in gemm_sm100.LIMITS["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False,
-                                                                torch.bfloat16, offs)
+    offs = torch.tensor([64], dtype=torch.int32)  # grouped fused epilogues: both archs take offs
+    x, x_s = ops.quantize_rowwise(torch.randn(64, 64), offs=offs)
+    w, w_s = ops.quantize_rowwise(torch.randn(1, 256, 64))  # one expert's W13 (2I = 256)
+    for limits in (G.FUSED_LIMITS, gemm_sm100.LIMITS):
+        assert limits["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False, torch.bfloat16, offs) is None
+        strided = torch.tensor([32, 0, 64, 0], dtype=torch.int32)[::2]  # 2 groups, not contiguous
+        assert "offs must be contiguous" in limits["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False,
+                                                                      torch.bfloat16, strided)
+    w, w_s = ops.quantize_rowwise(torch.randn(1, 192, 64))  # I = 96 per expert: not a multiple of 64
+    assert "I % 64" in gemm_sm100.LIMITS["mm_swiglu_quant"](x, x_s, w, w_s, "rceil", E4M3, False, torch.bfloat16,
+                                                            offs)
     assert {"mm_swiglu_quant", "mm_dswiglu_quant"} <= set(G.OPS) and G.LIMITS["mm_swiglu_quant"] is G.FUSED_LIMITS["mm_swiglu_quant"]
 
 
@@ -517,34 +523,5 @@ def test_token_align_kernel_equals_the_torch_gather(sizes, rng):
 @pytest.mark.parametrize("elem,scale_mode,emit_hp", [("e4m3", "rceil", False), ("e5m2", "floor", True)])
 def test_sm90_grouped_fused_epilogues_equal_the_standalone_grouped_casts(sizes, elem, scale_mode, emit_hp, rng):
     """2d-3d GEMM1 / GEMM3 with the fused epilogues vs the grouped GEMM's own fp32 accumulator through the
-    standalone grouped SwiGLU / dSwiGLU kernels (same mx_math code): bytes and scales bit-exact, grouped layouts
-    (colwise blocks never crossing a group end), rows past offs[-1] zero."""
-    from cute_mxfp8.ops import gemm_sm90 as G
-
-    d, i, e = 160, 128, len(sizes)
-    t = sum(sizes) + 40
-    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
-    x, x_s = ops.quantize_rowwise(torch.randn(t, d, generator=rng).cuda(), offs=offs)
-    w13, w13_s, _, _ = ops.quantize_gate_up(torch.randn(e, i, d, generator=rng).cuda() / 4,
-                                            torch.randn(e, i, d, generator=rng).cuda() / 4, gate_up_tile=64)
-    h13, q, qs, qt, qts, hp = G.mm_swiglu_quant(x, x_s, w13, w13_s, scale_mode, ELEMS[elem], emit_hp,
-                                                torch.float32, offs)
-    assert torch.equal(h13, ops.grouped_mm(x, x_s, w13, w13_s, offs, out_dtype=torch.float32, backend="sm90"))
-    assert torch.all(h13[sum(sizes):] == 0) and torch.all(q[sum(sizes):].view(torch.uint8) == 0)
-    ref = ops.swiglu_quant(concat_gate_up(h13, -1), scale_mode=scale_mode, elem_dtype=ELEMS[elem], emit_hp=emit_hp,
-                           offs=offs, backend="sm90")
-    for got, want in zip((q, qs, qt, qts), ref[:4]):
-        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
-    if emit_hp:
-        torch.testing.assert_close(hp, ref[4], rtol=0, atol=0, equal_nan=True)
-    dy, dy_s = ops.quantize_rowwise(torch.randn(t, d, generator=rng).cuda(), offs=offs)
-    w2c, w2c_s = ops.quantize_rowwise(torch.randn(e, i, d, generator=rng).cuda() / 4)
-    h13b = (torch.randn(t, 2 * i, generator=rng) * 3).to(torch.bfloat16).cuda()
-    dq, dqs, dqt, dqts, dhp = G.mm_dswiglu_quant(dy, dy_s, w2c, w2c_s, h13b, scale_mode, ELEMS[elem], emit_hp, offs)
-    dh = ops.grouped_mm(dy, dy_s, w2c, w2c_s, offs, out_dtype=torch.float32, backend="sm90")
-    rq, rqs, rqt, rqts, rhp = ops.dswiglu_quant(dh, concat_gate_up(h13b, -1).float(), scale_mode=scale_mode,
-                                                elem_dtype=ELEMS[elem], blocked=False, emit_hp=emit_hp, offs=offs,
-                                                backend="sm90")
-    plain = (F.from_blocked_scales_grouped_m(dqs, offs, t, 2 * i // 32),
-             F.from_blocked_scales(dqts, 2 * i, 4 * F.grouped_scale_tiles(t, e)))
-    assert_dh13_equal((dq, dqt, dhp), plain, (rq, rqs, rqt, rqts, rhp), emit_hp)
+    standalone grouped casts (:func:`fused_checks.grouped_fused_check`)."""
+    grouped_fused_check("sm90", sizes, ELEMS[elem], scale_mode, emit_hp, rng)

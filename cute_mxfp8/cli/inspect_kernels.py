@@ -95,11 +95,15 @@ FAMILIES = [
              functools.partial(jit.compile_gemm_sm100, cta_pair=pair, cluster_mn=(m, n)),
              {**_GEMM_E4M3, "out_dtype": ["bfloat16", "float32"], "n_tile": [128, 256]}, archs=jit.SM100_ARCHS)
       for pair, (m, n) in ((True, (2, 1)), (True, (4, 1)), (True, (2, 2)), (False, (2, 1)), (False, (1, 2)))),
-    # 2d-3d token groups (plain epilogue), in the ops' configuration
+    # 2d-3d token groups, in the ops' configuration: plain, then the fused epilogues
     Family("gemm_sm100_grouped_2d3d_2cta_cluster2x2",
            functools.partial(jit.compile_gemm_sm100, cta_pair=True, cluster_mn=(2, 2), grouping="m"),
            {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "n_tile": [128]},
            archs=jit.SM100_ARCHS),
+    *(Family(f"gemm_sm100_grouped_2d3d_{epi}_2cta_cluster2x2",
+             functools.partial(jit.compile_gemm_sm100, epilogue=epi, cta_pair=True, cluster_mn=(2, 2), grouping="m"),
+             {**_GEMM_E4M3, "out_dtype": ["bfloat16"], "n_tile": [128]}, archs=jit.SM100_ARCHS)
+      for epi in ("swiglu", "dswiglu")),
     *(Family(f"gemm_sm100_{epi}{'_2cta_cluster2x2' if pair else ''}{'_hp' if hp else ''}_{elem}_{mode}",
              functools.partial(jit.compile_gemm_sm100, epilogue=epi, cast_elem=elem, scale_mode=mode, emit_hp=hp,
                                cta_pair=pair, cluster_mn=(2, 2) if pair else (1, 1)),

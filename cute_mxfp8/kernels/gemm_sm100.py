@@ -103,8 +103,6 @@ class MXGemmSm100:
 
         if grouping not in ("none", "m"):
             raise ValueError(f"grouping must be 'none' (dense) or 'm' (2d-3d token groups), got {grouping!r}")
-        if grouping == "m" and epilogue != "plain":
-            raise ValueError(f"the 2d-3d grouped GEMM has the plain epilogue only so far, got {epilogue!r}")
         self.grouping = grouping
         self.mma_m = self.TILE_M * (2 if cta_pair else 1)  # rows of one MMA tile (a group starts on a fresh one)
 
@@ -226,7 +224,7 @@ class MXGemmSm100:
     def call_grouped(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor,
                      offs: cute.Tensor, sched: cute.Tensor, stream: cuda.CUstream):
         """2d-3d (``grouping="m"``, plain epilogue): ``a`` (T, K) with token groups ``offs`` (E,) int32 (cumulative
-        ends, valid: the ops layer makes them so on the device), ``b`` (E, N, K) the experts' weights, ``sfa`` the
+        ends, valid: the ops layer makes them so on the device), ``b`` (E * N, K) the experts' weights back to back, ``sfa`` the
         grouped-M blocked scales (every group on a fresh 128-row tile), ``sfb`` the E blocked buffers back to back,
         ``d`` (T, N) row-major; ``sched`` (2, E) int32: row 0 the cumulative MMA-tile counts of the groups
         (``ceil(size / mma_m)``, ``mma_m`` = 256 with ``cta_pair`` else 128), row 1 their first 128-row scale
@@ -237,6 +235,23 @@ class MXGemmSm100:
         still a zero tail).  A and SFA are loaded by element row offset (group start + ``mma_m`` t), B and SFB by
         the expert batch coordinate."""
         self._launch(a, b, sfa, sfb, d, None, (), stream, (d, offs, sched))
+
+    @cute.jit
+    def call_swiglu_grouped(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor,
+                            h13: cute.Tensor, q: cute.Tensor, qs: cute.Tensor, qt: cute.Tensor, qts: cute.Tensor,
+                            hp: cute.Tensor, offs: cute.Tensor, sched: cute.Tensor, stream: cuda.CUstream):
+        """:meth:`call_swiglu` over token groups (``grouping="m"``): operands as :meth:`call_grouped` takes them,
+        ``b`` the experts' W13 back to back; h13 rows masked at group ends (zeros past ``offs[-1]``), h's outputs
+        in the grouped layouts (q, qt (I, T) zero-filled by the caller; colwise blocks never cross a group end:
+        :func:`.gemm_epilogue.dual_quantize_block` with ``grp``)."""
+        self._launch(a, b, sfa, sfb, h13, None, (q, qs, qt, qts, hp), stream, (h13, offs, sched))
+
+    @cute.jit
+    def call_dswiglu_grouped(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor,
+                             h13: cute.Tensor, q: cute.Tensor, qs: cute.Tensor, qt: cute.Tensor, qts: cute.Tensor,
+                             hp: cute.Tensor, offs: cute.Tensor, sched: cute.Tensor, stream: cuda.CUstream):
+        """:meth:`call_dswiglu` over token groups, as :meth:`call_swiglu_grouped`."""
+        self._launch(a, b, sfa, sfb, None, h13, (q, qs, qt, qts, hp), stream, (None, offs, sched))
 
     @cute.jit
     def _launch(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d, h13, fused: tuple,
@@ -253,7 +268,7 @@ class MXGemmSm100:
             m_rows = m
         else:
             e = cute.size(groups[1])
-            n = b.shape[1]
+            n = b.shape[0] // e
             b3 = cute.make_tensor(b.iterator, cute.make_ordered_layout((n, k, e), order=(1, 0, 2)))
             sa_rows = (m // 128 + e) * 128  # formats.grouped_scale_tiles
             sfa3 = cute.make_tensor(cute.recast_ptr(sfa.iterator, dtype=_SF_DTYPE), scale_layout(sa_rows, k))
@@ -430,23 +445,23 @@ class MXGemmSm100:
     @cute.jit
     def _tile_of(self, groups, m: cutlass.Int32, mt: cutlass.Int32, pair, k_tiles: cutlass.Int32):
         """2d-3d: CTA tile ``mt``'s MMA tile -> (its first row, the row its group ends at, its first row in the
-        grouped-M scale layout, the expert, its K tiles); a tail tile (rows past ``offs[-1]``) has 0 K tiles and
-        ends at M (its rows are written as zeros)."""
+        grouped-M scale layout, the expert, its K tiles, the group's first row, the group's first scale row); a
+        tail tile (rows past ``offs[-1]``) has 0 K tiles and ends at M (its rows are written as zeros)."""
         _, offs, sched = groups
         u = mt // pair
         g, start, before = group_of_tile(u, offs, sched)  # the tail: g = E, start = offs[-1]
         row0 = start + (u - before) * self.mma_m
         zero = cutlass.Int32(0)
         rows_end = m
-        sa_row0 = zero
+        scale_row0 = zero
         expert = zero
         kt = zero
         if g < cute.size(offs):
             rows_end = cutlass.min(offs[g], m)
-            sa_row0 = sched[1, g] * 128 + (u - before) * self.mma_m
+            scale_row0 = sched[1, g] * 128
             expert = g
             kt = k_tiles
-        return row0, rows_end, sa_row0, expert, kt
+        return row0, rows_end, scale_row0 + (u - before) * self.mma_m, expert, kt, start, scale_row0
 
     @cute.jit
     def _grouped_a(self, regroup, tma_a, tma_sfa, row0: cutlass.Int32, sa_row0: cutlass.Int32):
@@ -476,7 +491,7 @@ class MXGemmSm100:
                 srcs = (a[2], b[2], sfa[2], sfb[2])
                 coords = ((mt // pair, 0), (nt, 0), (mt // pair, 0), (nt, 0))  # MMA-tile coordinates
             else:  # A / SFA from the group's row offset, B / SFB of the group's expert
-                row0, _, sa_row0, expert, kt_tile = self._tile_of(groups, m, mt, pair, k_tiles)
+                row0, _, sa_row0, expert, kt_tile, _, _ = self._tile_of(groups, m, mt, pair, k_tiles)
                 a_src, sfa_src = self._grouped_a(regroup, a[0], sfa[0], row0, sa_row0)
                 srcs = (a_src, b[2], sfa_src, sfb[2])
                 coords = ((0, 0), (nt, expert), (0, 0), (nt, expert))
@@ -626,29 +641,51 @@ class MXGemmSm100:
                 for sub in cutlass.range(cute.size(tile_acc, mode=[3])):
                     cute.copy(t2r, tile_acc[(None, None, None, sub)], r_acc)
                     stored = self._store_d(store, r_acc, mma_tile, sub, stored, warp)
+            grp = None
             if cutlass.const_expr(groups is not None):
-                row0, rows_end, _, _, kt_tile = self._tile_of(groups, rows, mt, pair, k_tiles)
-                grow = row0 + (mt % pair) * self.TILE_M + tidx  # this thread's row of D
+                row0, rows_end, _, _, kt_tile, start, scale_row0 = self._tile_of(groups, rows, mt, pair, k_tiles)
+                row = row0 + (mt % pair) * self.TILE_M + tidx  # this thread's row of D / h13
+                # the fused casts: colwise blocks from the group's first row, grouped scale layouts
+                grp = (start, scale_row0, 4 * (rows // 128 + cute.size(groups[1])))
+            if cutlass.const_expr(self.epilogue == "plain" and groups is not None):
                 for sub in cutlass.range(cute.size(tile_acc, mode=[3])):
                     cute.copy(t2r, tile_acc[(None, None, None, sub)], r_acc)
                     if kt_tile == 0:
                         r_acc.fill(0.0)
-                    self._store_row(groups[0], frag, grow, rows_end, nt * self.n_tile + sub * 32, cols)
+                    self._store_row(groups[0], frag, row, rows_end, nt * self.n_tile + sub * 32, cols)
             if cutlass.const_expr(self.epilogue == "swiglu"):
                 for hb in cutlass.range(self.n_tile // 64, unroll=1):  # 32 h columns: gate and up sub-tiles
                     sub = 4 * (hb // 2) + hb % 2
                     cute.copy(t2r, tile_acc[(None, None, None, sub)], r_acc)
                     cute.copy(t2r, tile_acc[(None, None, None, sub + 2)], r_up)
-                    stored = self._store_d(store, r_acc, mma_tile, sub, stored, warp)
-                    stored = self._store_d(store, r_up, mma_tile, sub + 2, stored, warp)
                     up = cute.make_tensor(r_up.iterator, frag.layout)
-                    swiglu_block(frag.load(), up.load(), fused, tr, row, nt * (self.n_tile // 2) + hb * 32, lane,
-                                 rows, cols // 2, self.cast, self.emit_hp)
+                    h_col = nt * (self.n_tile // 2) + hb * 32
+                    if cutlass.const_expr(groups is None):
+                        stored = self._store_d(store, r_acc, mma_tile, sub, stored, warp)
+                        stored = self._store_d(store, r_up, mma_tile, sub + 2, stored, warp)
+                        swiglu_block(frag.load(), up.load(), fused, tr, row, h_col, lane, rows, cols // 2,
+                                     self.cast, self.emit_hp)
+                    else:  # rows past the group's end: zeros (they pad the colwise blocks; not stored)
+                        if kt_tile == 0 or row >= rows_end:
+                            r_acc.fill(0.0)
+                            r_up.fill(0.0)
+                        self._store_row(groups[0], frag, row, rows_end, nt * self.n_tile + sub * 32, cols)
+                        self._store_row(groups[0], up, row, rows_end, nt * self.n_tile + (sub + 2) * 32, cols)
+                        if kt_tile > 0:  # the tail tiles past offs[-1] have no h rows (q, qt zero-filled)
+                            swiglu_block(frag.load(), up.load(), fused, tr, row, h_col, lane, rows_end, cols // 2,
+                                         self.cast, self.emit_hp, grp)
             if cutlass.const_expr(self.epilogue == "dswiglu"):
                 for sub in cutlass.range(self.n_tile // 32, unroll=1):
                     cute.copy(t2r, tile_acc[(None, None, None, sub)], r_acc)
-                    dswiglu_block(frag.load(), h13, fused, tr, row, nt * self.n_tile + sub * 32, lane, rows, cols,
-                                  self.cast, self.emit_hp)
+                    if cutlass.const_expr(groups is None):
+                        dswiglu_block(frag.load(), h13, fused, tr, row, nt * self.n_tile + sub * 32, lane, rows,
+                                      cols, self.cast, self.emit_hp)
+                    else:
+                        if kt_tile > 0:
+                            if row >= rows_end:  # the next group's rows: zeros (a NaN there stays there)
+                                r_acc.fill(0.0)
+                            dswiglu_block(frag.load(), h13, fused, tr, row, nt * self.n_tile + sub * 32, lane,
+                                          rows_end, cols, self.cast, self.emit_hp, grp)
             cute.arch.fence_view_async_tmem_load()
             acc_pipe.consumer_release(acc_state)
             acc_state.advance()

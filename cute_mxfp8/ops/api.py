@@ -242,8 +242,8 @@ def mm_swiglu_quant(a: Tensor, a_scales: Tensor, b13: Tensor, b13_scales: Tensor
             concatenated ``[w1; w3]`` has the same shape and would give wrong results (ValueError otherwise).
         elem_dtype / scale_mode: h's MXFP8 cast.  emit_hp: also return h in fp32 (else an empty (0,)).
         offs: token groups (2d-3d, as :func:`grouped_mm`): ``a`` with grouped-M scales, ``b13`` (E, 2I, K) with
-            (E, numel) scales; rows at or past ``offs[-1]`` of every output are zero.  The SM100 kernel's
-            epilogues are dense only (with ``offs`` an explicit ``backend="sm100"`` raises); SM90's take ``offs``.
+            (E, numel) scales; rows at or past ``offs[-1]`` of every output are zero.  The SM90 and
+            SM100 kernels take ``offs`` (SM100: compile-checked only, no SM100 GPU has run it).
     Returns:
         ``(h13, h_row, h_row_scales, h_col, h_col_scales, h_hp)``: h13 (M, 2I) ``out_dtype`` interleaved like b13;
         the h outputs as :func:`quantize_dual` of an (M, I) tensor with blocked scales (grouped layouts with

@@ -55,10 +55,18 @@ def _u8(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8)
 
 
-def _kernel(a, b, out_dtype, epilogue="plain", elem_dtype=torch.float8_e4m3fn, scale_mode="rceil", emit_hp=False):
+def _kernel(a, b, out_dtype, epilogue="plain", elem_dtype=torch.float8_e4m3fn, scale_mode="rceil", emit_hp=False,
+            grouped=False):
     return compile_gemm_sm100(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], N_TILE, SM100_TARGET, False,
                               max_ctas(_device(a)), epilogue, _ELEM[elem_dtype], scale_mode, emit_hp, CTA_PAIR,
-                              CLUSTER_MN)
+                              CLUSTER_MN, "m" if grouped else "none")
+
+
+def _group_args(a, offs):
+    """(extra kernel arguments, group count) of a fused launch: the device-side groups, or none."""
+    if offs is None:
+        return (), None
+    return schedule_m(offs, a.shape[0], _MMA_M), offs.numel()
 
 
 def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
@@ -78,18 +86,21 @@ def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     if d.numel():
         fn = compile_gemm_sm100(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], N_TILE, SM100_TARGET, False,
                                 max_ctas(_device(a)), cta_pair=CTA_PAIR, cluster_mn=CLUSTER_MN, grouping="m")
-        fn(a, b, _u8(a_scales), _u8(b_scales).reshape(-1), d, *schedule_m(offs, a.shape[0], _MMA_M))
+        fn(a, b.view(e * n, k), _u8(a_scales), _u8(b_scales).reshape(-1), d, *schedule_m(offs, a.shape[0], _MMA_M))
     return d
 
 
 def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):
-    return run_mm_swiglu_quant(_kernel(a, b13, out_dtype, "swiglu", elem_dtype, scale_mode, emit_hp), a, a_scales,
-                               b13, b13_scales, elem_dtype, emit_hp, out_dtype)
+    """GEMM1 with the SwiGLU + dual-quant epilogue; with ``offs`` the 2d-3d grouped GEMM (b13 (E, 2I, K))."""
+    kernel = _kernel(a, b13, out_dtype, "swiglu", elem_dtype, scale_mode, emit_hp, offs is not None)
+    return run_mm_swiglu_quant(kernel, a, a_scales, b13, b13_scales, elem_dtype, emit_hp, out_dtype,
+                               *_group_args(a, offs))
 
 
 def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, offs=None):
-    return run_mm_dswiglu_quant(_kernel(a, b, h13.dtype, "dswiglu", elem_dtype, scale_mode, emit_hp), a, a_scales,
-                                b, b_scales, h13, elem_dtype, emit_hp)
+    """GEMM3 with the dSwiGLU + dual-quant epilogue; with ``offs`` the 2d-3d grouped GEMM (b (E, I, 2I))."""
+    kernel = _kernel(a, b, h13.dtype, "dswiglu", elem_dtype, scale_mode, emit_hp, offs is not None)
+    return run_mm_dswiglu_quant(kernel, a, a_scales, b, b_scales, h13, elem_dtype, emit_hp, *_group_args(a, offs))
 
 
 def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None):
@@ -100,28 +111,21 @@ def _gemm_limits(a, a_scales, b, b_scales, out_dtype, epilogue):
     from ..kernels.gemm_sm100 import MXGemmSm100
 
     why = operand_limits(a, a_scales, b, b_scales)
-    if why is None and a.shape[0] and b.shape[0]:  # an empty output launches nothing
-        why = MXGemmSm100.can_implement(a.shape[0], b.shape[0], a.shape[1], _OUT[out_dtype], epilogue)
+    n = b.shape[-2]  # (N, K), or (E, N, K) with token groups
+    if why is None and a.shape[0] and n:  # an empty output launches nothing
+        why = MXGemmSm100.can_implement(a.shape[0], n, a.shape[1], _OUT[out_dtype], epilogue)
     return why
 
 
-DENSE_ONLY_EPILOGUES = ("the SM100 kernel's fused SwiGLU epilogues are dense only (no grouped build yet): run the "
-                        "MLP with fused_epilogues=None / False, or backend='reference'")
-
-
 def _mm_swiglu_limits(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):
-    if offs is not None:
-        return DENSE_ONLY_EPILOGUES
-    why = _gemm_limits(a, a_scales, b13, b13_scales, out_dtype, "swiglu")
-    if why is None and a.shape[0] * b13.shape[0] > MAX_ELEMENTS:
-        return f"h13 would have {a.shape[0] * b13.shape[0]} elements; the kernel indexes with int32: split M"
+    why = offs_limits(offs) or _gemm_limits(a, a_scales, b13, b13_scales, out_dtype, "swiglu")
+    if why is None and a.shape[0] * b13.shape[-2] > MAX_ELEMENTS:
+        return f"h13 would have {a.shape[0] * b13.shape[-2]} elements; the kernel indexes with int32: split M"
     return why
 
 
 def _mm_dswiglu_limits(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, offs=None):
-    if offs is not None:
-        return DENSE_ONLY_EPILOGUES
-    why = _gemm_limits(a, a_scales, b, b_scales, h13.dtype, "dswiglu")
+    why = offs_limits(offs) or _gemm_limits(a, a_scales, b, b_scales, h13.dtype, "dswiglu")
     if why is None and (not h13.is_contiguous() or h13.data_ptr() % 16):
         return "h13 must be contiguous with a 16-byte aligned data pointer (call .contiguous())"
     if why is None and h13.numel() > MAX_ELEMENTS:
@@ -141,6 +145,7 @@ def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype):
     return why
 
 
+FUSED_GROUPED = True  # the fused ops take offs (2d-3d): the grouped SwiGLU MLP fuses too
 OPS = {"mm": mm, "mm_swiglu_quant": mm_swiglu_quant, "mm_dswiglu_quant": mm_dswiglu_quant, "grouped_mm": grouped_mm}
 LIMITS = {"mm": _mm_limits, "mm_swiglu_quant": _mm_swiglu_limits, "mm_dswiglu_quant": _mm_dswiglu_limits,
           "grouped_mm": _grouped_mm_limits}
