@@ -223,7 +223,8 @@ class MXGemmSm100:
     @cute.jit
     def call_grouped(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor,
                      offs: cute.Tensor, sched: cute.Tensor, stream: cuda.CUstream):
-        """2d-3d (``grouping="m"``, plain epilogue): ``a`` (T, K) with token groups ``offs`` (E,) int32 (cumulative
+        """2d-3d (``grouping="m"``), the plain epilogue (the fused ones: :meth:`call_swiglu_grouped`,
+        :meth:`call_dswiglu_grouped`): ``a`` (T, K) with token groups ``offs`` (E,) int32 (cumulative
         ends, valid: the ops layer makes them so on the device), ``b`` (E * N, K) the experts' weights back to back, ``sfa`` the
         grouped-M blocked scales (every group on a fresh 128-row tile), ``sfb`` the E blocked buffers back to back,
         ``d`` (T, N) row-major; ``sched`` (2, E) int32: row 0 the cumulative MMA-tile counts of the groups
@@ -590,7 +591,7 @@ class MXGemmSm100:
         * plain: convert, stage in shared memory, TMA-store D (token groups: each thread stores its row's columns
           in 16-byte vectors, only inside the row's group; zeros for the rows past ``offs[-1]``);
         * swiglu: per 32 h columns, the gate and up sub-tiles (64 columns apart, the interleaved layout) are
-          TMA-stored as h13 and fed to :func:`.gemm_epilogue.swiglu_block`;
+          stored as h13 (TMA; token groups: masked row stores) and fed to :func:`.gemm_epilogue.swiglu_block`;
         * dswiglu: each dh sub-tile goes to :func:`.gemm_epilogue.dswiglu_block` (which reads h13).
 
         Then release the accumulator stage to the MMA warp."""

@@ -109,9 +109,10 @@ def run_mm_swiglu_quant(kernel: Callable, a, a_scales, b13, b13_scales, elem_dty
     *extra)``: an SM90 or SM100 GEMM build with the SwiGLU epilogue): h13 (M, 2I) ``out_dtype``, then h's dual
     cast (grouped layouts with ``groups``; b13 (E, 2I, K) is passed as (E * 2I, K), its scales flat)."""
     m, i = a.shape[0], b13.shape[-2] // 2
-    h13 = torch.empty(m, 2 * i, dtype=out_dtype, device=a.device)
+    # no groups (E = 0): every row is past offs[-1], all outputs zero, no launch (no weight for a TMA descriptor)
+    h13 = (torch.zeros if groups == 0 else torch.empty)(m, 2 * i, dtype=out_dtype, device=a.device)
     out = dual_outputs(a, m, i, elem_dtype, emit_hp, groups)
-    if h13.numel():
+    if h13.numel() and groups != 0:
         q, qs, qt, qts, hp = out
         kernel(a, b13.reshape(-1, b13.shape[-1]), a_scales.view(torch.uint8),
                b13_scales.view(torch.uint8).reshape(-1), h13, q, qs, qt, qts, hp_arg(hp), *extra)
@@ -124,7 +125,7 @@ def run_mm_dswiglu_quant(kernel: Callable, a, a_scales, b, b_scales, h13, elem_d
     saved h13 read): dh13's dual cast."""
     m, i = a.shape[0], b.shape[-2]
     out = dual_outputs(a, m, 2 * i, elem_dtype, emit_hp, groups)
-    if m and i:
+    if m and i and groups != 0:  # E = 0: zero outputs (dual_outputs zero-fills grouped outputs), no launch
         q, qs, qt, qts, hp = out
         kernel(a, b.reshape(-1, b.shape[-1]), a_scales.view(torch.uint8), b_scales.view(torch.uint8).reshape(-1),
                h13, q, qs, qt, qts, hp_arg(hp), *extra)

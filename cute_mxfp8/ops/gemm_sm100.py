@@ -98,7 +98,7 @@ def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_h
 
 
 def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, offs=None):
-    """GEMM3 with the dSwiGLU + dual-quant epilogue; with ``offs`` the 2d-3d grouped GEMM (b (E, I, 2I))."""
+    """GEMM3 with the dSwiGLU + dual-quant epilogue; with ``offs`` the 2d-3d grouped GEMM (b (E, I, D))."""
     kernel = _kernel(a, b, h13.dtype, "dswiglu", elem_dtype, scale_mode, emit_hp, offs is not None)
     return run_mm_dswiglu_quant(kernel, a, a_scales, b, b_scales, h13, elem_dtype, emit_hp, *_group_args(a, offs))
 
