@@ -61,6 +61,21 @@ def test_sass_counts_of_two_variants():
     assert row["BAR"] == row["LDS"] == row["STS"] == 0 and row["SHFL"] == 22  # shuffles instead of smem
 
 
+def test_loop_bodies_from_sass_text():
+    sass = """
+        /*0000*/                   LDC R1, c[0x0][0x37c] ;
+    .L_x_1:
+        /*0010*/                   SHFL.BFLY PT, R2, R3, 0x1, 0x1f ;
+        /*0020*/                   FMNMX R3, R2, R3, !PT ;
+        /*0030*/               @P0 BRA `(.L_x_1) ;
+        /*0040*/                   BRA `(.L_x_2) ;
+    .L_x_2:
+        /*0050*/                   EXIT ;
+    """
+    assert sass_facts.loop_bodies(sass) == [["SHFL.BFLY PT, R2, R3, 0x1, 0x1f", "FMNMX R3, R2, R3, !PT",
+                                             "@P0 BRA `(.L_x_1)"]]  # the forward branch closes no loop
+
+
 def test_opcode_counts_and_spills_from_sass_text():
     sass = """
         /*0000*/                   LDC R1, c[0x0][0x37c] ;

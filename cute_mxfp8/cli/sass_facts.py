@@ -104,3 +104,25 @@ def disassemble(cubin: bytes) -> str:
 def opcode_counts(sass: str) -> collections.Counter:
     """Number of instructions per full opcode (predicates dropped, modifiers kept) in ``sass``."""
     return collections.Counter(_INSTRUCTION.findall(sass))
+
+
+_LINE = re.compile(r"^\s*(?:(\.L_x_\d+):|/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;)", re.M)
+_BACK_TARGET = re.compile(r"\bBRA\b.*?(\.L_x_\d+)")
+
+
+def loop_bodies(sass: str) -> list[list[str]]:
+    """The instruction lists of the loops in ``sass`` (one kernel's listing): each backward branch to a label
+    closes a loop whose body runs from that label to the branch, inclusive.  Nested loops appear once each."""
+    instructions: list[str] = []
+    labels: dict[str, int] = {}
+    for label, instruction in _LINE.findall(sass):
+        if label:
+            labels[label] = len(instructions)
+        else:
+            instructions.append(instruction)
+    loops = []
+    for end, instruction in enumerate(instructions):
+        target = _BACK_TARGET.search(instruction)
+        if target and labels.get(target.group(1), end + 1) <= end:
+            loops.append(instructions[labels[target.group(1)]:end + 1])
+    return loops
