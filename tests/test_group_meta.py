@@ -80,3 +80,25 @@ def test_the_grouped_gemm_schedules_are_the_per_call_ones_cached():
     assert G._schedule_k(offs, t)[2] is sched_k
     bad = torch.tensor([5, 3, 900], dtype=torch.int32)  # out of contract: clamped, made non-decreasing
     assert G._schedule_m(bad, 100)[0].tolist() == [5, 5, 100]
+
+
+def test_run_grouped_mm_launches_with_the_device_schedule_and_not_without_experts():
+    """The shared 2d-3d launch path of both archs (CPU tensors and a recording stand-in for the kernel)."""
+    from cute_mxfp8.ops.gemm_common import group_schedule, run_grouped_mm
+
+    calls = []
+
+    def kernel(*args):
+        calls.append(args)
+        args[4].fill_(1)  # d
+
+    a, a_s = torch.zeros(300, 64, dtype=torch.uint8), torch.zeros(8, dtype=torch.uint8)
+    b, b_s = torch.zeros(3, 40, 64, dtype=torch.uint8), torch.zeros(3, 16, dtype=torch.uint8)
+    offs = torch.tensor([100, 100, 900], dtype=torch.int32)  # out of contract: clamped to 300 on the "device"
+    d = run_grouped_mm(kernel, a, a_s, b, b_s, offs, torch.float32, 256)
+    assert d.shape == (300, 40) and bool((d == 1).all()) and len(calls) == 1
+    _, b2, _, sfb, _, safe, sched = calls[0]
+    assert b2.shape == (120, 64) and sfb.shape == (48,) and safe.tolist() == [100, 100, 300]
+    assert torch.equal(sched, group_schedule(safe, 256))
+    d0 = run_grouped_mm(kernel, a, a_s, b[:0], b_s[:0], offs[:0], torch.float32, 256)
+    assert d0.shape == (300, 40) and bool((d0 == 0).all()) and len(calls) == 1  # E = 0: zeros, no launch

@@ -17,7 +17,7 @@ from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from .blockscaled import SF_VEC, scale_layout
 from .gemm_epilogue import EPILOGUES, GATE_UP_TILE, TRANSPOSE_BYTES, dswiglu_block, swiglu_block
-from .mx_math import group_of_tile
+from .mx_math import group_of_tile, group_origin
 from .tile_scheduler import PersistentTiles, grid_clusters
 
 _K_MAJOR = cute.nvgpu.OperandMajorMode.K
@@ -435,12 +435,7 @@ class MXGemmSm100:
     def _group_tiles(self, groups, m: cutlass.Int32):
         """2d-3d: the MMA tiles of all groups (``sched[0, E - 1]``) plus those of the rows past ``offs[-1]``."""
         _, offs, sched = groups
-        e = cute.size(offs)
-        total = cutlass.Int32(0)
-        end = cutlass.Int32(0)
-        if e > 0:
-            total = sched[0, e - 1]
-            end = offs[e - 1]
+        end, total = group_origin(cute.size(offs), offs, sched)
         return total + (cutlass.max(m - end, 0) + self.mma_m - 1) // self.mma_m
 
     @cute.jit

@@ -435,21 +435,15 @@ class MXGemmSm90Dequant:
             cols = n_e
             per_expert = (cols + 127) // 128 * tiles_ka * 512  # bytes of one expert's blocked B scales
             sa_rows = (m // 128 + groups) * 128  # formats.grouped_scale_tiles
-            g, start, before = group_of_tile(bm, offs, sched)
+            g, start, before = group_of_tile(bm, offs, sched)  # the tail: g = groups, start = offs[-1]
+            t = bm - before
+            a_row0 = start + t * self.TILE_M
             if g < groups:
-                t = bm - before
-                a_row0 = start + t * self.TILE_M
                 rows = cutlass.min(offs[g], m)
                 sa_base = sched[1, g] * 128 + t * self.TILE_M
                 b_row0 = g * cols + bn * self.TILE_N
                 sb_off = g * per_expert + bn * tiles_ka * 512
             else:  # the tail: rows past the last group's end are zero
-                end = zero
-                before = zero
-                if groups > 0:
-                    end = offs[groups - 1]
-                    before = sched[0, groups - 1]
-                a_row0 = end + (bm - before) * self.TILE_M
                 k_tiles = zero
                 sa_base = zero
             d_row0 = a_row0

@@ -126,16 +126,24 @@ def group_of_row(r: cutlass.Int32, offs: cute.Tensor, num_groups: cutlass.Int32)
 
 
 @cute.jit
-def group_of_tile(tile: cutlass.Int32, offs: cute.Tensor, sched: cute.Tensor):
-    """2d-3d grouped GEMMs: (g, its first row, the M tiles of the groups before it) of M tile ``tile``, with
-    ``sched[0]`` the groups' cumulative tile counts; ``g = size(offs)`` for the tail tiles past the last group,
-    whose first row is then ``offs[-1]`` (0 without groups)."""
-    g = group_of_row(tile, sched[0, None], cute.size(offs))
+def group_origin(g: cutlass.Int32, offs: cute.Tensor, sched: cute.Tensor):
+    """2d-3d grouped GEMMs: (first row, M tiles of the groups before it) of group ``g`` in ``[0, size(offs)]``,
+    with ``sched[0]`` the groups' cumulative tile counts; ``g = size(offs)`` is the tail past the last group,
+    starting at ``offs[-1]`` (0 without groups)."""
     start = cutlass.Int32(0)
     before = cutlass.Int32(0)
     if g > 0:
         start = offs[g - 1]
         before = sched[0, g - 1]
+    return start, before
+
+
+@cute.jit
+def group_of_tile(tile: cutlass.Int32, offs: cute.Tensor, sched: cute.Tensor):
+    """2d-3d grouped GEMMs: (g, :func:`group_origin` of g) of M tile ``tile``; ``g = size(offs)`` for the tail
+    tiles past the last group."""
+    g = group_of_row(tile, sched[0, None], cute.size(offs))
+    start, before = group_origin(g, offs, sched)
     return g, start, before
 
 

@@ -45,13 +45,35 @@ def group_schedule(offs: torch.Tensor, tile_m: int) -> torch.Tensor:
     return torch.stack([ends.to(torch.int32), F.group_tile_starts(offs)])
 
 
+def safe_offsets(offs: torch.Tensor, t: int) -> torch.Tensor:
+    """:func:`device_offsets` of ``offs`` over ``t`` rows, once per offsets tensor (:func:`.group_meta.derived`)."""
+    from .group_meta import derived
+
+    return derived(offs, "device_offsets", lambda: device_offsets(offs, t), t)
+
+
 def schedule_m(offs: torch.Tensor, t: int, tile_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(safe offs, :func:`group_schedule`) of a 2d-3d launch over ``t`` rows in ``tile_m``-row tiles, computed
     once per offsets tensor (:func:`.group_meta.derived`)."""
     from .group_meta import derived
 
-    safe = derived(offs, "device_offsets", lambda: device_offsets(offs, t), t)
+    safe = safe_offsets(offs, t)
     return safe, derived(offs, "schedule_m", lambda: group_schedule(safe, tile_m), t, tile_m)
+
+
+def run_grouped_mm(kernel: Callable, a, a_scales, b, b_scales, offs, out_dtype, tile_m: int) -> torch.Tensor:
+    """2d-3d ``grouped_mm``'s output from ``kernel`` (``kernel(a, b, sfa, sfb, d, offs, sched)``: an SM90 or SM100
+    grouped build; b (E, N, K) is passed as (E * N, K), its scales flat, the offsets and :func:`group_schedule`
+    in ``tile_m``-row tiles made on the device).  Rows at or past ``offs[-1]`` are zero; without groups (E = 0)
+    all rows are, and nothing is launched (there is no weight to build a TMA descriptor over)."""
+    e, n, k = b.shape
+    if e == 0:
+        return torch.zeros(a.shape[0], n, dtype=out_dtype, device=a.device)
+    d = torch.empty(a.shape[0], n, dtype=out_dtype, device=a.device)
+    if d.numel():
+        kernel(a, b.view(e * n, k), a_scales.view(torch.uint8), b_scales.view(torch.uint8).reshape(-1), d,
+               *schedule_m(offs, a.shape[0], tile_m))
+    return d
 
 
 def operand_limits(a, a_scales, b, b_scales) -> str | None:

@@ -16,8 +16,8 @@ import warnings
 import torch
 
 from ..jit import SM100_TARGET, compile_gemm_sm100
-from .gemm_common import (MAX_ELEMENTS, mm_with_bias, offs_limits, operand_limits, run_mm_dswiglu_quant,
-                          run_mm_swiglu_quant, schedule_m)
+from .gemm_common import (MAX_ELEMENTS, mm_with_bias, offs_limits, operand_limits, run_grouped_mm,
+                          run_mm_dswiglu_quant, run_mm_swiglu_quant, schedule_m)
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -79,15 +79,7 @@ def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
 def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     """2d-3d: ``out[rows of group g] = a[rows of g] · b[g]ᵀ``; rows at or past ``offs[-1]`` are zero.  The offsets
     stay on the device (clamped and made non-decreasing there, :func:`.gemm_common.device_offsets`)."""
-    e, n, k = b.shape
-    if e == 0:  # no groups: every row is past offs[-1]
-        return torch.zeros(a.shape[0], n, dtype=out_dtype, device=a.device)
-    d = torch.empty(a.shape[0], n, dtype=out_dtype, device=a.device)
-    if d.numel():
-        fn = compile_gemm_sm100(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], N_TILE, SM100_TARGET, False,
-                                max_ctas(_device(a)), cta_pair=CTA_PAIR, cluster_mn=CLUSTER_MN, grouping="m")
-        fn(a, b.view(e * n, k), _u8(a_scales), _u8(b_scales).reshape(-1), d, *schedule_m(offs, a.shape[0], _MMA_M))
-    return d
+    return run_grouped_mm(_kernel(a, b, out_dtype, grouped=True), a, a_scales, b, b_scales, offs, out_dtype, _MMA_M)
 
 
 def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):
@@ -134,12 +126,8 @@ def _mm_dswiglu_limits(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, em
 
 
 def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype):
-    from ..kernels.gemm_sm100 import MXGemmSm100
-
-    why = offs_limits(offs) or operand_limits(a, a_scales, b, b_scales)
-    t, (e, n, k) = a.shape[0], b.shape
-    if why is None and t and n:
-        why = MXGemmSm100.can_implement(t, n, k, _OUT[out_dtype])
+    why = offs_limits(offs) or _gemm_limits(a, a_scales, b, b_scales, out_dtype, "plain")
+    t, n = a.shape[0], b.shape[-2]
     if why is None and t * n > MAX_ELEMENTS:
         return f"the output would have {t * n} elements; the kernel indexes with int32: split the tokens"
     return why

@@ -26,8 +26,8 @@ from .. import formats as F
 from ..swiglu import GATE_UP_TILE
 from ..jit import compile_gemm_sm90, compile_token_align
 from .group_meta import derived
-from .gemm_common import (MAX_ELEMENTS, device_offsets, mm_with_bias, offs_limits, schedule_m,
-                          operand_limits, run_mm_dswiglu_quant, run_mm_swiglu_quant)
+from .gemm_common import (MAX_ELEMENTS, mm_with_bias, offs_limits, operand_limits, run_grouped_mm,
+                          run_mm_dswiglu_quant, run_mm_swiglu_quant, safe_offsets, schedule_m)
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -55,15 +55,8 @@ def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
 
 def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     """2d-3d: ``out[rows of group g] = a[rows of g] · b[g]ᵀ``; rows at or past ``offs[-1]`` are zero."""
-    e, n, k = b.shape
-    if e == 0:  # no groups: every row is past offs[-1] (and no weight to build a TMA descriptor over)
-        return torch.zeros(a.shape[0], n, dtype=out_dtype, device=a.device)
-    d = torch.empty(a.shape[0], n, dtype=out_dtype, device=a.device)
-    if d.numel():
-        fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="m")
-        fn(a, b.view(e * n, k), a_scales.view(torch.uint8), b_scales.view(torch.uint8).reshape(-1), d,
-           *_schedule_m(offs, a.shape[0]))
-    return d
+    kernel = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="m")
+    return run_grouped_mm(kernel, a, a_scales, b, b_scales, offs, out_dtype, _TILE_M)
 
 
 def _group_columns(offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -106,7 +99,7 @@ def _schedule_k(offs, t):
     offsets tensor: row 0 the groups' first columns in the 16-aligned layout, row 1 their first scale tiles,
     ``[2, 0]`` the scale matrix's column tiles."""
     def compute():
-        safe = device_offsets(offs, t)
+        safe = safe_offsets(offs, t)
         g = safe.numel()
         _, starts, ends = _group_columns(safe)
         sched = torch.zeros(3, g, dtype=torch.int32, device=safe.device)

@@ -28,7 +28,7 @@ def _drop(key: int, ref: weakref.ref) -> None:
 def derived(offs: torch.Tensor, name: str, compute: Callable[[], object], *key) -> object:
     """``compute()`` for this ``offs`` tensor (same object, same version) and ``(name, *key)``, cached while
     ``offs`` is alive.  Tensors under tracing (fake or functional tensors, ``torch.compile``) are not cached."""
-    if not isinstance(offs, torch.Tensor) or type(offs) is not torch.Tensor or torch.compiler.is_compiling():
+    if type(offs) is not torch.Tensor or torch.compiler.is_compiling():
         return compute()
     slot = id(offs)
     entry = _ENTRIES.get(slot)
