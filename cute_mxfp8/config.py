@@ -25,8 +25,8 @@ class MXFP8Config:
             dSwiGLU + dual-quant epilogues fused into the GEMM (``ops.mm_swiglu_quant`` / ``mm_dswiglu_quant``,
             W13 in the interleaved gate/up layout; needs I % 64 == 0, raises ValueError otherwise; with ``offs``
             the grouped fused ops); False, as a GEMM with an fp32 output and the standalone fused SwiGLU kernels;
-            None (default), fused when I % 64 == 0 and the backend running the GEMMs fuses by default (``sm100``
-            dense; ``sm90`` dense and grouped once its fused epilogues are registered).  Both give the same math
+            None (default), fused when I % 64 == 0 and the backend running the GEMMs fuses by default (``sm90``
+            and ``sm100``, dense and grouped).  Both give the same math
             (up to the fp32 summation order of the GEMMs).
     """
 

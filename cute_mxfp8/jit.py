@@ -205,6 +205,16 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
     return _compile(kernel.launch_bwd, (dh, h13, q, scales(), qt, scales(), hp, *groups), arch, keep_ptx)
 
 
+def _fused_outputs(cutlass, h13_dtype, q_dtype, grouped: bool) -> tuple:
+    """Fake (h13, q, qs, qt, qts, hp) of a GEMM-fused SwiGLU / dSwiGLU epilogue build (either arch): h13 with
+    whole 128-column tiles, q / hp rows of 32-blocks, qt (n, M rounded to 32) or (n, T) unpadded with token
+    groups, scales flat bytes."""
+    fake, sym = _fake, _sym
+    return (fake(h13_dtype, (sym(), sym(128))), fake(q_dtype, (sym(), sym(32))), fake(cutlass.Uint8, (sym(),)),
+            fake(q_dtype, (sym(32), sym() if grouped else sym(32))), fake(cutlass.Uint8, (sym(),)),
+            fake(cutlass.Float32, (sym(), sym(32))))
+
+
 # Blackwell datacenter targets of the tcgen05 kernels: sm_100f, the family build (compute capability 10.0 and
 # 10.3: B200/GB200 and B300/GB300), which the sm100 backend loads; sm_100a and sm_103a, one capability each
 SM100_TARGET = "sm_100f"
@@ -256,9 +266,7 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
         entry = kernel.call_grouped if grouping == "m" else kernel
         return _compile(entry, (*ab, fake(d, (sym(), sym(16 // (d.width // 8)))), *groups), arch, keep_ptx)
     q = kernel.cast.elem_dtype
-    fused = (fake(d, (sym(), sym(128))), fake(q, (sym(), sym(32))), fake(cutlass.Uint8, (sym(),)),
-             fake(q, (sym(32), sym() if grouping == "m" else sym(32))), fake(cutlass.Uint8, (sym(),)),
-             fake(cutlass.Float32, (sym(), sym(32))))
+    fused = _fused_outputs(cutlass, d, q, grouping == "m")
     if grouping == "m":
         entry = kernel.call_swiglu_grouped if epilogue == "swiglu" else kernel.call_dswiglu_grouped
     else:
@@ -308,9 +316,7 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     groups = (fake(cutlass.Int32, (sym(),)), fake(cutlass.Int32, (sym(), sym())))  # offs, sched
     if epilogue != "plain":  # the outputs of compile_gemm_sm100's fused epilogues (qt (n, T) unpadded if grouped)
         q = kernel.cast.elem_dtype
-        fused = (fake(kernel.d_dtype, (sym(), sym(128))), fake(q, (sym(), sym(32))), fake(cutlass.Uint8, (sym(),)),
-                 fake(q, (sym(32), sym() if grouping == "m" else sym(32))), fake(cutlass.Uint8, (sym(),)),
-                 fake(cutlass.Float32, (sym(), sym(32))))
+        fused = _fused_outputs(cutlass, kernel.d_dtype, q, grouping == "m")
         entry = kernel.call_swiglu if epilogue == "swiglu" else kernel.call_dswiglu
         return _compile(entry, (*args[:4], *fused, *groups), arch, keep_ptx)
     if mainloop == "dequant":
