@@ -55,6 +55,7 @@ __all__ = [
     "quantize_mxfp8_grouped_k",
     "dequantize_mxfp8_grouped_k",
     "to_blocked_scales_grouped_k",
+    "grouped_k_scale_offset",
     "from_blocked_scales_grouped_k",
 ]
 
@@ -364,8 +365,8 @@ def quantize_mxfp8_grouped_k(x: torch.Tensor, offs: torch.Tensor, *, scale_mode:
     Returns ``(data, scales)``: ``data`` (M, N) ``elem_dtype``, zero at rows >= offs[-1]; ``scales`` plain and
     *aligned*: shape (4 * grouped_scale_tiles(M, G), N) ``float8_e8m0fnu``, where the blocks of group g occupy rows
     ``[4 * group_tile_starts(offs)[g], ... + ceil(size_g / 32))`` and every other row is zero.  The GEMM operand's
-    scale matrix is ``scales.t()`` (N rows, block columns), whose group columns start on multiples of 4; pass it
-    to :func:`to_blocked_scales` (or use :func:`to_blocked_scales_grouped_k`).
+    scale matrix is ``scales.t()`` (N rows, block columns), whose group columns start on multiples of 4; the
+    kernels take it blocked per group, :func:`to_blocked_scales_grouped_k` (``scales.t(), offs``).
     """
     if x.dim() != 2:
         raise ValueError(f"quantize_mxfp8_grouped_k takes a 2-D (M, N) tensor, got shape {tuple(x.shape)}")
@@ -402,16 +403,67 @@ def dequantize_mxfp8_grouped_k(data: torch.Tensor, scales: torch.Tensor, offs: t
     return out
 
 
-def to_blocked_scales_grouped_k(scales: torch.Tensor) -> torch.Tensor:
-    """Blocked layout of a 2d-2d operand's aligned grouped-K scale matrix (N, 4 * grouped_scale_tiles(M, G)),
-    i.e. ``quantize_mxfp8_grouped_k(...)[1].t()``.  The plain layout is already group-aligned (each group's columns
-    start on a multiple of 4), so this is :func:`to_blocked_scales` of it; kept as a name of its own so the
-    grouped-K convention has one documented entry point."""
+def to_blocked_scales_grouped_k(scales: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Blocked layout of a 2d-2d operand's aligned grouped-K scale matrix (N, 4 * grouped_scale_tiles(M, G)), i.e.
+    ``quantize_mxfp8_grouped_k(x, offs)[1].t()``, in the order PyTorch's ``torch._scaled_grouped_mm`` (2d-2d),
+    torchao, FBGEMM and cuDNN-frontend use: each group's (N, 4 * ceil(size_g / 128)) scale columns are blocked on
+    their own (:func:`to_blocked_scales`) and the groups' buffers follow each other, group g from byte
+    ``ceil(N / 128) * 512 * group_tile_starts(offs)[g]``.  So a group's row tiles are ``ceil(size_g / 128)`` tiles
+    apart, not the whole matrix's column tiles (:func:`grouped_k_scale_offset` is the byte map).
+
+    Returns a contiguous 1-D ``float8_e8m0fnu`` buffer of ``blocked_scales_numel(N, 4 * grouped_scale_tiles(M,
+    G))`` bytes (the same size as the plain matrix's blocked layout; bytes past the last group are zero).  Raises
+    ValueError if ``scales`` is not (N, a multiple of 4) or ``offs`` does not fit it."""
     if scales.dim() != 2 or scales.shape[1] % _TILE_COLS != 0:
         raise ValueError(f"grouped-K scales must be (N, 4 * tiles), got shape {tuple(scales.shape)}")
-    return to_blocked_scales(scales)
+    _check_scales_dtype(scales)
+    n, cols = scales.shape
+    starts = _grouped_k_starts(offs, cols)
+    rt = _ceil_div(n, _TILE_ROWS)
+    out = scales.view(torch.uint8).new_zeros(blocked_scales_numel(n, cols))
+    for t, tiles in starts:
+        blk = to_blocked_scales(scales[:, 4 * t: 4 * (t + tiles)].contiguous()).view(torch.uint8)
+        out[rt * 512 * t: rt * 512 * t + blk.numel()] = blk
+    return out.view(torch.float8_e8m0fnu)
 
 
-def from_blocked_scales_grouped_k(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """Inverse of :func:`to_blocked_scales_grouped_k` (``cols`` = 4 * grouped_scale_tiles(M, G))."""
-    return from_blocked_scales(blocked, rows, cols)
+def from_blocked_scales_grouped_k(blocked: torch.Tensor, offs: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Inverse of :func:`to_blocked_scales_grouped_k`: plain (rows, cols) scales (``cols`` = 4 *
+    grouped_scale_tiles(M, G)), zero outside the groups' columns."""
+    _check_scales_dtype(blocked)
+    need = blocked_scales_numel(rows, cols)
+    if blocked.dim() != 1 or blocked.numel() != need:
+        raise ValueError(f"grouped-K blocked scales for ({rows}, {cols}) need a 1-D buffer of {need} bytes, "
+                         f"got shape {tuple(blocked.shape)}")
+    flat = blocked.view(torch.uint8)
+    out = flat.new_zeros(rows, cols)
+    rt = _ceil_div(rows, _TILE_ROWS)
+    for t, tiles in _grouped_k_starts(offs, cols):
+        part = flat[rt * 512 * t: rt * 512 * (t + tiles)].view(torch.float8_e8m0fnu)
+        out[:, 4 * t: 4 * (t + tiles)] = from_blocked_scales(part, rows, 4 * tiles).view(torch.uint8)
+    return out.view(torch.float8_e8m0fnu)
+
+
+def grouped_k_scale_offset(r: int, b: int, tile0: int, tiles: int, rows: int) -> int:
+    """Byte offset, in :func:`to_blocked_scales_grouped_k`'s layout, of the scale of row ``r`` (< ``rows``, the
+    scale matrix's rows) and block ``b`` of a group (its ``b``-th 32-element block) whose scale tiles start at
+    ``tile0`` (``group_tile_starts``) and number ``tiles`` (``ceil(size_g / 128)``).  The kernels use the same
+    formula (:func:`cute_mxfp8.kernels.mx_math.grouped_k_scale_offset`)."""
+    return _ceil_div(rows, _TILE_ROWS) * 512 * tile0 + _blocked_offset(r, b, 4 * tiles)
+
+
+def _blocked_offset(r: int, c: int, cols: int) -> int:
+    return ((r // 128) * _ceil_div(cols, 4) + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+
+
+def _grouped_k_starts(offs: torch.Tensor, cols: int) -> list[tuple[int, int]]:
+    """[(first scale tile, tiles)] of the non-empty groups of ``offs``; raises ValueError if they pass ``cols``."""
+    if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
+        raise ValueError("offs must be the 1-D torch.int32 cumulative group end offsets the scales were made with")
+    bounds = group_bounds(offs)
+    starts = group_tile_starts(offs).tolist()
+    out = [(t, _ceil_div(e - s, _TILE_ROWS)) for (s, e), t in zip(bounds, starts) if e > s]
+    if out and 4 * (out[-1][0] + out[-1][1]) > cols:
+        raise ValueError(f"offs {offs.tolist()} needs {4 * (out[-1][0] + out[-1][1])} scale columns, the scales "
+                         f"have {cols}: pass the offs the operand was quantized with")
+    return out

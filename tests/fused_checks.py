@@ -60,5 +60,5 @@ def grouped_fused_check(backend: str, sizes: list, elem: torch.dtype, scale_mode
                                                 elem_dtype=elem, blocked=False, emit_hp=emit_hp, offs=offs,
                                                 backend=backend)
     plain = (F.from_blocked_scales_grouped_m(dqs, offs, t, 2 * i // 32),
-             F.from_blocked_scales(dqts, 2 * i, 4 * F.grouped_scale_tiles(t, e)))
+             F.from_blocked_scales_grouped_k(dqts, offs, 2 * i, 4 * F.grouped_scale_tiles(t, e)))
     assert_dh13_equal((dq, dqt, dhp), plain, (rq, rqs, rqt, rqts, rhp), emit_hp)

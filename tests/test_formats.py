@@ -33,6 +33,7 @@ from cute_mxfp8.formats import (
     quantize_mxfp8_grouped_k,
     to_blocked_scales,
     to_blocked_scales_grouped_k,
+    grouped_k_scale_offset,
     to_blocked_scales_grouped_m,
     validate_offsets,
 )
@@ -982,12 +983,47 @@ def test_grouped_k(mode, elem_dtype, rng):
         yb = dequantize_mxfp8_grouped_k(data, scales, offs, out_dtype=torch.bfloat16)
         assert yb.dtype == torch.bfloat16 and torch.equal(f32_bits(yb.float()), f32_bits(y.to(torch.bfloat16).float()))
 
-        # blocked layout of the GEMM operand's scale matrix scales.t()
-        bk = to_blocked_scales_grouped_k(scales.t())
+        # blocked layout of the GEMM operand's scale matrix scales.t() (N <= 128: one row tile, so the per-group
+        # order is the whole matrix's; test_grouped_k_blocked_is_per_group covers N > 128)
+        bk = to_blocked_scales_grouped_k(scales.t(), offs)
         assert_bytes_equal(bk, to_blocked_scales(scales.t().contiguous()), "grouped-K blocked")
         assert bk.numel() == blocked_scales_numel(n, 4 * grouped_scale_tiles(m, g))
-        assert_bytes_equal(from_blocked_scales_grouped_k(bk, n, 4 * grouped_scale_tiles(m, g)), scales.t().contiguous(),
-                           "grouped-K round trip")
+        assert_bytes_equal(from_blocked_scales_grouped_k(bk, offs, n, 4 * grouped_scale_tiles(m, g)),
+                           scales.t().contiguous(), "grouped-K round trip")
+
+
+@pytest.mark.parametrize("n", [129, 300, 512])
+def test_grouped_k_blocked_is_per_group(n, rng):
+    """The grouped-K blocked buffer is the ecosystem's (``torch._scaled_grouped_mm`` 2d-2d, torchao, FBGEMM,
+    cuDNN-frontend): each group's (N, ceil(size/32)) scales blocked on their own, zero-padded to whole 128 x 4
+    tiles, and the non-empty groups' buffers concatenated; our buffer is that followed by zeros.  Also the byte
+    map grouped_k_scale_offset, and the round trip."""
+    for offs, m in [(torch.tensor([0, 31, 31, 200, 233, 600], dtype=torch.int32), 640),
+                    *[random_offsets(rng, max_groups=6) for _ in range(3)]]:
+        g = offs.numel()
+        x = torch.randn(m, n, generator=rng)
+        _, scales = quantize_mxfp8_grouped_k(x, offs)
+        st = scales.t().contiguous()  # (N, 4 * tiles): the GEMM operand's scale matrix
+        got = u8(to_blocked_scales_grouped_k(st, offs))
+        parts, prev = [], 0
+        for o, t in zip(offs.tolist(), ref_group_tile_starts(offs.tolist())):
+            if o > prev:
+                nb = -(-(o - prev) // 32)
+                parts.append(u8(to_blocked_scales(st[:, 4 * t: 4 * t + nb].contiguous())))
+            prev = o
+        want = torch.cat(parts) if parts else got[:0]
+        assert_bytes_equal(got[: want.numel()], want, f"per-group blocked order (offs {offs.tolist()}, N {n})")
+        assert bool((got[want.numel():] == 0).all()), "bytes past the last group must be zero"
+        prev = 0
+        for o, t in zip(offs.tolist(), ref_group_tile_starts(offs.tolist())):
+            tiles = -(-(o - prev) // 128)
+            for r in (0, 1, 127, 128, n - 1):
+                for b in range(-(-(o - prev) // 32)):
+                    assert int(got[grouped_k_scale_offset(r, b, t, tiles, n)]) == int(u8(st)[r, 4 * t + b])
+            prev = o
+        back = from_blocked_scales_grouped_k(to_blocked_scales_grouped_k(st, offs), offs, n, st.shape[1])
+        assert_bytes_equal(back, st, "round trip")
+        assert st.shape[1] == 4 * grouped_scale_tiles(m, g)
 
 
 def test_grouped_k_blocks_do_not_cross_group_end():
@@ -1012,8 +1048,13 @@ def test_grouped_k_errors():
         quantize_mxfp8_grouped_k(torch.ones(4, 8, 32), torch.tensor([4], dtype=torch.int32))
     with pytest.raises(ValueError):
         quantize_mxfp8_grouped_k(torch.ones(40, 32), torch.tensor([41], dtype=torch.int32))
-    with pytest.raises(ValueError):
-        to_blocked_scales_grouped_k(torch.zeros(32, 6, dtype=torch.uint8).view(E8M0))
+    with pytest.raises(ValueError, match="4 \\* tiles"):
+        to_blocked_scales_grouped_k(torch.zeros(32, 6, dtype=torch.uint8).view(E8M0), torch.tensor([4], dtype=torch.int32))
+    with pytest.raises(ValueError, match="scale columns"):  # offs of another operand: more tiles than the scales have
+        to_blocked_scales_grouped_k(torch.zeros(32, 8, dtype=torch.uint8).view(E8M0),
+                                    torch.tensor([100, 300], dtype=torch.int32))
+    with pytest.raises(ValueError, match="int32"):
+        to_blocked_scales_grouped_k(torch.zeros(32, 8, dtype=torch.uint8).view(E8M0), torch.tensor([4]))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1092,3 +1133,21 @@ def test_bad_dim_and_scale_inputs_raise():
         dequantize_mxfp8(d[0, 0], s[0, 0])
     with pytest.raises(ValueError, match="float8_e8m0fnu"):
         to_blocked_scales(torch.ones(4, 4))
+
+
+def test_kernel_scale_offsets_match_formats():
+    """The kernels' byte maps (plain Python in ``kernels.mx_math``, also traced into the DSL) are the formats
+    layouts: the blocked one against to_blocked_scales, the grouped-K one against formats.grouped_k_scale_offset."""
+    from cute_mxfp8.kernels import mx_math
+
+    s = torch.arange(300 * 7, dtype=torch.int64).remainder(251).to(torch.uint8).view(300, 7)
+    blocked = u8(to_blocked_scales(s.view(E8M0)))
+    for r in range(300):
+        for c in range(7):
+            assert int(blocked[mx_math.blocked_scale_offset(r, c, 7)]) == int(s[r, c])
+    for rows in (1, 128, 129, 300):
+        for tile0, tiles in ((0, 1), (3, 2), (5, 4)):
+            for r in {0, rows // 2, rows - 1}:
+                for b in range(4 * tiles):
+                    assert mx_math.grouped_k_scale_offset(r, b, tile0, tiles, rows) == \
+                        grouped_k_scale_offset(r, b, tile0, tiles, rows)

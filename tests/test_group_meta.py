@@ -76,7 +76,7 @@ def test_the_grouped_gemm_schedules_are_the_per_call_ones_cached():
     safe, ends, sched_k = G._schedule_k(offs, t)
     _, starts, want_ends = G._group_columns(safe)
     assert torch.equal(ends, want_ends) and torch.equal(sched_k[0], starts)
-    assert torch.equal(sched_k[1], F.group_tile_starts(safe)) and int(sched_k[2, 0]) == F.grouped_scale_tiles(t, 7)
+    assert sched_k.shape == (2, 7) and torch.equal(sched_k[1], F.group_tile_starts(safe))
     assert G._schedule_k(offs, t)[2] is sched_k
     bad = torch.tensor([5, 3, 900], dtype=torch.int32)  # out of contract: clamped, made non-decreasing
     assert G._schedule_m(bad, 100)[0].tolist() == [5, 5, 100]

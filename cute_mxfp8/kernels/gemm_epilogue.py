@@ -19,8 +19,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from .mx_math import (BLOCK, MXCastParams, block_scale, blocked_scale_offset, quantize_block, reduce_scatter_max,
-                      swiglu_bwd, swiglu_fwd)
+from .mx_math import (BLOCK, MXCastParams, block_scale, blocked_scale_offset, grouped_k_scale_offset,
+                      quantize_block, reduce_scatter_max, swiglu_bwd, swiglu_fwd)
 
 GATE_UP_TILE = 64  # equals cute_mxfp8.swiglu.GATE_UP_TILE (a test checks)
 MODES = ("swiglu", "dswiglu")
@@ -75,12 +75,12 @@ def dual_quantize_block(v: cute.TensorSSA, out: tuple, tr: cute.Tensor, m, c0, l
     written blocks must be zero-filled by the caller.  ``tr``: this warp's (32, 32) fp8 shared-memory tile, where
     the colwise block is transposed so each lane stores one 32-byte row of ``qt``.
 
-    ``grp`` (token groups, 2d-3d GEMM epilogues): ``(start, scale_row0, col_blocks)`` of the block's group: its
-    first row, its first row in the grouped-M blocked rowwise scales (``128 * group_tile_starts[g]``) and the
-    column blocks of the grouped-K colwise scale matrix (``4 * grouped_scale_tiles(M, G)``); ``rows`` is then the
+    ``grp`` (token groups, 2d-3d GEMM epilogues): ``(start, scale_row0)`` of the block's group: its first row and
+    its first row in the grouped-M blocked rowwise scales (``128 * group_tile_starts[g]``); ``rows`` is then the
     group's end and ``m - lane - start`` a multiple of 32.  ``qt`` is (cols, M) (no padding: the bytes past the
     group's end belong to the next group and are not written, byte stores), rowwise scales go to row
-    ``scale_row0 + m - start``, colwise ones to column block ``scale_row0 / 32 + (m - lane - start) / 32``."""
+    ``scale_row0 + m - start``, colwise ones to the group's block ``(m - lane - start) / 32`` of the grouped-K
+    layout (:func:`~.mx_math.grouped_k_scale_offset`)."""
     q, qs, qt, qts, hp = out
     rows_p = (rows + BLOCK - 1) // BLOCK * BLOCK
     row0 = m - lane
@@ -103,7 +103,9 @@ def dual_quantize_block(v: cute.TensorSSA, out: tuple, tr: cute.Tensor, m, c0, l
         if cutlass.const_expr(grp is None):
             qts[blocked_scale_offset(c0 + lane, row0 // BLOCK, rows_p // BLOCK)] = cutlass.Uint8(cbyte)
         else:
-            qts[blocked_scale_offset(c0 + lane, (grp[1] + row0 - grp[0]) // BLOCK, grp[2])] = cutlass.Uint8(cbyte)
+            tiles = (rows - grp[0] + 127) // 128
+            qts[grouped_k_scale_offset(c0 + lane, (row0 - grp[0]) // BLOCK, grp[1] // 128, tiles, cols)] = \
+                cutlass.Uint8(cbyte)
     vals = cute.make_rmem_tensor((BLOCK,), cutlass.Float32)
     vals.store(v)
     for j in cutlass.range_constexpr(BLOCK):

@@ -642,7 +642,7 @@ class MXGemmSm100:
                 row0, rows_end, _, _, kt_tile, start, scale_row0 = self._tile_of(groups, rows, mt, pair, k_tiles)
                 row = row0 + (mt % pair) * self.TILE_M + tidx  # this thread's row of D / h13
                 # the fused casts: colwise blocks from the group's first row, grouped scale layouts
-                grp = (start, scale_row0, 4 * (rows // 128 + cute.size(groups[1])))
+                grp = (start, scale_row0)
             if cutlass.const_expr(self.epilogue == "plain" and groups is not None):
                 for sub in cutlass.range(cute.size(tile_acc, mode=[3])):
                     cute.copy(t2r, tile_acc[(None, None, None, sub)], r_acc)

@@ -371,9 +371,9 @@ class MXGemmSm90Dequant:
           row 1 their first 128-row scale tiles (``formats.group_tile_starts``).
         * ``"k"`` (2d-2d): ``a`` (N, T'), ``b`` (K', T') token-major, every group starting on a 16-aligned token
           (TMA takes 16-byte aligned inner coordinates; the ops layer lays the groups out so); grouped-K blocked
-          scales of the T-token operands; ``d`` (E * N, K'); ``sched`` (3, E): row 0 the groups' first tokens in
-          ``a`` / ``b``, row 1 as for ``"m"``, ``sched[2, 0]`` the scale matrix's 128-deep column tiles
-          (``grouped_scale_tiles(T, E)``).  The group sizes come from ``offs``."""
+          scales of the T-token operands (``formats.to_blocked_scales_grouped_k``: each group's tiles blocked on
+          their own); ``d`` (E * N, K'); ``sched`` (2, E): row 0 the groups' first tokens in ``a`` / ``b``, row 1
+          as for ``"m"``.  The group sizes come from ``offs``."""
         self._launch(a, b, sfa, sfb, d, None, (), offs, sched, stream)
 
     @cute.jit
@@ -455,9 +455,11 @@ class MXGemmSm90Dequant:
             k0 = sched[0, bz]  # the group's first token in the operands (16-aligned: TMA's inner coordinate)
             k_tiles = (size + self.K_STAGE - 1) // self.K_STAGE
             k_last = size - (k_tiles - 1) * self.K_STAGE
-            tiles_ka = sched[2, 0]  # the grouped-K scale matrix's 128-deep column tiles, grouped_scale_tiles(T, G)
-            ct0 = sched[1, bz]
-            sb_off = (bn * tiles_ka + ct0) * 512
+            # grouped-K scales (mx_math.grouped_k_scale_offset): the group's (rows, 4 tiles_ka) matrix blocked on
+            # its own from tile ceil(rows / 128) * group_tile_starts[g], for A (m rows) and B (n rows)
+            tiles_ka = (size + 127) // 128
+            ct0 = (m + 127) // 128 * sched[1, bz]
+            sb_off = (bn * tiles_ka + (n + 127) // 128 * sched[1, bz]) * 512
             d_row0 = bz * m + a_row0
             rows = bz * m + m
         return a_row0, b_row0, k0, k_tiles, k_last, d_row0, rows, cols, sa_base, sa_rows, tiles_ka, ct0, sb_off
@@ -724,7 +726,7 @@ class MXGemmSm90Dequant:
             else:  # the group found again (not kept live through the mainloop: it would spill)
                 g, start, _ = group_of_tile(bm, offs, sched)
                 if g < cute.size(offs):  # the tail tiles past offs[-1] have no h rows (q, qt zero-filled)
-                    grp = (start, sched[1, g] * 128, 4 * (m // 128 + cute.size(offs)))
+                    grp = (start, sched[1, g] * 128)
                     self.fused_epilogue(accs, base, h13, fused, ct, lane, lrow, c, d_row0, bn, rows, cols, grp)
 
     @cute.jit

@@ -49,6 +49,14 @@ def blocked_scale_offset(r, c, cols):
     return ((r // 128) * ((cols + 3) // 4) + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
 
 
+def grouped_k_scale_offset(r, b, tile0, tiles, rows):
+    """Byte offset of the scale of row ``r`` and block ``b`` of a token group in the grouped-K blocked layout
+    (:func:`cute_mxfp8.formats.to_blocked_scales_grouped_k`, the order of ``torch._scaled_grouped_mm``): the group's
+    (``rows``, 4 * ``tiles``) scale matrix blocked on its own, from tile ``ceil(rows / 128) * tile0``; ``tile0`` is
+    the group's ``group_tile_starts`` entry, ``tiles`` = ceil(size / 128)."""
+    return ((rows + 127) // 128) * tile0 * 512 + blocked_scale_offset(r, b, 4 * tiles)
+
+
 @cute.jit
 def block_scale(amax_bits: cutlass.Int32, emax: cutlass.Constexpr[int], rceil: cutlass.Constexpr[bool]):
     """E8M0 scale of a block from ``amax_bits`` (the largest ``bits(x) & 0x7FFFFFFF`` of the block) ->

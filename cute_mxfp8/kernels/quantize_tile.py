@@ -16,8 +16,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
-from .mx_math import (BLOCK, MXCastParams, apply_scale, block_scale, blocked_scale_offset, last_group_at_or_below,
-                      reduce_scatter_max, swiglu_bwd, swiglu_fwd)
+from .mx_math import (BLOCK, MXCastParams, apply_scale, block_scale, blocked_scale_offset, grouped_k_scale_offset,
+                      last_group_at_or_below, reduce_scatter_max, swiglu_bwd, swiglu_fwd)
 
 VEC = 4  # columns per lane
 LANE_ROWS = 8  # rows per lane
@@ -67,7 +67,8 @@ class TileQuantKernel(MXCastParams):
     zero-padded, exactly as ``cute_mxfp8.formats`` specifies.  With token groups, CTAs walk *virtual* 32-row
     blocks: the aligned grouped-K scale columns ``[4 * tile_starts[g], 4 * tile_starts[g] + ceil(size_g / 32))``
     of each group g; a virtual block past its group's blocks does nothing (its scales stay zero, from the
-    caller's zero-filled buffer).  Rows at or past ``offs[-1]`` are not touched (the caller fills them).
+    caller's zero-filled buffer).  Blocked colwise scales go to the grouped-K layout (each group's tiles blocked
+    on their own, ``formats.to_blocked_scales_grouped_k``).  Rows at or past ``offs[-1]`` are not touched (the caller fills them).
 
     Constraints (checked by the ops layer): K % 32 == 0; x contiguous, 16-byte aligned; fewer than 2**31
     elements; K / 128 and E at most 65535 (grid y and z).
@@ -286,8 +287,8 @@ class TileQuantKernel(MXCastParams):
             self._rowwise(t, mag, gq, s, pos.e, pos.rl, pos.lane, pos.cg, pos.end, pos.start, pos.g, tile_starts,
                           cv, kb)
         if cutlass.const_expr(self.colwise):
-            self._colwise(t, mag, gqt, st, pos.e, pos.r0, pos.rl, pos.lane, pos.rg, pos.cg, pos.end, pos.vb,
-                          pos.vblocks, cv)
+            self._colwise(t, mag, gqt, st, pos.e, pos.r0, pos.rl, pos.lane, pos.rg, pos.cg, pos.end, pos.start,
+                          pos.vb, pos.vblocks, cv)
 
     @cute.jit
     def _rowwise(self, t: cute.Tensor, mag: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, e, rl, lane, cg, end,
@@ -315,13 +316,17 @@ class TileQuantKernel(MXCastParams):
 
     @cute.jit
     def _colwise(self, t: cute.Tensor, mag: cute.Tensor, gqt: cute.Tensor, st: cute.Tensor, e, r0, rl, lane, rg,
-                 cg, end, vb, vblocks, cv):
+                 cg, end, start, vb, vblocks, cv):
         a = cute.make_rmem_tensor((VEC,), cutlass.Int32)
         for j in cutlass.range_constexpr(VEC):
             a[j] = _col_max(mag, j)
         reduce_scatter_max(a, VEC, 3, lane)  # lane rg: amax of its column rg
         byte, factor = block_scale(a[0], self.emax, self.rceil)
-        if cutlass.const_expr(self.blocked):
+        if cutlass.const_expr(self.blocked and self.grouped):  # grouped-K: the group's tiles blocked on their own
+            tile0 = vb // 4 - (r0 - start) // (4 * BLOCK)  # the group's first scale tile
+            st[e, grouped_k_scale_offset(cv * VEC + rg, vb - 4 * tile0, tile0, (end - start + 127) // 128,
+                                         gqt.shape[1])] = cutlass.Uint8(byte)
+        elif cutlass.const_expr(self.blocked):
             st[e, blocked_scale_offset(cv * VEC + rg, vb, vblocks)] = cutlass.Uint8(byte)
         else:
             st[e, cv * VEC + rg, vb] = cutlass.Uint8(byte)

@@ -101,7 +101,9 @@ def quantize_colwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
         * 2-D, no offs: data_t (K, Mp) with Mp = ceil(M/32)*32, columns >= M are zero (padding written by the
           op); scales (K, Mp/32) plain or blocked 1-D.
         * 2-D with offs: data_t (K, M); scales (K, 4 * (M // 128 + G)) plain, group g's block columns starting at
-          ``4 * group_tile_starts(offs)[g]``, or that matrix blocked.
+          ``4 * group_tile_starts(offs)[g]``, or blocked per group
+          (:func:`cute_mxfp8.formats.to_blocked_scales_grouped_k`: each group's tiles blocked on their own and
+          stored one group after the other, byte for byte the 2d-2d scale buffer of ``torch._scaled_grouped_mm``).
         * 3-D (E, N, K): data_t (E, K, N); scales (E, K, N/32) or (E, blocked numel).
     """
     _check_types(blocked, offs=offs, x=x)

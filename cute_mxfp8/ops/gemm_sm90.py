@@ -95,18 +95,12 @@ def _schedule_m(offs, t):
 
 
 def _schedule_k(offs, t):
-    """(safe offs, aligned group ends, (3, G) schedule) of a 2d-2d launch over T = ``t`` tokens, once per
-    offsets tensor: row 0 the groups' first columns in the 16-aligned layout, row 1 their first scale tiles,
-    ``[2, 0]`` the scale matrix's column tiles."""
+    """(safe offs, aligned group ends, (2, G) schedule) of a 2d-2d launch over T = ``t`` tokens, once per
+    offsets tensor: row 0 the groups' first columns in the 16-aligned layout, row 1 their first scale tiles."""
     def compute():
         safe = safe_offsets(offs, t)
-        g = safe.numel()
         _, starts, ends = _group_columns(safe)
-        sched = torch.zeros(3, g, dtype=torch.int32, device=safe.device)
-        sched[0] = starts
-        sched[1] = F.group_tile_starts(safe)
-        sched[2, 0] = F.grouped_scale_tiles(t, g)
-        return safe, ends, sched
+        return safe, ends, torch.stack([starts.to(torch.int32), F.group_tile_starts(safe)])
 
     return derived(offs, "schedule_k", compute, t)
 

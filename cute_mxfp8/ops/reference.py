@@ -45,6 +45,8 @@ def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None):
     else:
         F.validate_offsets(offs, m)
         data, scales = F.quantize_mxfp8_grouped_k(x, offs, scale_mode=scale_mode, elem_dtype=elem_dtype)
+    if blocked and offs is not None:
+        return data.t().contiguous(), F.to_blocked_scales_grouped_k(scales.t().contiguous(), offs)
     return data.t().contiguous(), _block(scales.t().contiguous(), blocked)
 
 
@@ -92,8 +94,8 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
     (n, m), k = a.shape, b.shape[0]
     F.validate_offsets(offs, m)
     cols = 4 * F.grouped_scale_tiles(m, offs.numel())
-    a_deq = F.dequantize_mxfp8_grouped_k(a.t(), F.from_blocked_scales(a_scales, n, cols).t(), offs)
-    b_deq = F.dequantize_mxfp8_grouped_k(b.t(), F.from_blocked_scales(b_scales, k, cols).t(), offs)
+    a_deq = F.dequantize_mxfp8_grouped_k(a.t(), F.from_blocked_scales_grouped_k(a_scales, offs, n, cols).t(), offs)
+    b_deq = F.dequantize_mxfp8_grouped_k(b.t(), F.from_blocked_scales_grouped_k(b_scales, offs, k, cols).t(), offs)
     out = torch.zeros(offs.numel(), n, k, dtype=torch.float32, device=a.device)
     for g, (s, e) in enumerate(F.group_bounds(offs)):
         if e > s:
