@@ -244,6 +244,10 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
       (``MXGemmSm100.call_grouped`` / ``call_swiglu_grouped`` / ``call_dswiglu_grouped``): a (T, K), b (E * N, K)
       the experts back to back, sfa grouped-M blocked, sfb (E x blocked) flat; the fused outputs in the grouped
       layouts (qt (I, T) unpadded).
+    * ``grouping="k"`` (plain epilogue, 1-CTA MMA, n_tile 128, clusters (1, 1) / (1, 2)): the 2d-2d wgrad
+      ``fn(a, b, sfa, sfb, d, offs, sched)``, ``MXGemmSm100.call_wgrad``: a (N, T') and b (K', T') token-major in
+      the 32-aligned group layout, grouped-K blocked scales, d (E * N, K'), sched (2, E) (aligned first columns,
+      scale tile starts).
 
     The compiled function trusts its arguments: shapes and scale buffer sizes (``blocked_scales_numel``) are not
     checked against a's, so a caller must check them (the ops layer does, :mod:`cute_mxfp8.ops.gemm_sm100`)."""
@@ -261,9 +265,9 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
 
     d = kernel.d_dtype
     ab = (fake(kernel.a_dtype, (sym(), sym(32))), fake(kernel.b_dtype, (sym(), sym(32))), scales(), scales())
-    groups = (fake(cutlass.Int32, (sym(),)), fake(cutlass.Int32, (sym(), sym()))) if grouping == "m" else ()
+    groups = (fake(cutlass.Int32, (sym(),)), fake(cutlass.Int32, (sym(), sym()))) if grouping != "none" else ()
     if epilogue == "plain":
-        entry = kernel.call_grouped if grouping == "m" else kernel
+        entry = {"none": kernel, "m": kernel.call_grouped, "k": kernel.call_wgrad}[grouping]
         return _compile(entry, (*ab, fake(d, (sym(), sym(16 // (d.width // 8)))), *groups), arch, keep_ptx)
     q = kernel.cast.elem_dtype
     fused = _fused_outputs(cutlass, d, q, grouping == "m")

@@ -439,11 +439,9 @@ def test_every_op_of_a_training_step_runs_on_the_kernel_backend(backend, kind, m
     else:
         y = MXFP8SwiGLUMLP(256, 192, dtype=torch.bfloat16)(x)
     y.backward(torch.randn_like(y))
-    # SM100 has no 2d-2d wgrad kernel yet (issue 13): that op alone stays on the reference there
-    pending = {"grouped_mm_wgrad"} if backend == "sm100" and kind == "experts" else set()
-    assert len(chosen) >= 4 and all(b == backend for op, b in chosen if op not in pending), \
-        [c for c in chosen if c[1] != backend]
-    assert all(b == "reference" for op, b in chosen if op in pending)
+    assert len(chosen) >= 4 and all(b == backend for op, b in chosen), [c for c in chosen if c[1] != backend]
+    if kind == "experts":  # the 2d-2d wgrad too, on both kernel backends
+        assert "grouped_mm_wgrad" in {op for op, _ in chosen}
     fused = B._BACKENDS[backend].fuses_grouped_mlp if kind == "experts" else B._BACKENDS[backend].fuses_mlp
     if kind in ("mlp", "experts") and fused:
         assert {"mm_swiglu_quant", "mm_dswiglu_quant"} <= {op for op, _ in chosen}

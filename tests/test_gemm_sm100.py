@@ -149,6 +149,73 @@ def test_grouped_2d3d_gemm_compiles_for_sm100(elems, out, pair, cluster):
 
 
 @needs_sass
+@pytest.mark.parametrize("elems,out,cluster", [(("e4m3", "e4m3"), "float32", (1, 2)),
+                                               (("e5m2", "e4m3"), "bfloat16", (1, 1))], ids=str)
+def test_grouped_2d2d_wgrad_compiles_for_sm100(elems, out, cluster):
+    """2d-2d (``call_wgrad``): the block-scaled MMA with per-tile K (the group's tokens, the last K tile's MX
+    blocks only), the scales as 512-byte tiles of the per-group layout (2-D TMA, batch coordinate = tile index),
+    D by masked 16-byte row stores; no spills.  Configurations it does not take are refused by name."""
+    from cute_mxfp8.jit import compile_gemm_sm100
+
+    fn = compile_gemm_sm100(*elems, out, 128, "sm_100f", True, 148, cta_pair=False, cluster_mn=cluster,
+                            grouping="k")
+    assert "tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.block32" in fn.__ptx__
+    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
+    assert res["local_frame"] == 0 and fn.launch_smem[0] <= 232448
+    ops = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
+
+    def count(prefix):
+        return sum(v for k, v in ops.items() if k.startswith(prefix))
+
+    assert count("UTCQMMA") == 4 and count("UTCCP") >= 2 and count("UTMALDG") >= 4
+    assert count("UTMASTG") == 0 and count("STG.E.128") >= 4 and count("LDL") == count("STL") == 0
+    for bad in (dict(cta_pair=True, cluster_mn=(2, 1)), dict(n_tile=256), dict(cluster_mn=(2, 1)),
+                dict(epilogue="swiglu")):
+        kw = {**dict(n_tile=128, cta_pair=False, cluster_mn=(1, 1), epilogue="plain"), **bad}
+        with pytest.raises(ValueError, match="2d-2d grouped GEMM runs 1-CTA MMAs"):
+            compile_gemm_sm100(*elems, out, kw["n_tile"], "sm_100f", True, 148, kw["epilogue"],
+                               cta_pair=kw["cta_pair"], cluster_mn=kw["cluster_mn"], grouping="k")
+
+
+def test_sm100_wgrad_limits_name_the_fix():
+    from cute_mxfp8 import ops as ops_api
+    from cute_mxfp8.ops import gemm_sm100 as G
+
+    offs = torch.tensor([40, 64], dtype=torch.int32)
+    a, a_s = ops_api.quantize_colwise(torch.randn(70, 96), offs=offs)
+    b, b_s = ops_api.quantize_colwise(torch.randn(70, 136), offs=offs)
+    assert G.LIMITS["grouped_mm_wgrad"](a, a_s, b, b_s, offs, torch.float32) is None
+    b2, b2_s = ops_api.quantize_colwise(torch.randn(70, 100), offs=offs)  # K' = 100: bf16 rows not 16-byte aligned
+    assert G.LIMITS["grouped_mm_wgrad"](a, a_s, b2, b2_s, offs, torch.float32) is None
+    assert "multiple of 8" in G.LIMITS["grouped_mm_wgrad"](a, a_s, b2, b2_s, offs, torch.bfloat16)
+    strided = torch.tensor([40, 0, 64, 0], dtype=torch.int32)[::2]
+    assert "offs must be contiguous" in G.LIMITS["grouped_mm_wgrad"](a, a_s, b, b_s, strided, torch.float32)
+
+
+@pytest.mark.sm100
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() in ((10, 0), (10, 3))),
+                    reason="needs an SM100-family (B200/GB200, B300/GB300) GPU; none is available to this project yet")
+@pytest.mark.parametrize("sizes", [[0, 1, 31, 33, 129, 300], [257], [0, 0], [64, 0, 70], [512, 300, 2]], ids=str)
+@pytest.mark.parametrize("n,k,out", [(136, 96, torch.float32), (300, 256, torch.bfloat16)])
+def test_sm100_grouped_mm_wgrad_is_bit_exact_on_integer_data(sizes, n, k, out, rng):
+    """2d-2d on the sm100 backend: integer-valued MX operands give the reference's bits; empty groups give zero,
+    groups ending inside an MX block and a K tile, tokens past offs[-1] ignored, N not a multiple of 128."""
+    from cute_mxfp8 import ops
+
+    def exact(shape):
+        ints = torch.randint(-8, 9, shape, generator=rng).float()
+        return (ints * 2.0 ** torch.randint(-1, 2, shape, generator=rng).float()).cuda()
+
+    t = sum(sizes) + 43
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    a, a_s = ops.quantize_colwise(exact((t, n)), offs=offs)
+    b, b_s = ops.quantize_colwise(exact((t, k)), offs=offs)
+    got = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, out_dtype=out, backend="sm100")
+    want = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, out_dtype=out, backend="reference")
+    assert got.shape == (len(sizes), n, k) and torch.equal(got, want)
+
+
+@needs_sass
 @pytest.mark.parametrize("epilogue,pair", [("swiglu", True), ("dswiglu", True), ("swiglu", False)])
 def test_grouped_fused_epilogues_compile_for_sm100(epilogue, pair):
     """The 2d-3d GEMM with the fused SwiGLU / dSwiGLU epilogues: the dense epilogue's shuffles per block

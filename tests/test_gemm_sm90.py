@@ -249,16 +249,17 @@ def test_token_align_kernel_compiles(arch):
     assert "ld.local" not in ptx and ptx.count("st.global.b32") == 4  # four 32-bit stores: a 16-byte piece
 
 
+@pytest.mark.parametrize("align", [16, 32])  # SM90's and SM100's 2d-2d kernels
 @pytest.mark.parametrize("sizes", [[3, 0, 17, 32], [0], [1] * 40, [129, 0, 0, 16, 5]], ids=str)
-def test_aligned_token_layout_maps_every_group_token(sizes, rng):
-    """The 2d-2d kernel's operand layout: every group starts on a 16-aligned column and its columns are its tokens
-    in order; the laid-out width is a multiple of 16 (TMA's row pitch) whatever T is."""
-    from cute_mxfp8.ops.gemm_sm90 import aligned_token_layout
+def test_aligned_token_layout_maps_every_group_token(sizes, align, rng):
+    """The 2d-2d kernels' operand layout: every group starts on an ``align``-aligned column and its columns are
+    its tokens in order; the laid-out width is a multiple of ``align`` (TMA's row pitch) whatever T is."""
+    from cute_mxfp8.ops.token_layout import aligned_token_layout
 
     t = sum(sizes) + 7
     offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32)
-    src, starts = aligned_token_layout(offs, t)
-    assert src.numel() % 16 == 0 and bool((starts % 16 == 0).all()) and bool(((src >= 0) & (src < t)).all())
+    src, starts = aligned_token_layout(offs, t, align)
+    assert src.numel() % align == 0 and bool((starts % align == 0).all()) and bool(((src >= 0) & (src < t)).all())
     first = 0
     for g, size in enumerate(sizes):
         assert src[starts[g]:starts[g] + size].tolist() == list(range(first, first + size))
@@ -498,18 +499,19 @@ def test_sm90_mm_dswiglu_quant_equals_the_standalone_casts_of_its_accumulator(m,
 
 @pytest.mark.gpu
 @sm90
+@pytest.mark.parametrize("align", [16, 32])  # SM90's and SM100's 2d-2d kernels (SM100's zero pad is what it needs)
 @pytest.mark.parametrize("sizes", [[3, 0, 17, 32], [0], [1] * 40, [129, 0, 0, 16, 5], [1000, 2047, 1]], ids=str)
-def test_token_align_kernel_equals_the_torch_gather(sizes, rng):
+def test_token_align_kernel_equals_the_torch_gather(sizes, align, rng):
     """The gather kernel writes every group's tokens where ``aligned_token_layout`` maps them, zeros elsewhere."""
     from cute_mxfp8.jit import compile_token_align
-    from cute_mxfp8.ops.gemm_sm90 import _group_columns, aligned_token_layout, aligned_width
+    from cute_mxfp8.ops.token_layout import aligned_token_layout, aligned_width, group_columns
 
     t = sum(sizes) + 7
     offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
     x = torch.randint(0, 256, (37, t), generator=rng, dtype=torch.uint8).cuda()
-    got = torch.full((37, aligned_width(t, len(sizes))), 0xAB, dtype=torch.uint8, device="cuda")
-    compile_token_align("sm_90a")(x, got, offs, _group_columns(offs)[2])
-    src, starts = aligned_token_layout(offs, t)
+    got = torch.full((37, aligned_width(t, len(sizes), align)), 0xAB, dtype=torch.uint8, device="cuda")
+    compile_token_align("sm_90a")(x, got, offs, group_columns(offs, align)[2])
+    src, starts = aligned_token_layout(offs, t, align)
     want = x.index_select(1, src)
     used = torch.zeros(got.shape[1], dtype=torch.bool, device="cuda")
     for g, size in enumerate(sizes):

@@ -66,6 +66,7 @@ def test_the_grouped_gemm_schedules_are_the_per_call_ones_cached():
     """What the SM90 grouped ops hand their kernels (CPU tensors here: the same torch code runs on the GPU)."""
     from cute_mxfp8 import formats as F
     from cute_mxfp8.ops import gemm_sm90 as G
+    from cute_mxfp8.ops import token_layout as TL
     from cute_mxfp8.ops.gemm_common import device_offsets, group_schedule
 
     offs = torch.tensor([0, 1, 32, 65, 300, 300, 411], dtype=torch.int32)
@@ -73,11 +74,11 @@ def test_the_grouped_gemm_schedules_are_the_per_call_ones_cached():
     safe, sched = G._schedule_m(offs, t)
     assert torch.equal(safe, device_offsets(offs, t)) and torch.equal(sched, group_schedule(safe, 256))
     assert G._schedule_m(offs, t)[1] is sched  # cached
-    safe, ends, sched_k = G._schedule_k(offs, t)
-    _, starts, want_ends = G._group_columns(safe)
+    safe, ends, sched_k = TL.schedule_k(offs, t, 16)
+    _, starts, want_ends = TL.group_columns(safe, 16)
     assert torch.equal(ends, want_ends) and torch.equal(sched_k[0], starts)
     assert sched_k.shape == (2, 7) and torch.equal(sched_k[1], F.group_tile_starts(safe))
-    assert G._schedule_k(offs, t)[2] is sched_k
+    assert TL.schedule_k(offs, t, 16)[2] is sched_k and TL.schedule_k(offs, t, 32)[2] is not sched_k
     bad = torch.tensor([5, 3, 900], dtype=torch.int32)  # out of contract: clamped, made non-decreasing
     assert G._schedule_m(bad, 100)[0].tolist() == [5, 5, 100]
 

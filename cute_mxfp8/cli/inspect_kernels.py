@@ -100,6 +100,11 @@ FAMILIES = [
            functools.partial(jit.compile_gemm_sm100, cta_pair=True, cluster_mn=(2, 2), grouping="m"),
            {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "n_tile": [128]},
            archs=jit.SM100_ARCHS),
+    # 2d-2d (wgrad) token groups, in the ops' configuration (1-CTA, cluster (1, 2))
+    Family("gemm_sm100_grouped_2d2d_1cta_cluster1x2",
+           functools.partial(jit.compile_gemm_sm100, cta_pair=False, cluster_mn=(1, 2), grouping="k"),
+           {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "n_tile": [128]},
+           archs=jit.SM100_ARCHS),
     *(Family(f"gemm_sm100_grouped_2d3d_{epi}_2cta_cluster2x2",
              functools.partial(jit.compile_gemm_sm100, epilogue=epi, cta_pair=True, cluster_mn=(2, 2), grouping="m"),
              {**_GEMM_E4M3, "out_dtype": ["bfloat16"], "n_tile": [128]}, archs=jit.SM100_ARCHS)

@@ -101,8 +101,15 @@ class MXGemmSm100:
                  emit_hp: bool = False, cta_pair: bool = False, cluster_mn: tuple = (1, 1), grouping: str = "none"):
         from .mx_math import MXCastParams, gemm_dtypes
 
-        if grouping not in ("none", "m"):
-            raise ValueError(f"grouping must be 'none' (dense) or 'm' (2d-3d token groups), got {grouping!r}")
+        if grouping not in ("none", "m", "k"):
+            raise ValueError(f"grouping must be 'none' (dense), 'm' (2d-3d token groups) or 'k' (2d-2d wgrad), got "
+                             f"{grouping!r}")
+        if grouping == "k" and (cta_pair or n_tile != 128 or tuple(cluster_mn) not in ((1, 1), (1, 2))
+                                or epilogue != "plain"):
+            raise ValueError(f"the 2d-2d grouped GEMM runs 1-CTA MMAs, n_tile 128, clusters (1, 1) or (1, 2) and the "
+                             f"plain epilogue (each stage's scales are one 512-byte tile of a group: "
+                             f"call_wgrad), got cta_pair={cta_pair}, n_tile={n_tile}, cluster_mn={cluster_mn}, "
+                             f"epilogue={epilogue!r}")
         self.grouping = grouping
         self.mma_m = self.TILE_M * (2 if cta_pair else 1)  # rows of one MMA tile (a group starts on a fresh one)
 
@@ -255,6 +262,28 @@ class MXGemmSm100:
         self._launch(a, b, sfa, sfb, None, h13, (q, qs, qt, qts, hp), stream, (None, offs, sched))
 
     @cute.jit
+    def call_wgrad(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor,
+                   offs: cute.Tensor, sched: cute.Tensor, stream: cuda.CUstream):
+        """2d-2d (``grouping="k"``, MoE wgrad): ``d[e] (N, K') = a[:, tokens of e] · b[:, tokens of e]ᵀ`` for every
+        token group e, K = the group's tokens.
+
+        ``a`` (N, T') and ``b`` (K', T') fp8, token-major, in the 32-aligned group layout: group e's tokens are
+        columns ``[sched[0, e], sched[0, e] + size_e)``, ``sched[0, e]`` a multiple of 32 and the columns up to the
+        next multiple of 32 zero (the ops layer's gather, :mod:`.token_align`), so every MX block of a group holds
+        only its tokens.  ``sfa`` / ``sfb``: the grouped-K blocked scales (``formats.to_blocked_scales_grouped_k``:
+        group e's tiles blocked on their own, from tile ``ceil(rows / 128) * sched[1, e]``, ``sched[1]`` =
+        ``group_tile_starts``).  ``d`` (E * N, K') row-major; ``offs`` (E,) int32 cumulative ends (valid: the ops
+        layer sanitizes them on the device); an empty group's d[e] is zero.
+
+        Design: output tiles (expert, 128-row tile, 128-column tile) on the persistent scheduler; a tile's K loop
+        covers its group's ceil(size / 128) K tiles and the last one issues only the group's remaining MX blocks.
+        A stage's scales are one 512-byte tile of the group (128 rows x 4 blocks), contiguous in the per-group
+        layout, so SFA / SFB are loaded by TMA from a view of the buffer as 512-byte tiles (batch coordinate = tile
+        index) and no descriptor changes per group.  D rows are stored by each thread inside its expert's N rows
+        (masked 16-byte stores, N need not be a multiple of 128)."""
+        self._launch(a, b, sfa, sfb, d, None, (), stream, (d, offs, sched))
+
+    @cute.jit
     def _launch(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d, h13, fused: tuple,
                 stream: cuda.CUstream, groups=None):
         self._configure()
@@ -267,6 +296,16 @@ class MXGemmSm100:
             sfa3 = cute.make_tensor(cute.recast_ptr(sfa.iterator, dtype=_SF_DTYPE), scale_layout(m, k))
             sfb3 = cute.make_tensor(cute.recast_ptr(sfb.iterator, dtype=_SF_DTYPE), scale_layout(n, k))
             m_rows = m
+        elif cutlass.const_expr(self.grouping == "k"):  # token-major operands; scales as 512-byte tiles
+            e = cute.size(groups[1])
+            n = b.shape[0]
+            b3 = cute.make_tensor(b.iterator, cute.make_ordered_layout((n, k, 1), order=(1, 0, 2)))
+            sfa3 = cute.make_tensor(cute.recast_ptr(sfa.iterator, dtype=_SF_DTYPE),
+                                    scale_layout(128, 128, cute.size(sfa) // 512))
+            sfb3 = cute.make_tensor(cute.recast_ptr(sfb.iterator, dtype=_SF_DTYPE),
+                                    scale_layout(128, 128, cute.size(sfb) // 512))
+            m_rows = e * ((m + self.TILE_M - 1) // self.TILE_M) * self.TILE_M  # (expert, row tile) pairs
+            d = None  # masked row stores, no TMA store
         else:
             e = cute.size(groups[1])
             n = b.shape[0] // e
@@ -395,8 +434,10 @@ class MXGemmSm100:
                                                    (None, None, None)))
         k_tiles = cute.size(tcga, mode=[4])
         counts = tile_counts(rows, cols, self.n_tile)
-        if cutlass.const_expr(groups is not None):  # the groups' tiles and the tail's, read on the device
+        if cutlass.const_expr(self.grouping == "m"):  # the groups' tiles and the tail's, read on the device
             counts = (pair * self._group_tiles(groups, rows), counts[1])
+        if cutlass.const_expr(self.grouping == "k"):  # every expert's row tiles
+            counts = (cute.size(groups[1]) * counts[0], counts[1])
         # MX blocks of the last 128-deep K tile (K % 32 == 0): only those MMAs are issued, so the scale buffer's
         # padding past K (any bytes: a caller's 0xFF, E8M0 NaN, included) never meets the TMA zero fill
         last_blocks = (cute.size(ga, mode=[1]) // 32) % self.K_STAGE_BLOCKS
@@ -420,13 +461,14 @@ class MXGemmSm100:
                                                      self.acc_stages)).layout
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
 
-        regroup = (ga, gsfa, thr, tile_mk, crd, a_ctas, sa, ssfa)  # the grouped A / SFA partitions per tile
+        # the grouped A / SFA (and, 2d-2d, B) partitions per tile
+        regroup = (ga, gsfa, thr, tile_mk, crd, a_ctas, sa, ssfa, gb, tile_nk, b_ctas, sb)
         if warp == self.TMA_WARP:
             self._load_role(ab_pipe, counts, k_tiles, pair, masks, (tma_a, tas, tag), (tma_b, tbs, tbg),
-                            (tma_sfa, tsfas, tsfag), (tma_sfb, tsfbs, tsfbg), groups, regroup, rows)
+                            (tma_sfa, tsfas, tsfag), (tma_sfb, tsfbs, tsfbg), groups, regroup, rows, cols)
         if warp == self.MMA_WARP:
             self._mma_role(mma, ab_pipe, acc_pipe, tmem, counts, sa, sb, ssfa, ssfb, sfa_smem, sfb_smem, acc_layout,
-                           k_tiles, last_blocks, pair, leader, groups, rows)
+                           k_tiles, last_blocks, pair, leader, groups, rows, cols)
         if warp < self.MMA_WARP:
             self._epilogue_role(acc_pipe, tmem, counts, tma_d, tcgd, sd, acc_layout, epi_tile, tidx, warp, h13,
                                 fused, tr[(None, None, warp)], rows, cols, pair, groups, k_tiles)
@@ -460,10 +502,43 @@ class MXGemmSm100:
         return row0, rows_end, scale_row0 + (u - before) * self.mma_m, expert, kt, start, scale_row0
 
     @cute.jit
+    def _wgrad_tile(self, groups, m: cutlass.Int32, n: cutlass.Int32, mt: cutlass.Int32, nt: cutlass.Int32):
+        """2d-2d: CTA tile (``mt``, ``nt``) -> (expert, its row tile, the group's first column in the aligned
+        token layout, its K tiles, the MX blocks of its last K tile, the first 512-byte scale tile of A and of B
+        for this tile).  Group e's grouped-K scales start at tile ``ceil(rows / 128) * sched[1, e]`` and hold
+        ``ceil(size / 128)`` tiles per 128-row tile (:func:`.mx_math.grouped_k_scale_offset`)."""
+        _, offs, sched = groups
+        per_e = (m + self.TILE_M - 1) // self.TILE_M
+        e = mt // per_e
+        lmt = mt - e * per_e
+        start = cutlass.Int32(0)
+        if e > 0:
+            start = offs[e - 1]
+        size = offs[e] - start
+        kt = (size + 127) // 128  # K tiles, and the group's scale tiles per 128-row tile
+        blocks = ((size + SF_VEC - 1) // SF_VEC) % self.K_STAGE_BLOCKS
+        if blocks == 0:
+            blocks = self.K_STAGE_BLOCKS
+        chunk_a = (m + 127) // 128 * sched[1, e] + lmt * kt
+        chunk_b = (n + 127) // 128 * sched[1, e] + nt * kt
+        return e, lmt, sched[0, e], kt, blocks, chunk_a, chunk_b
+
+    @cute.jit
+    def _wgrad_ab(self, regroup, tma_a, tma_b, row_a: cutlass.Int32, row_b: cutlass.Int32, k0: cutlass.Int32):
+        """2d-2d: the TMA source partitions of A and B for a tile whose rows start at ``row_a`` / ``row_b`` and
+        whose K (token) range starts at column ``k0`` (a multiple of 32: 16-byte aligned TMA coordinates)."""
+        ga, _, thr, tile_mk, crd, a_ctas, sa, _, gb, tile_nk, b_ctas, sb = regroup
+        tcga = thr.partition_A(cute.local_tile(cute.domain_offset((row_a, k0, 0), ga), tile_mk, (None, None, None)))
+        tcgb = thr.partition_B(cute.local_tile(cute.domain_offset((row_b, k0, 0), gb), tile_nk, (None, None, None)))
+        _, tag = cpasync.tma_partition(tma_a, crd[2], a_ctas, cute.group_modes(sa, 0, 3), cute.group_modes(tcga, 0, 3))
+        _, tbg = cpasync.tma_partition(tma_b, crd[1], b_ctas, cute.group_modes(sb, 0, 3), cute.group_modes(tcgb, 0, 3))
+        return tag, tbg
+
+    @cute.jit
     def _grouped_a(self, regroup, tma_a, tma_sfa, row0: cutlass.Int32, sa_row0: cutlass.Int32):
         """The TMA source partitions of A and SFA for an MMA tile starting at element row ``row0`` / scale row
         ``sa_row0`` (tile 0 of the offset coordinate tensors; TMA zero-fills past M)."""
-        ga, gsfa, thr, tile_mk, crd, a_ctas, sa, ssfa = regroup
+        ga, gsfa, thr, tile_mk, crd, a_ctas, sa, ssfa = regroup[:8]
         tcga = thr.partition_A(cute.local_tile(cute.domain_offset((row0, 0, 0), ga), tile_mk, (None, None, None)))
         tcgsfa = thr.partition_A(cute.local_tile(cute.domain_offset((sa_row0, 0, 0), gsfa), tile_mk,
                                                  (None, None, None)))
@@ -473,7 +548,7 @@ class MXGemmSm100:
         return tag, cute.filter_zeros(tsfag)
 
     @cute.jit
-    def _load_role(self, ab_pipe, counts, k_tiles, pair, masks, a, b, sfa, sfb, groups, regroup, m):
+    def _load_role(self, ab_pipe, counts, k_tiles, pair, masks, a, b, sfa, sfb, groups, regroup, m, n):
         """TMA warp: for each scheduled tile, stream its K tiles of A, B and both scales into the stages
         (multicast to the cluster CTAs sharing them).  Each stage's slot is probed one step ahead
         (``producer_try_acquire``), so the wait itself rarely blocks."""
@@ -482,23 +557,30 @@ class MXGemmSm100:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
         while tiles.valid(linear):
             mt, nt = tiles.tile(linear)
-            if cutlass.const_expr(groups is None):
+            # per operand: the source partition and (rest, batch, K step, batch step): K tile kt is read at
+            # (None, rest, K step * kt, batch + batch step * kt)
+            if cutlass.const_expr(self.grouping == "k"):  # the group's token columns; scales: its 512-byte tiles
+                _, lmt, k0, kt_tile, _, chunk_a, chunk_b = self._wgrad_tile(groups, m, n, mt, nt)
+                a_src, b_src = self._wgrad_ab(regroup, a[0], b[0], lmt * self.TILE_M, nt * self.n_tile, k0)
+                srcs = (a_src, b_src, sfa[2], sfb[2])
+                coords = ((0, 0, 1, 0), (0, 0, 1, 0), (0, chunk_a, 0, 1), (0, chunk_b, 0, 1))
+            elif cutlass.const_expr(groups is None):
                 kt_tile = k_tiles
                 srcs = (a[2], b[2], sfa[2], sfb[2])
-                coords = ((mt // pair, 0), (nt, 0), (mt // pair, 0), (nt, 0))  # MMA-tile coordinates
+                coords = ((mt // pair, 0, 1, 0), (nt, 0, 1, 0), (mt // pair, 0, 1, 0), (nt, 0, 1, 0))  # MMA tiles
             else:  # A / SFA from the group's row offset, B / SFB of the group's expert
                 row0, _, sa_row0, expert, kt_tile, _, _ = self._tile_of(groups, m, mt, pair, k_tiles)
                 a_src, sfa_src = self._grouped_a(regroup, a[0], sfa[0], row0, sa_row0)
                 srcs = (a_src, b[2], sfa_src, sfb[2])
-                coords = ((0, 0), (nt, expert), (0, 0), (nt, expert))
+                coords = ((0, 0, 1, 0), (nt, expert, 1, 0), (0, 0, 1, 0), (nt, expert, 1, 0))
             state.reset_count()
             ready = _peek(ab_pipe.producer_try_acquire, state, kt_tile, True)
             for kt in cutlass.range(0, kt_tile, 1, unroll=1):
                 ab_pipe.producer_acquire(state, ready)
                 bar = ab_pipe.producer_get_barrier(state)
-                for (atom, smem, _), gmem, (rest, l), mask in zip((a, b, sfa, sfb), srcs, coords, masks):
-                    cute.copy(atom, gmem[(None, rest, kt, l)], smem[(None, state.index)], tma_bar_ptr=bar,
-                              mcast_mask=mask)
+                for (atom, smem, _), gmem, (rest, l, ks, ls), mask in zip((a, b, sfa, sfb), srcs, coords, masks):
+                    cute.copy(atom, gmem[(None, rest, kt * ks, l + kt * ls)], smem[(None, state.index)],
+                              tma_bar_ptr=bar, mcast_mask=mask)
                 state.advance()
                 ready = _peek(ab_pipe.producer_try_acquire, state, kt_tile, True)
             linear = tiles.next(linear)
@@ -506,7 +588,7 @@ class MXGemmSm100:
 
     @cute.jit
     def _mma_role(self, mma, ab_pipe, acc_pipe, tmem, counts, sa, sb, ssfa, ssfb, sfa_smem, sfb_smem, acc_layout,
-                  k_tiles, last_blocks, pair, leader, groups, m):
+                  k_tiles, last_blocks, pair, leader, groups, m, n):
         """MMA warp: per K tile, copy the scales into TMEM (``tcgen05.cp``) and issue the block-scaled MMAs
         into the tile's accumulator stage; hand the stage to the epilogue when the tile is done.  Of a CTA pair
         only the leader issues (its MMAs read both CTAs' shared memory and write both TMEMs).  The last K tile
@@ -531,9 +613,13 @@ class MXGemmSm100:
         acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.acc_stages)
         while tiles.valid(linear):
             kt_tile = k_tiles
-            if cutlass.const_expr(groups is not None):  # a tail tile has none: its rows are written as zeros
+            tile_blocks = last_blocks
+            if cutlass.const_expr(self.grouping == "m"):  # a tail tile has none: its rows are written as zeros
                 mt, _ = tiles.tile(linear)
                 kt_tile = self._tile_of(groups, m, mt, pair, k_tiles)[4]
+            if cutlass.const_expr(self.grouping == "k"):  # the group's K tiles (none if empty: d[e] is zero)
+                mt, nt = tiles.tile(linear)
+                _, _, _, kt_tile, tile_blocks, _, _ = self._wgrad_tile(groups, m, n, mt, nt)
             ab_state.reset_count()
             ready = _peek(ab_pipe.consumer_try_wait, ab_state, kt_tile, leader)
             if leader:
@@ -547,7 +633,7 @@ class MXGemmSm100:
                     cute.copy(cp_sfb, src_sfb[(None, None, None, None, ab_state.index)], dst_sfb)
                     blocks = cutlass.Int32(self.K_STAGE_BLOCKS)
                     if kt == kt_tile - 1:
-                        blocks = last_blocks
+                        blocks = tile_blocks
                     for kb in cutlass.range_constexpr(self.K_STAGE_BLOCKS):
                         mma.set(tcgen05.Field.SFA, tsfa[(None, None, kb)].iterator)
                         mma.set(tcgen05.Field.SFB, tsfb[(None, None, kb)].iterator)
@@ -638,11 +724,15 @@ class MXGemmSm100:
                     cute.copy(t2r, tile_acc[(None, None, None, sub)], r_acc)
                     stored = self._store_d(store, r_acc, mma_tile, sub, stored, warp)
             grp = None
-            if cutlass.const_expr(groups is not None):
+            if cutlass.const_expr(self.grouping == "m"):
                 row0, rows_end, _, _, kt_tile, start, scale_row0 = self._tile_of(groups, rows, mt, pair, k_tiles)
                 row = row0 + (mt % pair) * self.TILE_M + tidx  # this thread's row of D / h13
                 # the fused casts: colwise blocks from the group's first row, grouped scale layouts
                 grp = (start, scale_row0)
+            if cutlass.const_expr(self.grouping == "k"):  # d[e]'s rows e N .. e N + N (an empty group: zeros)
+                e, lmt, _, kt_tile, _, _, _ = self._wgrad_tile(groups, rows, cols, mt, nt)
+                row = e * rows + lmt * self.TILE_M + tidx
+                rows_end = e * rows + rows
             if cutlass.const_expr(self.epilogue == "plain" and groups is not None):
                 for sub in cutlass.range(cute.size(tile_acc, mode=[3])):
                     cute.copy(t2r, tile_acc[(None, None, None, sub)], r_acc)

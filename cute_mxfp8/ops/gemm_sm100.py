@@ -1,6 +1,7 @@
 """The ``sm100`` backend's GEMM ops on the tcgen05 kernel (:class:`cute_mxfp8.kernels.gemm_sm100.MXGemmSm100`):
-``mm``, ``mm_swiglu_quant``, ``mm_dswiglu_quant`` (dense) and ``grouped_mm`` (2d-3d, offsets read on the device
-only), same signatures and outputs as the reference backend's.
+``mm``, ``mm_swiglu_quant``, ``mm_dswiglu_quant`` (dense, and 2d-3d with ``offs``), ``grouped_mm`` (2d-3d) and
+``grouped_mm_wgrad`` (2d-2d), offsets read on the device only, same signatures and outputs as the reference
+backend's.
 
 Inputs arrive checked by :mod:`cute_mxfp8.ops.library` (shapes, dtypes, devices); :data:`LIMITS` adds what the
 kernel needs beyond that (contiguous 16-byte aligned operands for TMA, D's row alignment, K > 0, 32-bit indexing)
@@ -18,6 +19,7 @@ import torch
 from ..jit import SM100_TARGET, compile_gemm_sm100
 from .gemm_common import (MAX_ELEMENTS, mm_with_bias, offs_limits, operand_limits, run_grouped_mm,
                           run_mm_dswiglu_quant, run_mm_swiglu_quant, schedule_m)
+from .token_layout import aligned_operands, aligned_width, schedule_k
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -28,13 +30,18 @@ N_TILE, CTA_PAIR, CLUSTER_MN = 128, True, (2, 2)
 _MMA_M = 256 if CTA_PAIR else 128  # rows of an MMA tile: each token group starts on a fresh one
 
 
+# The 2d-2d (wgrad) kernel: 1-CTA MMAs on 128 x 128 tiles (a stage's scales are one 512-byte tile of a group), A
+# multicast to the two N-neighbouring CTAs of a (1, 2) cluster; operands gathered to 32-aligned zero-padded groups.
+WGRAD_CLUSTER_MN, WGRAD_ALIGN = (1, 2), 32
+
+
 @functools.lru_cache(maxsize=None)
-def max_ctas(device: torch.device) -> int:
-    """CTAs of the persistent grid on ``device``: the clusters of :data:`CLUSTER_MN` that can be resident at once
+def max_ctas(device: torch.device, cluster_mn: tuple = CLUSTER_MN) -> int:
+    """CTAs of the persistent grid on ``device``: the clusters of ``cluster_mn`` that can be resident at once
     (CUDA's occupancy query for a kernel using all shared memory, through ``cutlass.utils.HardwareInfo``) times the
     cluster size, so no cluster waits for a second wave.  If the query fails, the SM count rounded down to whole
     clusters, with a warning."""
-    size = CLUSTER_MN[0] * CLUSTER_MN[1]
+    size = cluster_mn[0] * cluster_mn[1]
     try:
         from cutlass.utils import HardwareInfo
 
@@ -80,6 +87,25 @@ def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     """2d-3d: ``out[rows of group g] = a[rows of g] · b[g]ᵀ``; rows at or past ``offs[-1]`` are zero.  The offsets
     stay on the device (clamped and made non-decreasing there, :func:`.gemm_common.device_offsets`)."""
     return run_grouped_mm(_kernel(a, b, out_dtype, grouped=True), a, a_scales, b, b_scales, offs, out_dtype, _MMA_M)
+
+
+def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
+    """2d-2d: ``out[g] = a[:, tokens of g] · b[:, tokens of g]ᵀ`` (G, N, K); an empty group's slice is zero.  The
+    token-major operands are first gathered into 32-aligned, zero-padded groups (:mod:`.token_layout`, one pass
+    on the device), so every MX block the kernel multiplies holds only its group's tokens."""
+    (n, t), k = a.shape, b.shape[0]
+    g = offs.shape[0]
+    if t == 0 or g == 0:
+        return torch.zeros(g, n, k, dtype=out_dtype, device=a.device)
+    d = torch.empty(g, n, k, dtype=out_dtype, device=a.device)
+    if d.numel():
+        offs, ends, sched = schedule_k(offs, t, WGRAD_ALIGN)
+        a2, b2 = aligned_operands(a, b, offs, ends, t, WGRAD_ALIGN, SM100_TARGET)
+        fn = compile_gemm_sm100(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], N_TILE, SM100_TARGET, False,
+                                max_ctas(_device(a), WGRAD_CLUSTER_MN), "plain", "e4m3", "rceil", False, False,
+                                WGRAD_CLUSTER_MN, "k")
+        fn(a2, b2, _u8(a_scales), _u8(b_scales), d.view(g * n, k), offs, sched)
+    return d
 
 
 def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):
@@ -133,7 +159,23 @@ def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype):
     return why
 
 
+def _grouped_mm_wgrad_limits(a, a_scales, b, b_scales, offs, out_dtype):
+    (n, t), k, g = a.shape, b.shape[0], offs.shape[0]
+    why = offs_limits(offs)
+    if why is None and t and g:  # T = 0 or G = 0: the op returns zeros without a launch
+        why = operand_limits(a, a_scales, b, b_scales)
+    vec = 16 // out_dtype.itemsize
+    if why is None and k % vec:
+        return f"K = {k} must be a multiple of {vec} for 16-byte aligned rows of the {out_dtype} output"
+    if why is None and max(n, k) * aligned_width(t, g, WGRAD_ALIGN) > MAX_ELEMENTS:
+        return f"the group-aligned operands would exceed {MAX_ELEMENTS} elements; the kernel indexes with int32"
+    if why is None and g * n * k > MAX_ELEMENTS:
+        return f"the output would have {g * n * k} elements; the kernel indexes with int32: split the groups"
+    return why
+
+
 FUSED_GROUPED = True  # the fused ops take offs (2d-3d): the grouped SwiGLU MLP fuses too
-OPS = {"mm": mm, "mm_swiglu_quant": mm_swiglu_quant, "mm_dswiglu_quant": mm_dswiglu_quant, "grouped_mm": grouped_mm}
+OPS = {"mm": mm, "mm_swiglu_quant": mm_swiglu_quant, "mm_dswiglu_quant": mm_dswiglu_quant, "grouped_mm": grouped_mm,
+       "grouped_mm_wgrad": grouped_mm_wgrad}
 LIMITS = {"mm": _mm_limits, "mm_swiglu_quant": _mm_swiglu_limits, "mm_dswiglu_quant": _mm_dswiglu_limits,
-          "grouped_mm": _grouped_mm_limits}
+          "grouped_mm": _grouped_mm_limits, "grouped_mm_wgrad": _grouped_mm_wgrad_limits}

@@ -22,18 +22,18 @@ import functools
 
 import torch
 
-from .. import formats as F
 from ..swiglu import GATE_UP_TILE
-from ..jit import compile_gemm_sm90, compile_token_align
-from .group_meta import derived
+from ..jit import compile_gemm_sm90
 from .gemm_common import (MAX_ELEMENTS, mm_with_bias, offs_limits, operand_limits, run_grouped_mm,
-                          run_mm_dswiglu_quant, run_mm_swiglu_quant, safe_offsets, schedule_m)
+                          run_mm_dswiglu_quant, run_mm_swiglu_quant, schedule_m)
+from .token_layout import aligned_operands, aligned_width, schedule_k
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 MAINLOOP = "dequant"
 _TILE_M = 256  # MXGemmSm90Dequant.TILE_M: the 2d-3d schedule counts each group's M tiles of this many rows
 _MAX_GRID = 65535  # CUDA's grid y / z limit (N tiles; 2d-2d groups)
+ALIGN = 16  # the 2d-2d kernel's token alignment of group starts (TMA; it masks past a group's end itself)
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,77 +59,25 @@ def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     return run_grouped_mm(kernel, a, a_scales, b, b_scales, offs, out_dtype, _TILE_M)
 
 
-def _group_columns(offs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sizes int64, starts int32, ends int32) of the groups in the 16-aligned layout, on the device."""
-    o = offs.to(torch.int64)
-    sizes = torch.diff(o, prepend=o.new_zeros(1))
-    padded = (sizes + 15) // 16 * 16
-    ends = torch.cumsum(padded, 0)
-    return sizes, (ends - padded).to(torch.int32), ends.to(torch.int32)
-
-
-def aligned_width(t: int, g: int) -> int:
-    """Columns of the 16-aligned layout of T tokens in G groups: ceil16(T) + 16 G (a bound on the padded sizes)."""
-    return (t + 15) // 16 * 16 + 16 * g
-
-
-def aligned_token_layout(offs: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The torch statement of the map :mod:`~cute_mxfp8.kernels.token_align` applies (its tests' reference): where
-    the 2d-2d kernel reads each group's tokens: every group moved to a 16-aligned first token (TMA loads
-    need 16-byte aligned inner coordinates; groups start anywhere).  Returns (``src`` int64 (T',): the source token
-    of each of the T' = :func:`aligned_width` columns of the laid-out operand (clamped into [0, T); the columns
-    between groups are never used: the kernel masks past a group's end), ``starts`` int32 (G,): each group's first
-    column there).  Computed on ``offs``'s device, no sync.  Needs T > 0 and G > 0 (the op returns zeros
-    before calling it otherwise)."""
-    g = offs.numel()
-    sizes, starts, ends = _group_columns(offs)
-    p = torch.arange(aligned_width(t, g), device=offs.device)
-    grp = torch.searchsorted(ends.to(torch.int64), p, right=True).clamp_(max=g - 1)
-    src = (offs.to(torch.int64)[grp] - sizes[grp] + p - starts[grp]).clamp_(0, max(t - 1, 0))
-    return src, starts
-
-
 def _schedule_m(offs, t):
     """(safe offs, (2, G) schedule) of a 2d-3d launch over T = ``t`` rows, once per offsets tensor."""
     return schedule_m(offs, t, _TILE_M)
-
-
-def _schedule_k(offs, t):
-    """(safe offs, aligned group ends, (2, G) schedule) of a 2d-2d launch over T = ``t`` tokens, once per
-    offsets tensor: row 0 the groups' first columns in the 16-aligned layout, row 1 their first scale tiles."""
-    def compute():
-        safe = safe_offsets(offs, t)
-        _, starts, ends = _group_columns(safe)
-        return safe, ends, torch.stack([starts.to(torch.int32), F.group_tile_starts(safe)])
-
-    return derived(offs, "schedule_k", compute, t)
-
-
-def _aligned_operands(a, b, offs, ends, t):
-    """(a2, b2): the two token-major operands in the 16-aligned group layout (the token-align kernel)."""
-    fn = compile_token_align("sm_90a")
-    out = []
-    for x in (a, b):
-        x2 = torch.empty(x.shape[0], aligned_width(t, offs.numel()), dtype=torch.uint8, device=x.device)
-        fn(x.view(torch.uint8), x2, offs, ends)
-        out.append(x2.view(x.dtype))
-    return out[0], out[1]
 
 
 def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
     """2d-2d: ``out[g] = a[:, tokens of g] · b[:, tokens of g]ᵀ`` (G, N, K); an empty group's slice is zero.
 
     The token-major operands are first gathered so that every group starts on a 16-aligned column
-    (:func:`aligned_token_layout`; one pass over both, on the device): the kernel's TMA loads need it and group
-    sizes are arbitrary."""
+    (:mod:`.token_layout`; one pass over both, on the device): the kernel's TMA loads need it and group sizes are
+    arbitrary."""
     (n, t), k = a.shape, b.shape[0]
     g = offs.shape[0]
     if t == 0 or g == 0:
         return torch.zeros(g, n, k, dtype=out_dtype, device=a.device)
     d = torch.empty(g, n, k, dtype=out_dtype, device=a.device)
     if d.numel():
-        offs, ends, sched = _schedule_k(offs, t)
-        a2, b2 = _aligned_operands(a, b, offs, ends, t)
+        offs, ends, sched = schedule_k(offs, t, ALIGN)
+        a2, b2 = aligned_operands(a, b, offs, ends, t, ALIGN, "sm_90a")
         fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="k")
         fn(a2, b2, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d.view(g * n, k), offs, sched)
     return d
@@ -189,7 +137,7 @@ def _grouped_mm_wgrad_limits(a, a_scales, b, b_scales, offs, out_dtype):
     why = offs_limits(offs)
     if why is None and t and g:  # T = 0 or G = 0: the op returns zeros without a launch
         why = operand_limits(a, a_scales, b, b_scales)
-    if why is None and max(n, k) * aligned_width(t, g) > MAX_ELEMENTS:
+    if why is None and max(n, k) * aligned_width(t, g, ALIGN) > MAX_ELEMENTS:
         return f"the group-aligned operands would exceed {MAX_ELEMENTS} elements; the kernel indexes with int32"
     if why is None and g * n * k > MAX_ELEMENTS:
         return f"the output would have {g * n * k} elements; the kernel indexes with int32: split the groups"

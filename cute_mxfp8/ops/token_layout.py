@@ -1,0 +1,72 @@
+"""The group-aligned token layout of the 2d-2d (wgrad) GEMM operands, shared by the SM90 and SM100 ops.
+
+A token-major 2d-2d operand (R, T) holds each row's tokens contiguously, token groups back to back (``offs``).
+TMA takes only 16-byte aligned inner coordinates, so the wgrad kernels read a copy (R, T') in which every group
+starts on a column that is a multiple of ``align`` and the columns after a group's last token, up to the next
+start, are zero (the gather kernel :mod:`cute_mxfp8.kernels.token_align`).  SM90 uses ``align`` 16 (its kernel
+masks the bytes past a group's end in registers); SM100 uses 32, so every MX block of a group holds only its
+tokens and zeros (its MMAs read shared memory directly).  All tensors here are computed with torch on ``offs``'s
+device (no host sync) and, per offsets tensor, once (:func:`.group_meta.derived`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import formats as F
+from ..jit import compile_token_align
+from .gemm_common import safe_offsets
+from .group_meta import derived
+
+
+def group_columns(offs: torch.Tensor, align: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sizes int64, starts int32, ends int32) of the groups in the ``align``-aligned layout, on the device."""
+    o = offs.to(torch.int64)
+    sizes = torch.diff(o, prepend=o.new_zeros(1))
+    padded = (sizes + align - 1) // align * align
+    ends = torch.cumsum(padded, 0)
+    return sizes, (ends - padded).to(torch.int32), ends.to(torch.int32)
+
+
+def aligned_width(t: int, g: int, align: int) -> int:
+    """Columns of the ``align``-aligned layout of T tokens in G groups: ceil(T / align) * align + align * G (a
+    bound on the padded sizes, so it is known without reading ``offs``)."""
+    return (t + align - 1) // align * align + align * g
+
+
+def aligned_token_layout(offs: torch.Tensor, t: int, align: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch statement of the map the gather kernel applies (its tests' reference).  Returns (``src`` int64
+    (T',): the source token of each of the T' = :func:`aligned_width` columns (clamped into [0, T); the columns
+    between groups are written as zeros by the kernel and never read as tokens), ``starts`` int32 (G,): each
+    group's first column).  Needs T > 0 and G > 0 (the ops return zeros before calling it otherwise)."""
+    g = offs.numel()
+    sizes, starts, ends = group_columns(offs, align)
+    p = torch.arange(aligned_width(t, g, align), device=offs.device)
+    grp = torch.searchsorted(ends.to(torch.int64), p, right=True).clamp_(max=g - 1)
+    src = (offs.to(torch.int64)[grp] - sizes[grp] + p - starts[grp]).clamp_(0, max(t - 1, 0))
+    return src, starts
+
+
+def schedule_k(offs: torch.Tensor, t: int, align: int):
+    """(safe offs, aligned group ends, (2, G) int32 schedule) of a 2d-2d launch over T = ``t`` tokens, once per
+    offsets tensor: row 0 the groups' first columns in the aligned layout, row 1 their first grouped-K scale
+    tiles (``formats.group_tile_starts``)."""
+    def compute():
+        safe = safe_offsets(offs, t)
+        _, starts, ends = group_columns(safe, align)
+        return safe, ends, torch.stack([starts, F.group_tile_starts(safe)])
+
+    return derived(offs, "schedule_k", compute, t, align)
+
+
+def aligned_operands(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, ends: torch.Tensor, t: int, align: int,
+                     arch: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a2, b2): the two token-major operands in the aligned group layout (the gather kernel built for ``arch``);
+    ``offs`` and ``ends`` as :func:`schedule_k` returns them."""
+    fn = compile_token_align(arch)
+    out = []
+    for x in (a, b):
+        x2 = torch.empty(x.shape[0], aligned_width(t, offs.numel(), align), dtype=torch.uint8, device=x.device)
+        fn(x.view(torch.uint8), x2, offs, ends)
+        out.append(x2.view(x.dtype))
+    return out[0], out[1]
