@@ -206,9 +206,9 @@ def test_grouped_k_kernels_bit_exact(sizes, tail, dtype, rng):
 @gpu
 def test_grouped_kernels_at_the_group_limit():
     """65536 groups of one row: the device binary searches must resolve every group (16 steps would not)."""
-    from cute_mxfp8.ops.cute_kernels import _MAX_GROUPS
+    from cute_mxfp8.ops.gemm_common import MAX_GROUPS
 
-    m = _MAX_GROUPS
+    m = MAX_GROUPS
     x = torch.randn(m, 32).to(torch.bfloat16).cuda()
     offs = torch.arange(1, m + 1, dtype=torch.int32)
     for op in (ops.quantize_rowwise, ops.quantize_dual):
