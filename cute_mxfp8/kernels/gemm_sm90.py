@@ -17,6 +17,7 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .gemm_epilogue import EPILOGUES, GATE_UP_TILE, dswiglu_block, swiglu_block
+from .tile_scheduler import PersistentTiles, grid_clusters
 from .mx_math import (BLOCK, MXCastParams, dequant_pair_bf16, e8m0_bf16x2, e8m0_to_f32, gemm_dtypes,
                       group_of_tile, pack_bf16x2)
 
@@ -275,7 +276,14 @@ class MXGemmSm90Dequant:
     block, so each A load is 8 contiguous bytes and each thread needs one scale per row and stage; logical k
     ``16 j + 2 c + e % 2 + 8 (e // 2)`` of the WGMMA holds physical k ``16 c + 4 j + e`` (``c`` < 4, ``e`` < 4).
 
-    Epilogue: per-thread predicated stores of the fp32 accumulator converted to ``out_dtype``.  One CTA per tile.
+    Epilogue: per-thread predicated stores of the fp32 accumulator converted to ``out_dtype``.
+
+    Tiles: persistent CTAs (``max_ctas``, one per SM) walk :class:`.tile_scheduler.PersistentTiles` (the SM100
+    kernels' order: bands of 8 M tiles), every role the same sequence; the pipeline states run on across tiles, so
+    a tile's first TMA loads and conversions overlap the previous tile's epilogue stores.  The fused epilogues
+    stage their tile in the mainloop's shared memory, so those builds run one tile per CTA (the same code, no
+    loop).  Token groups map onto the same walk: ``"m"`` M tiles are the groups' tiles plus the tail's
+    (:func:`~.mx_math.group_of_tile`), ``"k"`` M tiles are (group, row tile) pairs.
 
     Constraints (:meth:`can_implement`): K % 32 == 0 (TMA zero-fills past K; the blocked scales' padding is zero),
     16-byte aligned contiguous operands; any M, N >= 1.
@@ -292,7 +300,7 @@ class MXGemmSm90Dequant:
 
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", transform_warps: int = 8,
                  grouping: str = "none", epilogue: str = "plain", cast_elem: str = "e4m3",
-                 scale_mode: str = "rceil", emit_hp: bool = False):
+                 scale_mode: str = "rceil", emit_hp: bool = False, max_ctas: int = 132):
         if grouping not in ("none", "m", "k"):
             raise ValueError(f"grouping must be 'none' (dense), 'm' (2d-3d) or 'k' (2d-2d), got {grouping!r}")
         if epilogue not in EPILOGUES:
@@ -300,6 +308,11 @@ class MXGemmSm90Dequant:
         if epilogue != "plain" and grouping == "k":
             raise ValueError(f"the fused {epilogue!r} epilogue is for dense or 2d-3d GEMMs, got grouping='k'")
         self.grouping, self.epilogue, self.emit_hp = grouping, epilogue, emit_hp
+        if max_ctas < 1:
+            raise ValueError(f"max_ctas must be >= 1, got {max_ctas}")
+        # persistent CTAs for the plain epilogue; the fused ones stage their tile in the mainloop's shared memory,
+        # which the next tile's loads would overwrite, so they run one tile per CTA (the same loop, once)
+        self.max_ctas = max_ctas if epilogue == "plain" else 2**30
         self.cast = MXCastParams(cast_elem, scale_mode, blocked=True)  # the fused epilogues' output cast
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
         if transform_warps not in (4, 8):
@@ -394,18 +407,19 @@ class MXGemmSm90Dequant:
 
         self.shared = Shared
         n_e = n  # columns of the output per expert
+        m_tiles = (m + self.TILE_M - 1) // self.TILE_M
         if cutlass.const_expr(self.grouping == "m"):  # a bound on the groups' tiles plus the tail's (rows >= offs[-1])
             if cutlass.const_expr(d is None):
                 n_e = h13.shape[1] // 2  # dSwiGLU: dh has I columns
             else:
                 n_e = d.shape[1]
-            grid = (m // self.TILE_M + cute.size(offs) + 1, (n_e + self.TILE_N - 1) // self.TILE_N, 1)
-        elif cutlass.const_expr(self.grouping == "k"):
-            grid = ((m + self.TILE_M - 1) // self.TILE_M, (n + self.TILE_N - 1) // self.TILE_N, cute.size(offs))
-        else:
-            grid = ((m + self.TILE_M - 1) // self.TILE_M, (n + self.TILE_N - 1) // self.TILE_N, 1)
+            m_tiles = m // self.TILE_M + cute.size(offs) + 1
+        if cutlass.const_expr(self.grouping == "k"):  # (group, row tile) pairs
+            m_tiles = cute.size(offs) * m_tiles
+        n_tiles = (n_e + self.TILE_N - 1) // self.TILE_N
+        grid = (1, 1, grid_clusters(m_tiles, n_tiles, (1, 1), self.max_ctas))
         self.kernel(self.tiled_mma, tma_a, ga, tma_b, gb, sfa, sfb, d, h13, fused, offs, sched, m, n, k, n_e,
-                    self.a_smem, self.b_smem, self.bh_smem).launch(
+                    m_tiles, n_tiles, self.a_smem, self.b_smem, self.bh_smem).launch(
             grid=grid, block=[self.THREADS, 1, 1], smem=Shared.size_in_bytes(), stream=stream)
 
     @cute.jit
@@ -482,17 +496,15 @@ class MXGemmSm90Dequant:
     @cute.kernel
     def kernel(self, mma: cute.TiledMma, tma_a: cute.CopyAtom, ga: cute.Tensor, tma_b: cute.CopyAtom,
                gb: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d, h13, fused: tuple, offs, sched,
-               m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32, n_e: cutlass.Int32, a_smem: cute.ComposedLayout,
-               b_smem: cute.ComposedLayout, bh_smem: cute.ComposedLayout):
+               m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32, n_e: cutlass.Int32, m_tiles: cutlass.Int32,
+               n_tiles: cutlass.Int32, a_smem: cute.ComposedLayout, b_smem: cute.ComposedLayout,
+               bh_smem: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
-        bm, bn, bz = cute.arch.block_idx()
         if warp == 0:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
-        a_row0, b_row0, k0, k_tiles, k_last, d_row0, rows, cols, sa_base, sa_rows, tiles_ka, ct0, sb_off = \
-            self.tile_work(offs, sched, n_e, m, n, k, bm, bn, bz)
 
         st = cutlass.memory.SmemAllocator().allocate(self.shared)
         pipe = pipeline.PipelineTmaAsync.create(
@@ -512,29 +524,91 @@ class MXGemmSm90Dequant:
                                cute.make_layout(self.stages * self.b_bytes // 8))
         sbh64 = cute.make_tensor(cute.recast_ptr(st.sbh.data_ptr(), dtype=cutlass.Uint64),
                                  cute.make_layout(self.B_STAGES * self.bh_bytes // 8))
-
+        # every role walks the same tiles (kernels/tile_scheduler.py); the pipeline states run on across tiles, so
+        # the TMA loads and conversions of a tile's first stages overlap the previous tile's epilogue
+        tiles = PersistentTiles(m_tiles, n_tiles, (1, 1))
+        per_e = (m + self.TILE_M - 1) // self.TILE_M  # "k": row tiles per group
+        linear = tiles.first()
+        work = (offs, sched, n_e, m, n, k, per_e)
         if wg == 0 or wg == 3:
             cute.arch.warpgroup_reg_dealloc(self.regs_other)
-            if k_tiles > 0:  # warps 0-3 are transform threads 0-127 (warp 0 also loads by TMA), warpgroup 3 128-255
-                sa = st.sa.get_tensor(a_smem.outer, swizzle=a_smem.inner)
-                sb = st.sb.get_tensor(b_smem.outer, swizzle=b_smem.inner)
-                gak = cute.local_tile(cute.domain_offset((a_row0, k0), ga), (self.TILE_M, self.K_STAGE), (0, None))
-                gbk = cute.local_tile(cute.domain_offset((b_row0, k0), gb), (self.TILE_N, self.K_STAGE), (0, None))
-                tas, tag = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sa, 0, 2),
-                                                 cute.group_modes(gak, 0, 2))
-                tbs, tbg = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sb, 0, 2),
-                                                 cute.group_modes(gbk, 0, 2))
-                self.transform(pipe, pipe_b, sb8, sbh64, sfb, k_tiles, k_last, sb_off, tiles_ka,
-                               tidx if wg == 0 else tidx - 256, (tma_a, tag, tas, tma_b, tbg, tbs))
+            sa = st.sa.get_tensor(a_smem.outer, swizzle=a_smem.inner)
+            sb = st.sb.get_tensor(b_smem.outer, swizzle=b_smem.inner)
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            bstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.B_STAGES)
+            smem = (sa, sb, sb8, sbh64)
+            tt = tidx if wg == 0 else tidx - 256  # transform thread: warps 0-3 are 0-127, warpgroup 3 128-255
+            if cutlass.const_expr(self.max_ctas < 2**30):  # persistent
+                while tiles.valid(linear):
+                    state, bstate = self.transform_tile(tiles, linear, work, pipe, pipe_b, state, bstate, smem,
+                                                        (tma_a, ga, tma_b, gb), sfb, tt)
+                    linear = tiles.next(linear)
+            else:  # one tile per CTA (the fused epilogues): no loop, no registers held across tiles
+                self.transform_tile(tiles, linear, work, pipe, pipe_b, state, bstate, smem, (tma_a, ga, tma_b, gb),
+                                    sfb, tt)
         else:
             cute.arch.warpgroup_reg_alloc(self.regs_consumer)
             sbh = st.sbh.get_tensor(bh_smem.outer, swizzle=bh_smem.inner)
-            self.consume(mma, pipe, pipe_b, sa8, sbh, sfa, d, k_tiles, k_last, tidx - 128, sa_base, sa_rows,
-                         tiles_ka, ct0, d_row0, rows, cols, bn,
-                         (st.sa.data_ptr(), h13, fused, offs, sched, bm, m))
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            bstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.B_STAGES)
+            brel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.B_STAGES)
+            epi = (st.sa.data_ptr(), h13, fused)
+            if cutlass.const_expr(self.max_ctas < 2**30):
+                while tiles.valid(linear):
+                    state, bstate, brel = self.consume_tile(tiles, linear, work, mma, pipe, pipe_b, state, bstate,
+                                                            brel, sa8, sbh, sfa, d, tidx - 128, epi)
+                    linear = tiles.next(linear)
+            else:
+                self.consume_tile(tiles, linear, work, mma, pipe, pipe_b, state, bstate, brel, sa8, sbh, sfa, d,
+                                  tidx - 128, epi)
 
     @cute.jit
-    def transform(self, pipe, pipe_b, sb8: cute.Tensor, sbh64: cute.Tensor, sfb: cute.Tensor,
+    def transform_tile(self, tiles: PersistentTiles, linear: cutlass.Int32, work: tuple, pipe, pipe_b, state, bstate,
+                       smem: tuple, tma: tuple, sfb: cute.Tensor, tt: cutlass.Int32):
+        """The transform warps' work on scheduled tile ``linear`` (none for a tile without K tiles)."""
+        offs, sched, n_e, m, n, k, per_e = work
+        sa, sb, sb8, sbh64 = smem
+        tma_a, ga, tma_b, gb = tma
+        bm, bn, bz = self.tile_coords(tiles, linear, per_e)
+        a_row0, b_row0, k0, k_tiles, k_last, _, _, _, _, _, tiles_ka, _, sb_off = \
+            self.tile_work(offs, sched, n_e, m, n, k, bm, bn, bz)
+        if k_tiles > 0:
+            gak = cute.local_tile(cute.domain_offset((a_row0, k0), ga), (self.TILE_M, self.K_STAGE), (0, None))
+            gbk = cute.local_tile(cute.domain_offset((b_row0, k0), gb), (self.TILE_N, self.K_STAGE), (0, None))
+            tas, tag = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sa, 0, 2),
+                                             cute.group_modes(gak, 0, 2))
+            tbs, tbg = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sb, 0, 2),
+                                             cute.group_modes(gbk, 0, 2))
+            state, bstate = self.transform(pipe, pipe_b, state, bstate, sb8, sbh64, sfb, k_tiles, k_last, sb_off,
+                                           tiles_ka, tt, (tma_a, tag, tas, tma_b, tbg, tbs))
+        return state, bstate
+
+    @cute.jit
+    def consume_tile(self, tiles: PersistentTiles, linear: cutlass.Int32, work: tuple, mma: cute.TiledMma, pipe,
+                     pipe_b, state, bstate, brel, sa8: cute.Tensor, sbh: cute.Tensor, sfa: cute.Tensor, d,
+                     ct: cutlass.Int32, epi: tuple):
+        """The consumer warpgroups' work on scheduled tile ``linear``: mainloop and epilogue."""
+        offs, sched, n_e, m, n, k, per_e = work
+        base, h13, fused = epi
+        bm, bn, bz = self.tile_coords(tiles, linear, per_e)
+        _, _, _, k_tiles, k_last, d_row0, rows, cols, sa_base, sa_rows, tiles_ka, ct0, _ = \
+            self.tile_work(offs, sched, n_e, m, n, k, bm, bn, bz)
+        return self.consume(mma, pipe, pipe_b, state, bstate, brel, sa8, sbh, sfa, d, k_tiles, k_last, ct, sa_base,
+                            sa_rows, tiles_ka, ct0, d_row0, rows, cols, bn, (base, h13, fused, offs, sched, bm, m))
+
+    @cute.jit
+    def tile_coords(self, tiles: PersistentTiles, linear: cutlass.Int32, per_e: cutlass.Int32):
+        """Scheduled tile ``linear`` -> (M tile, N tile, group) as :meth:`tile_work` takes them: for ``"k"`` the
+        scheduler's M tiles are (group, row tile) pairs, ``per_e`` row tiles per group."""
+        mt, nt = tiles.tile(linear)
+        bz = cutlass.Int32(0)
+        if cutlass.const_expr(self.grouping == "k"):
+            bz = mt // per_e
+            mt = mt - bz * per_e
+        return mt, nt, bz
+
+    @cute.jit
+    def transform(self, pipe, pipe_b, state, bstate, sb8: cute.Tensor, sbh64: cute.Tensor, sfb: cute.Tensor,
                   k_tiles: cutlass.Int32, k_last: cutlass.Int32, sb_off: cutlass.Int32, tiles_k: cutlass.Int32,
                   tt: cutlass.Int32, tma: tuple):
         """The transform warps (warp 0, which also issues the TMA loads, warps 1-3, and warpgroup 3 when there
@@ -544,8 +618,6 @@ class MXGemmSm90Dequant:
         chunks of the row's bf16 tile: one 64-bit store per chunk; the 128-byte swizzle puts the 8 rows of a warp
         store in 8 different chunks (2 wavefronts for 256 bytes, the minimum).  ``sb_off``: the byte offset of
         the tile's first scale (row 0, block 0) in ``sfb``."""
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        bstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.B_STAGES)
         reps = 2 * self.TILE_N // self.TRANSFORM_THREADS
         row_step = self.TRANSFORM_THREADS // 2  # rows between a thread's items; a multiple of 8, so the swizzle
         p = tt % 2                               # phases (row % 8, (row >> 1) % 4) are per thread
@@ -560,7 +632,7 @@ class MXGemmSm90Dequant:
 
         if tt < 32:  # warp 0: the first stages' TMA loads; each later one is issued self.tma_ahead stages ahead
             for s in cutlass.range(cutlass.min(k_tiles, cutlass.Int32(self.tma_ahead)), unroll=1):
-                self.tma_load(pipe, s, tma)
+                self.tma_load(pipe, state.count + s, s, tma)
         # scale bytes two stages ahead, issued after the stage's proxy fence (which waits for this thread's
         # outstanding loads): stage kt's bytes, loaded during stage kt - 2, are long there.  The loop is unrolled
         # by two so the two register sets alternate without moves (a move would wait for its load).
@@ -581,17 +653,21 @@ class MXGemmSm90Dequant:
         if k_tiles % 2 == 1:
             self.transform_stage(pipe, pipe_b, state, bstate, sb8, sbh64, src0, dst0, ra, row_step, k_tiles - 1,
                                  k_tiles, k_last, p, tt, tma)
+            state.advance()
+            bstate.advance()
+        return state, bstate
 
     @cute.jit
-    def tma_load(self, pipe, s: cutlass.Int32, tma: tuple):
-        """Warp 0: K tile ``s`` of A and B into fp8 stage ``s % stages`` (the producer state built from ``s``)."""
+    def tma_load(self, pipe, s: cutlass.Int32, kt: cutlass.Int32, tma: tuple):
+        """Warp 0: K tile ``kt`` of the tile's A and B into the CTA's ``s``-th fp8 stage (counted over all its
+        tiles: slot ``s % stages``, the producer state built from ``s``)."""
         tma_a, tag, tas, tma_b, tbg, tbs = tma
         q = s // self.stages
         state = pipeline.PipelineState(self.stages, s, s - q * self.stages, (q % 2) ^ 1)
         pipe.producer_acquire(state)
         bar = pipe.producer_get_barrier(state)
-        cute.copy(tma_a, tag[(None, s)], tas[(None, state.index)], tma_bar_ptr=bar)
-        cute.copy(tma_b, tbg[(None, s)], tbs[(None, state.index)], tma_bar_ptr=bar)
+        cute.copy(tma_a, tag[(None, kt)], tas[(None, state.index)], tma_bar_ptr=bar)
+        cute.copy(tma_b, tbg[(None, kt)], tbs[(None, state.index)], tma_bar_ptr=bar)
         pipe.producer_commit(state)
 
     @cute.jit
@@ -613,7 +689,7 @@ class MXGemmSm90Dequant:
         pipe_b.producer_acquire(bstate)
         if tt < 32:
             if kt + self.tma_ahead < k_tiles:
-                self.tma_load(pipe, kt + self.tma_ahead, tma)
+                self.tma_load(pipe, state.count + self.tma_ahead, kt + self.tma_ahead, tma)
         src = [x + state.index * (self.b_bytes >> 3) for x in src0]
         dst = [x + bstate.index * (self.bh_bytes >> 3) for x in dst0]
         for r in cutlass.range_constexpr(len(scales)):
@@ -637,7 +713,8 @@ class MXGemmSm90Dequant:
         pipe.consumer_release(state)
 
     @cute.jit
-    def consume(self, mma: cute.TiledMma, pipe, pipe_b, sa8: cute.Tensor, sbh: cute.Tensor, sfa: cute.Tensor,
+    def consume(self, mma: cute.TiledMma, pipe, pipe_b, state, bstate, brel, sa8: cute.Tensor, sbh: cute.Tensor,
+                sfa: cute.Tensor,
                 d: cute.Tensor, k_tiles: cutlass.Int32, k_last: cutlass.Int32, ct: cutlass.Int32,
                 sa_base: cutlass.Int32, sa_rows: cutlass.Int32, tiles_k: cutlass.Int32, ct0: cutlass.Int32,
                 d_row0: cutlass.Int32, rows: cutlass.Int32, cols: cutlass.Int32, bn: cutlass.Int32, epi: tuple):
@@ -660,9 +737,6 @@ class MXGemmSm90Dequant:
         fa32 = [[cute.recast_tensor(x, cutlass.Uint32) for x in bufs] for bufs in fas]
         local = [[128 * wgi + 64 * h + 16 * w + lane // 4 + 8 * v1 for v1 in range(2)] for h in range(2)]
         mma.set(warpgroup.Field.ACCUMULATE, True)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        bstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.B_STAGES)
-        brel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.B_STAGES)
         # scale bytes one stage ahead (the global loads of stage kt + 1 fly while stage kt runs); branch-free: rows
         # past the scale buffer read its last row (their A rows are TMA zero fill or another group's and are never
         # stored), the last stage reloads its own bytes
@@ -715,6 +789,9 @@ class MXGemmSm90Dequant:
             state.advance()
             bstate.advance()
         warpgroup.wait_group(0)
+        if k_tiles > 0:  # the tile's last bf16 B slot (the loop released the others one stage late)
+            pipe_b.consumer_release(brel)
+            brel.advance()
 
         if cutlass.const_expr(self.epilogue != "dswiglu"):
             self.store(accs, d, rows, cols, d_row0 + local[0][0], bn * self.TILE_N + 2 * c)
@@ -728,6 +805,7 @@ class MXGemmSm90Dequant:
                 if g < cute.size(offs):  # the tail tiles past offs[-1] have no h rows (q, qt zero-filled)
                     grp = (start, sched[1, g] * 128)
                     self.fused_epilogue(accs, base, h13, fused, ct, lane, lrow, c, d_row0, bn, rows, cols, grp)
+        return state, bstate, brel
 
     @cute.jit
     def fused_epilogue(self, accs, base, h13, fused: tuple, ct: cutlass.Int32, lane: cutlass.Int32, lrow: list,

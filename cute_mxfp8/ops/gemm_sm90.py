@@ -42,9 +42,23 @@ def _placeholders(device: torch.device):
     return torch.zeros(1, dtype=torch.int32, device=device), torch.zeros(2, 1, dtype=torch.int32, device=device)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _persistent(a: torch.Tensor) -> dict:
+    """The compile argument of the persistent plain-epilogue kernels: one CTA per SM of ``a``'s GPU (the promote
+    mainloop is not persistent)."""
+    if MAINLOOP == "promote":
+        return {}
+    dev = a.device if a.device.index is not None else torch.device("cuda", torch.cuda.current_device())
+    return {"max_ctas": _sm_count(dev)}
+
+
 def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
     def run(d):
-        fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[d.dtype], MAINLOOP)
+        fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[d.dtype], MAINLOOP, **_persistent(a))
         if MAINLOOP == "promote":
             fn(a, b, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d)
         else:
@@ -55,7 +69,8 @@ def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
 
 def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     """2d-3d: ``out[rows of group g] = a[rows of g] · b[g]ᵀ``; rows at or past ``offs[-1]`` are zero."""
-    kernel = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="m")
+    kernel = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="m",
+                               **_persistent(a))
     return run_grouped_mm(kernel, a, a_scales, b, b_scales, offs, out_dtype, _TILE_M)
 
 
@@ -78,7 +93,8 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
     if d.numel():
         offs, ends, sched = schedule_k(offs, t, ALIGN)
         a2, b2 = aligned_operands(a, b, offs, ends, t, ALIGN, "sm_90a")
-        fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="k")
+        fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="k",
+                               **_persistent(a))
         fn(a2, b2, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d.view(g * n, k), offs, sched)
     return d
 
