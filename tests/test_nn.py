@@ -75,7 +75,8 @@ def test_convert_report_state_dict_and_values(caplog, rng):
     assert converted == {"attn_proj": "MXFP8Linear", "ffn": "MXFP8SwiGLUMLP", "glu.w1": "MXFP8Linear",
                          "glu.w2": "MXFP8Linear", "glu.w3": "MXFP8Linear", "experts": "MXFP8GroupedExperts"}
     skipped = dict(report.skipped)
-    assert list(skipped) == ["router"] and "out_features=16" in skipped["router"] and "32" in skipped["router"]
+    assert list(skipped) == ["glu", "router"] and "out_features=16" in skipped["router"] and "32" in skipped["router"]
+    assert "forward is not w2(silu(w1(x)) * w3(x))" in skipped["glu"]  # a look-alike FFN is reported, its Linears taken
     assert "router" in caplog.text  # the reason is logged
     assert type(model.router) is nn.Linear and isinstance(model.ffn, MXFP8SwiGLUMLP)
     after = model.state_dict()
@@ -241,7 +242,19 @@ def test_already_converted_root_and_linear_subclasses():
     model = nn.Sequential(nn.MultiheadAttention(64, 2))
     report = convert_to_mxfp8(model)
     assert report.converted == [] and report.skipped[0][0] == "0.out_proj"
-    assert "subclasses nn.Linear" in report.skipped[0][1]
+    assert "MultiheadAttention reads out_proj" in report.skipped[0][1]
+
+    class Plain(nn.Linear):  # a framework's Linear (torchtitan's): nn.Linear's forward, converted
+        pass
+
+    class Scaled(nn.Linear):  # its own forward: kept, and said why
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    model = nn.Sequential(Plain(64, 64), Scaled(64, 64))
+    report = convert_to_mxfp8(model)
+    assert report.converted == [("0", "MXFP8Linear")] and isinstance(model[0], MXFP8Linear)
+    assert report.skipped[0][0] == "1" and "overrides nn.Linear.forward" in report.skipped[0][1]
     with pytest.raises(TypeError, match="MXFP8Config"):
         convert_to_mxfp8(model, config={"scale_mode": "floor"})
 

@@ -2,9 +2,11 @@
 
 * :class:`MXFP8Linear` — an ``nn.Linear`` subclass (``weight`` (N, K), ``bias`` (N,)).
 * :class:`MXFP8SwiGLUMLP` — torchtitan ``FeedForward`` naming: children ``w1`` (gate, D->I), ``w2`` (down, I->D),
-  ``w3`` (up, D->I), all bias-free ``nn.Linear``; ``forward(x) = w2(silu(w1(x)) * w3(x))``.
+  ``w3`` (up, D->I), all bias-free ``nn.Linear``; ``forward(x) = w2(silu(w1(x)) * w3(x))``.  ``names`` keeps
+  another model's child names (Hugging Face ``gate_proj`` / ``down_proj`` / ``up_proj``).
 * :class:`MXFP8GroupedExperts` — torchtitan ``GroupedExperts`` naming: parameters ``w1`` (E, I, D), ``w2``
-  (E, D, I), ``w3`` (E, I, D); ``forward(x, num_tokens_per_expert)`` with ``x`` (T, D) sorted by expert.
+  (E, D, I), ``w3`` (E, I, D) (``names``: torchtitan 0.3's ``w1_EFD`` / ``w2_EDF`` / ``w3_EFD``);
+  ``forward(x, num_tokens_per_expert)`` with ``x`` (T, D) sorted by expert.
 
 All MXFP8 dims (in/out features, D, I) must be multiples of the MX block size 32; constructors raise ValueError
 otherwise (``convert_to_mxfp8`` skips such layers and reports why).
@@ -54,6 +56,8 @@ class MXFP8Linear(nn.Linear):
                   config=config)
         new.weight = linear.weight
         new.bias = linear.bias
+        if "_param_init" in vars(linear):  # torchtitan's per-parameter init table (init_states reads it)
+            new._param_init = linear._param_init
         new.train(linear.training)
         return new
 
@@ -71,28 +75,41 @@ class MXFP8SwiGLUMLP(nn.Module):
     Args:
         dim: D (model dim), hidden_dim: I; both multiples of 32.
         config: :class:`MXFP8Config`.
+        names: the child names of (gate, down, up), default ``("w1", "w2", "w3")``; state dict keys follow them.
     Input (..., D) bf16/fp32 -> (..., D) same dtype.
     """
 
-    def __init__(self, dim: int, hidden_dim: int, device=None, dtype=None, config: MXFP8Config | None = None):
+    def __init__(self, dim: int, hidden_dim: int, device=None, dtype=None, config: MXFP8Config | None = None,
+                 names: tuple[str, str, str] = ("w1", "w2", "w3")):
         super().__init__()
         _require_dims(type(self).__name__, dim=dim, hidden_dim=hidden_dim)
+        if len(set(names)) != 3:
+            raise ValueError(f"names must be three distinct child names (gate, down, up), got {names}")
+        self.names = tuple(names)
         kw = dict(bias=False, device=device, dtype=dtype)
-        self.w1 = nn.Linear(dim, hidden_dim, **kw)
-        self.w2 = nn.Linear(hidden_dim, dim, **kw)
-        self.w3 = nn.Linear(dim, hidden_dim, **kw)
+        gate, down, up = self.names
+        self.add_module(gate, nn.Linear(dim, hidden_dim, **kw))
+        self.add_module(down, nn.Linear(hidden_dim, dim, **kw))
+        self.add_module(up, nn.Linear(dim, hidden_dim, **kw))
         self.config = resolve_config(config)
 
     @classmethod
-    def from_module(cls, ffn: nn.Module, config: MXFP8Config | None = None) -> "MXFP8SwiGLUMLP":
-        """Take over the ``w1``/``w2``/``w3`` Linears of a stock SwiGLU FFN (shared, not copied)."""
-        new = cls(ffn.w1.in_features, ffn.w1.out_features, device="meta", config=config)
-        new.w1, new.w2, new.w3 = ffn.w1, ffn.w2, ffn.w3
+    def from_module(cls, ffn: nn.Module, config: MXFP8Config | None = None,
+                    names: tuple[str, str, str] = ("w1", "w2", "w3")) -> "MXFP8SwiGLUMLP":
+        """Take over the (gate, down, up) Linears named ``names`` of a SwiGLU FFN (shared, not copied; the
+        Linears keep their own class, e.g. a framework's ``nn.Linear`` subclass, and init hooks)."""
+        gate, down, up = (getattr(ffn, n) for n in names)
+        new = cls(gate.in_features, gate.out_features, device="meta", config=config, names=names)
+        new._modules.clear()  # the FFN's own child order, so the state dict lists its keys as before
+        for n in ffn._modules:
+            if n in names:
+                new.add_module(n, getattr(ffn, n))
         new.train(ffn.training)
         return new
 
     def forward(self, x: Tensor) -> Tensor:
-        return mxfp8_swiglu_mlp(x, self.w1.weight, self.w2.weight, self.w3.weight, None, self.config)
+        gate, down, up = (getattr(self, n) for n in self.names)
+        return mxfp8_swiglu_mlp(x, gate.weight, down.weight, up.weight, None, self.config)
 
 
 class MXFP8GroupedExperts(nn.Module):
@@ -100,34 +117,47 @@ class MXFP8GroupedExperts(nn.Module):
 
     Args:
         dim: D, hidden_dim: I (multiples of 32), num_experts: E.
+        names: the parameter names of (w1 (E, I, D), w2 (E, D, I), w3 (E, I, D)), default ``("w1", "w2", "w3")``.
     ``forward(x, num_tokens_per_expert)``: ``x`` (T, D) bf16/fp32 with tokens sorted by expert, the first
     ``num_tokens_per_expert[0]`` rows for expert 0 and so on; ``num_tokens_per_expert`` (E,) integer tensor,
     ``sum <= T`` (rows past the sum give zeros).  Returns (T, D) in ``x.dtype``.
     """
 
     def __init__(self, dim: int, hidden_dim: int, num_experts: int, device=None, dtype=None,
-                 config: MXFP8Config | None = None):
+                 config: MXFP8Config | None = None, names: tuple[str, str, str] = ("w1", "w2", "w3")):
         super().__init__()
         _require_dims(type(self).__name__, dim=dim, hidden_dim=hidden_dim)
+        if len(set(names)) != 3:
+            raise ValueError(f"names must be three distinct parameter names (w1, w2, w3), got {names}")
+        self.names = tuple(names)
         kw = dict(device=device, dtype=dtype)
         self.num_experts = num_experts
-        self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim, **kw))
-        self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim, **kw))
-        self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim, **kw))
+        shapes = ((num_experts, hidden_dim, dim), (num_experts, dim, hidden_dim), (num_experts, hidden_dim, dim))
+        for n, shape in zip(self.names, shapes):
+            self.register_parameter(n, nn.Parameter(torch.empty(shape, **kw)))
         self.config = resolve_config(config)
-        if self.w1.device.type != "meta":
+        if self._weights()[0].device.type != "meta":
             self.reset_parameters()
 
+    def _weights(self) -> tuple[Tensor, Tensor, Tensor]:
+        return tuple(getattr(self, n) for n in self.names)
+
     def reset_parameters(self) -> None:
-        for w in (self.w1, self.w2, self.w3):
+        for w in self._weights():
             nn.init.trunc_normal_(w, std=1.0 / math.sqrt(w.shape[-1]))
 
     @classmethod
-    def from_module(cls, experts: nn.Module, config: MXFP8Config | None = None) -> "MXFP8GroupedExperts":
-        """Take over the ``w1``/``w2``/``w3`` parameters of a stock grouped-experts module (shared, not copied)."""
-        e, i, d = experts.w1.shape
-        new = cls(d, i, e, device="meta", config=config)
-        new.w1, new.w2, new.w3 = experts.w1, experts.w2, experts.w3
+    def from_module(cls, experts: nn.Module, config: MXFP8Config | None = None,
+                    names: tuple[str, str, str] = ("w1", "w2", "w3")) -> "MXFP8GroupedExperts":
+        """Take over the (w1, w2, w3) parameters named ``names`` of a grouped-experts module (shared, not
+        copied)."""
+        weights = [getattr(experts, n) for n in names]
+        e, i, d = weights[0].shape
+        new = cls(d, i, e, device="meta", config=config, names=names)
+        new._parameters.clear()  # the module's own parameter order (state dict key order)
+        for n in experts._parameters:
+            if n in names:
+                new.register_parameter(n, getattr(experts, n))
         new.train(experts.training)
         return new
 
@@ -135,7 +165,7 @@ class MXFP8GroupedExperts(nn.Module):
         if x.dim() != 2:
             raise ValueError(f"x must be (tokens, dim) with tokens sorted by expert, got shape {tuple(x.shape)}")
         offs = offsets_from_counts(num_tokens_per_expert, self.num_experts, x.shape[0], x.device)
-        return mxfp8_swiglu_mlp(x, self.w1, self.w2, self.w3, offs, self.config)
+        return mxfp8_swiglu_mlp(x, *self._weights(), offs, self.config)
 
 
 def offsets_from_counts(num_tokens_per_expert, num_experts: int, num_tokens: int, device) -> Tensor:

@@ -1,0 +1,161 @@
+"""``convert_to_mxfp8`` and the integrations on the real client packages (tiny models, CPU reference backend; the
+same code runs the kernels on a GPU): Hugging Face transformers 5.x (Llama MLP, Mixtral / Qwen3-MoE experts through
+the experts-implementation registry) and torchtitan 0.3.0 modules.  Skipped when a package is not installed (the
+``test`` extra installs both)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from cute_mxfp8 import MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, convert_to_mxfp8
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+# ---- Hugging Face transformers -------------------------------------------------------------------------------
+
+def _llama(seed):
+    tf = pytest.importorskip("transformers", minversion="5.0")
+    torch.manual_seed(seed)
+    cfg = tf.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2)
+    return tf, tf.LlamaForCausalLM(cfg)
+
+
+def _moe(kind: str, seed):
+    tf = pytest.importorskip("transformers", minversion="5.0")
+    torch.manual_seed(seed)
+    common = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    if kind == "mixtral":
+        return tf, tf.MixtralForCausalLM(tf.MixtralConfig(intermediate_size=64, num_local_experts=4,
+                                                         num_experts_per_tok=2, **common))
+    return tf, tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(moe_intermediate_size=64, intermediate_size=128,
+                                                       num_experts=4, num_experts_per_tok=2, **common))
+
+
+def test_hf_llama_mlps_become_the_fused_mlp_and_checkpoints_interchange(seed, tmp_path):
+    tf, model = _llama(seed)
+    ref = copy.deepcopy(model)
+    keys = list(model.state_dict())
+    report = convert_to_mxfp8(model)
+    assert report.skipped == [], str(report)
+    mlps = [m for m in model.modules() if isinstance(m, MXFP8SwiGLUMLP)]
+    assert len(mlps) == 2 and all(m.names == ("gate_proj", "down_proj", "up_proj") for m in mlps)
+    assert sum(isinstance(m, MXFP8Linear) for m in model.modules()) == 9  # q, k, v, o per layer + lm_head
+    assert list(model.state_dict()) == keys  # same keys, same tensors
+    ids = torch.randint(0, 128, (2, 16))
+    loss, ref_loss = model(ids, labels=ids).loss, ref(ids, labels=ids).loss
+    assert abs(float(loss) - float(ref_loss)) < 0.02 * float(ref_loss)
+    loss.backward()
+    assert model.model.layers[0].mlp.gate_proj.weight.grad.abs().sum() > 0
+    assert model.generate(ids[:1, :4], max_new_tokens=3, do_sample=False).shape == (1, 7)
+    model.save_pretrained(tmp_path)
+    back = tf.LlamaForCausalLM.from_pretrained(tmp_path)  # an unconverted model
+    for (k, v), (k2, v2) in zip(model.state_dict().items(), back.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
+def test_hf_moe_experts_run_the_mxfp8_grouped_mlp(kind, seed):
+    """convert_to_mxfp8 points every experts module at the MXFP8 experts forward (parameters untouched); the
+    registry route (``set_experts_implementation("cute_mxfp8")``) gives the same result; losses and gradients
+    match the bf16 model's within MXFP8's error."""
+    from cute_mxfp8.integrations import transformers as mx_hf
+
+    tf, model = _moe(kind, seed)
+    for p in model.parameters():  # HF leaves some expert weights at torch.empty: give them values
+        if p.dim() == 3:
+            nn.init.normal_(p, std=0.05)
+    ref, routed = copy.deepcopy(model), copy.deepcopy(model)
+    report = convert_to_mxfp8(model)
+    experts = [f for f, k in report.converted if k == "MXFP8 experts forward (transformers)"]
+    assert len(experts) == 2, str(report)
+    ids = torch.randint(0, 128, (2, 16))
+    loss, ref_loss = model(ids, labels=ids).loss, ref(ids, labels=ids).loss
+    assert abs(float(loss) - float(ref_loss)) < 0.02 * float(ref_loss)
+    loss.backward()
+    assert model.model.layers[0].mlp.experts.gate_up_proj.grad.abs().sum() > 0
+    # one experts module on the same tokens and routing (a whole model's routing flips under any rounding)
+    e_mx, e_ref = model.model.layers[1].mlp.experts, ref.model.layers[1].mlp.experts
+    hs = torch.randn(24, 64, requires_grad=True)
+    top = torch.stack([torch.randperm(4)[:2] for _ in range(24)])
+    w = torch.rand(24, 2)
+    outs = []
+    for ex in (e_mx, e_ref):
+        for p in ex.parameters():
+            p.grad = None
+        hs.grad = None
+        y = ex(hs, top, w)
+        y.backward(torch.ones_like(y))
+        outs.append((y.detach(), hs.grad.clone(), ex.gate_up_proj.grad.clone(), ex.down_proj.grad.clone()))
+    for what, a, b in zip(("y", "dx", "d gate_up_proj", "d down_proj"), *outs):
+        assert _rel_err(a, b) < 0.1, what  # MXFP8 operands in every GEMM: a few % each
+    experts_only = copy.deepcopy(routed)
+    report = convert_to_mxfp8(experts_only, filter_fn=lambda m, fqn: fqn.endswith(".experts"))
+    assert [f for f, _ in report.converted] == experts
+    assert mx_hf.register() == "cute_mxfp8"
+    routed.set_experts_implementation("cute_mxfp8")
+    with torch.no_grad():
+        assert torch.equal(routed(ids).logits, experts_only(ids).logits)
+
+
+def test_hf_experts_layout_it_cannot_take_is_refused_by_name(seed):
+    from cute_mxfp8.integrations.transformers import experts_layout_reason, mxfp8_experts_forward
+
+    _, model = _moe("mixtral", seed)
+    experts = model.model.layers[0].mlp.experts
+    assert experts_layout_reason(experts) is None
+    experts.has_bias = True
+    assert "has_bias=True" in experts_layout_reason(experts)
+    report = convert_to_mxfp8(model)
+    assert any("has_bias=True" in why for _, why in report.skipped)  # reported, not silently left
+    with pytest.raises(ValueError, match="experts_implementation='grouped_mm'"):
+        mxfp8_experts_forward(experts, torch.randn(4, 64), torch.zeros(4, 2, dtype=torch.long), torch.ones(4, 2))
+
+
+# ---- torchtitan 0.3.0 ------------------------------------------------------------------------------------------
+
+def test_torchtitan_modules_convert_with_their_names_and_init_hooks(rng):
+    pytest.importorskip("torchtitan")
+    pytest.importorskip("triton")  # torchtitan's MoE module imports it
+    from torchtitan.models.common.feed_forward import FeedForward
+    from torchtitan.models.common.linear import Linear, ScaledBiasRowwiseLinear
+    from torchtitan.models.common.moe import GroupedExperts
+
+    def lin(i, o):
+        return Linear.Config(in_features=i, out_features=o)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.feed_forward = FeedForward(FeedForward.Config(w1=lin(64, 128), w2=lin(128, 64), w3=lin(64, 128)))
+            self.experts = GroupedExperts(GroupedExperts.Config(dim=64, hidden_dim=128, num_experts=4))
+            self.wo = Linear(lin(64, 64))
+            self.rowwise = ScaledBiasRowwiseLinear(ScaledBiasRowwiseLinear.Config(in_features=64, out_features=64))
+
+    block = Block()
+    for p in block.experts.parameters():
+        nn.init.normal_(p, std=0.05, generator=rng)
+    block.wo._param_init = {"weight": nn.init.zeros_}
+    ref = copy.deepcopy(block)
+    keys = list(block.state_dict())
+    report = convert_to_mxfp8(block)
+    assert dict(report.converted) == {"feed_forward": "MXFP8SwiGLUMLP", "feed_forward.w1": "MXFP8SwiGLUMLP",
+                                      "experts": "MXFP8GroupedExperts", "wo": "MXFP8Linear"} or \
+        dict(report.converted) == {"feed_forward": "MXFP8SwiGLUMLP", "experts": "MXFP8GroupedExperts",
+                                   "wo": "MXFP8Linear"}
+    assert [f for f, _ in report.skipped] == ["rowwise"]  # its own forward (bias / TP degree): kept, said why
+    assert isinstance(block.experts, MXFP8GroupedExperts) and block.experts.names == ("w1_EFD", "w2_EDF", "w3_EFD")
+    assert type(block.feed_forward.w1) is Linear  # the framework's Linears stay, shared
+    assert block.wo._param_init["weight"] is nn.init.zeros_
+    assert list(block.state_dict()) == keys
+    x = torch.randn(12, 64, generator=rng)
+    assert _rel_err(block.feed_forward(x), ref.feed_forward(x)) < 0.1
+    counts = torch.tensor([3, 0, 5, 4])
+    assert _rel_err(block.experts(x, counts), ref.experts(x, counts)) < 0.1
