@@ -1,21 +1,28 @@
 """``convert_to_mxfp8``: swap a model's Linears, SwiGLU FFNs and grouped experts for MXFP8 modules in place.
 
-What is recognized (parameters are shared, never copied, so the state dict keys and values do not change):
+What is recognized (parameters are shared, never copied, so the state dict keys, their order and values do not
+change):
 
-* ``nn.Linear`` (exactly that type) -> :class:`MXFP8Linear`.
-* A SwiGLU FFN: a module whose only children are bias-free ``nn.Linear`` named ``w1`` (D->I), ``w2`` (I->D),
-  ``w3`` (D->I), with no parameters of its own, whose forward computes ``w2(silu(w1(x)) * w3(x))``
-  -> :class:`MXFP8SwiGLUMLP` (one fused MXFP8 function for the whole FFN).
-* Grouped experts: a module with no children whose only parameters are ``w1`` (E, I, D), ``w2`` (E, D, I),
-  ``w3`` (E, I, D) and whose ``forward(x, num_tokens_per_expert)`` computes the per-expert SwiGLU
-  -> :class:`MXFP8GroupedExperts`.
+* ``nn.Linear`` and subclasses that keep ``nn.Linear.forward`` (torchtitan's ``Linear``) -> :class:`MXFP8Linear`
+  (a torchtitan ``_param_init`` table is kept).  Subclasses with their own forward are reported and kept.
+* A SwiGLU FFN: bias-free Linears named ``w1``/``w2``/``w3`` (torchtitan) or ``gate_proj``/``down_proj``/``up_proj``
+  (Hugging Face), no parameters of its own, any other children parameter-free (an activation module), whose forward
+  computes ``down(silu(gate(x)) * up(x))`` -> :class:`MXFP8SwiGLUMLP` with the same child names.
+* Grouped experts: a module with no children whose only parameters are ``w1`` (E, I, D), ``w2`` (E, D, I), ``w3``
+  (E, I, D) (or torchtitan 0.3's ``w1_EFD``/``w2_EDF``/``w3_EFD``) and whose ``forward(x, num_tokens_per_expert)``
+  computes the per-expert SwiGLU -> :class:`MXFP8GroupedExperts` with the same names.
+* Hugging Face experts modules (``gate_up_proj`` (E, 2I, D) / ``down_proj`` (E, D, I), dispatched through
+  transformers' experts implementations): the module stays and its forward becomes
+  :func:`cute_mxfp8.integrations.transformers.mxfp8_experts_forward`.
 
 The forward of a candidate FFN / experts module is checked before it is swapped: it runs twice in train mode on
 random probe weights (substituted with ``torch.func.functional_call``; the module's own tensors are not read, so
 meta-device models are checked too) and inputs at three magnitudes, and must be deterministic (no dropout) and
-equal to the SwiGLU math.  So a module that merely looks like one (other activation, scaling, clamping, dropout)
-is not swapped.  Layers whose dims are not multiples of 32 (e.g. a router with 16 outputs) or whose weights are
-not bf16/fp32 are left as they are; every skip is logged and reported.
+equal to the SwiGLU math (experts: within bf16 rounding per row, as torchtitan computes them in bf16).  So a
+module that merely looks like one (other activation, scaling, clamping, dropout) is not swapped.  Layers whose
+dims are not multiples of 32 (e.g. a router with 16 outputs) or whose weights are not bf16/fp32 are left as they
+are.  Every candidate left alone is logged and reported with the reason, including look-alikes and modules with
+3-D (experts-like) parameters in a layout the converter does not know.
 """
 
 from __future__ import annotations
@@ -261,8 +268,9 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
         config: :class:`MXFP8Config` for every converted module (default ``MXFP8Config()``).
     Returns:
         A :class:`ConversionReport`.  Parameters are shared, so ``model.state_dict()`` is unchanged.  Candidates
-        left in high precision (dims not multiples of 32, weights not bf16/fp32, filtered out) and ``nn.Linear``
-        subclasses (not converted: their forward may differ) are listed in ``report.skipped`` and logged.
+        left in high precision (dims not multiples of 32, weights not bf16/fp32, filtered out, look-alikes whose
+        forward is not the SwiGLU math, unknown experts layouts) and ``nn.Linear`` subclasses with their own
+        forward are listed in ``report.skipped`` and logged.
     Raises:
         TypeError: ``config`` is not an :class:`MXFP8Config`.
     """
