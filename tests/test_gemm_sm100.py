@@ -23,6 +23,21 @@ VARIANTS += [(("e4m3", "e4m3"), 128, "bfloat16", *c) for c in ((True, (2, 2)), (
 needs_sass = pytest.mark.skipif(sass_facts.find_nvdisasm() is None, reason="nvdisasm not installed (test extra)")
 
 
+def _exact(shape, rng) -> torch.Tensor:
+    """Integer-valued CUDA data times 2^-1..2^1: every MX-quantized product and sum is exact in fp32."""
+    ints = torch.randint(-8, 9, shape, generator=rng).float()
+    return (ints * 2.0 ** torch.randint(-1, 2, shape, generator=rng).float()).cuda()
+
+
+def _sass_count(fn):
+    """Check a build for no local memory and at most B200's 227 KB of shared memory per CTA, then return
+    ``count(prefix)``: the number of its SASS instructions whose opcode starts with ``prefix``."""
+    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
+    assert res["local_frame"] == 0 and fn.launch_smem[0] <= 232448
+    ops = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
+    return lambda prefix: sum(v for k, v in ops.items() if k.startswith(prefix))
+
+
 def _multicasts(pair: bool, cluster: tuple) -> bool:
     return cluster[0] * cluster[1] > (2 if pair else 1)
 
@@ -39,12 +54,7 @@ def test_gemm_compiles_for_sm100_with_tcgen05(elems, n_tile, out, pair, cluster)
     # MX: E8M0 per 32 along K; the scales go shared memory -> TMEM
     assert f"tcgen05.mma.cta_group::{group}.kind::mxf8f6f4.block_scale.block32" in ptx
     assert f"tcgen05.cp.cta_group::{group}.32x128b.warpx4" in ptx
-    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
-    assert res["local_frame"] == 0 and fn.launch_smem[0] <= 232448  # B200: 227 KB of shared memory per CTA
-    ops = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
-
-    def count(prefix):
-        return sum(v for k, v in ops.items() if k.startswith(prefix))
+    count = _sass_count(fn)
 
     assert count("UTCQMMA") == 4  # one block-scaled MMA per K = 32 of the 128-deep stage, unrolled
     assert count("UTCCP") >= 2 and count("UTMALDG") >= 4 and count("UTMASTG") >= 1  # SFA+SFB; A, B, SFA, SFB; D
@@ -134,12 +144,7 @@ def test_grouped_2d3d_gemm_compiles_for_sm100(elems, out, pair, cluster):
     fn = compile_gemm_sm100(*elems, out, 128, "sm_100f", True, 148, cta_pair=pair, cluster_mn=cluster,
                             grouping="m")
     assert f"tcgen05.mma.cta_group::{2 if pair else 1}.kind::mxf8f6f4.block_scale.block32" in fn.__ptx__
-    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
-    assert res["local_frame"] == 0 and fn.launch_smem[0] <= 232448
-    ops = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
-
-    def count(prefix):
-        return sum(v for k, v in ops.items() if k.startswith(prefix))
+    count = _sass_count(fn)
 
     assert count("UTCQMMA") == 4 and count("UTCCP") >= 2 and count("UTMALDG.4D") >= 1  # SFB: (.., E) batch
     assert count("UTMASTG") == 0 and count("STG.E.128") >= 4 and count("LDL") == count("STL") == 0  # 16-byte rows
@@ -160,12 +165,7 @@ def test_grouped_2d2d_wgrad_compiles_for_sm100(elems, out, cluster):
     fn = compile_gemm_sm100(*elems, out, 128, "sm_100f", True, 148, cta_pair=False, cluster_mn=cluster,
                             grouping="k")
     assert "tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.block32" in fn.__ptx__
-    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
-    assert res["local_frame"] == 0 and fn.launch_smem[0] <= 232448
-    ops = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
-
-    def count(prefix):
-        return sum(v for k, v in ops.items() if k.startswith(prefix))
+    count = _sass_count(fn)
 
     assert count("UTCQMMA") == 4 and count("UTCCP") >= 2 and count("UTMALDG") >= 4
     assert count("UTMASTG") == 0 and count("STG.E.128") >= 4 and count("LDL") == count("STL") == 0
@@ -202,14 +202,11 @@ def test_sm100_grouped_mm_wgrad_is_bit_exact_on_integer_data(sizes, n, k, out, r
     groups ending inside an MX block and a K tile, tokens past offs[-1] ignored, N not a multiple of 128."""
     from cute_mxfp8 import ops
 
-    def exact(shape):
-        ints = torch.randint(-8, 9, shape, generator=rng).float()
-        return (ints * 2.0 ** torch.randint(-1, 2, shape, generator=rng).float()).cuda()
 
     t = sum(sizes) + 43
     offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
-    a, a_s = ops.quantize_colwise(exact((t, n)), offs=offs)
-    b, b_s = ops.quantize_colwise(exact((t, k)), offs=offs)
+    a, a_s = ops.quantize_colwise(_exact((t, n), rng), offs=offs)
+    b, b_s = ops.quantize_colwise(_exact((t, k), rng), offs=offs)
     got = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, out_dtype=out, backend="sm100")
     want = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, out_dtype=out, backend="reference")
     assert got.shape == (len(sizes), n, k) and torch.equal(got, want)
@@ -224,12 +221,7 @@ def test_grouped_fused_epilogues_compile_for_sm100(epilogue, pair):
 
     fn = compile_gemm_sm100("e4m3", "e4m3", "bfloat16", 128, "sm_100f", True, 148, epilogue, "e4m3", "rceil",
                             False, pair, (2, 2) if pair else (1, 1), "m")
-    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
-    assert res["local_frame"] == 0 and fn.launch_smem[0] <= 232448
-    ops = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
-
-    def count(prefix):
-        return sum(v for k, v in ops.items() if k.startswith(prefix))
+    count = _sass_count(fn)
 
     casts = 1 if epilogue == "swiglu" else 2  # dual casts per 32-column block: h, or dg and du
     assert count("UTCQMMA") == 4 and count("UTMASTG") == 0 and count("LDL") == count("STL") == 0
@@ -301,12 +293,7 @@ def test_fused_epilogue_gemm_compiles_for_sm100(variant):
     ptx = fn.__ptx__
     assert f"tcgen05.mma.cta_group::{2 if pair else 1}.kind::mxf8f6f4.block_scale.block32" in ptx
     assert f"cvt.rn.satfinite.{elem}x2.f32" in ptx  # the epilogue's MXFP8 cast
-    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
-    assert res["local_frame"] == 0 and fn.launch_smem[0] <= 232448
-    ops = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
-
-    def count(prefix):
-        return sum(v for k, v in ops.items() if k.startswith(prefix))
+    count = _sass_count(fn)
 
     assert count("UTCQMMA") == 4 and count("UTCCP") >= 2 and count("UTMALDG") >= 4
     assert count("LDL") == count("STL") == 0
@@ -404,14 +391,11 @@ def test_sm100_grouped_mm_is_bit_exact_on_integer_data(sizes, n, k, out, rng):
     empty groups, groups ending inside a 256-row tile, and the 40 rows past offs[-1] (zeros)."""
     from cute_mxfp8 import ops
 
-    def exact(shape):
-        ints = torch.randint(-8, 9, shape, generator=rng).float()
-        return (ints * 2.0 ** torch.randint(-1, 2, shape, generator=rng).float()).cuda()
 
     t = sum(sizes) + 40
     offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
-    a, a_s = ops.quantize_rowwise(exact((t, k)), offs=offs)
-    b, b_s = ops.quantize_rowwise(exact((len(sizes), n, k)))
+    a, a_s = ops.quantize_rowwise(_exact((t, k), rng), offs=offs)
+    b, b_s = ops.quantize_rowwise(_exact((len(sizes), n, k), rng))
     got = ops.grouped_mm(a, a_s, b, b_s, offs, out_dtype=out, backend="sm100")
     want = ops.grouped_mm(a, a_s, b, b_s, offs, out_dtype=out, backend="reference")
     assert torch.all(got[sum(sizes):] == 0) and torch.equal(got, want)

@@ -103,3 +103,49 @@ def test_run_grouped_mm_launches_with_the_device_schedule_and_not_without_expert
     assert torch.equal(sched, group_schedule(safe, 256))
     d0 = run_grouped_mm(kernel, a, a_s, b[:0], b_s[:0], offs[:0], torch.float32, 256)
     assert d0.shape == (300, 40) and bool((d0 == 0).all()) and len(calls) == 1  # E = 0: zeros, no launch
+
+
+def test_run_wgrad_gathers_schedules_and_builds_only_when_it_launches(monkeypatch):
+    """The shared 2d-2d launch path of both archs (CPU tensors; the gather kernel stood in for by its torch
+    statement, the GEMM by a recorder): the kernel gets the aligned operands, the sanitized offsets and the
+    (2, G) schedule; empty calls build nothing."""
+    from cute_mxfp8.ops import token_layout as TL
+
+    def gather(a, b, offs, ends, t, align, arch):
+        src, starts = TL.aligned_token_layout(offs, t, align)
+        p = torch.arange(src.numel())
+        keep = torch.zeros(src.numel(), dtype=torch.bool)
+        sizes = TL.group_columns(offs, align)[0]
+        for s, n in zip(starts.tolist(), sizes.tolist()):
+            keep[s:s + n] = True  # the kernel writes zeros after a group's tokens
+        out = []
+        for x in (a, b):
+            y = x.index_select(1, src)
+            y[:, ~keep] = 0
+            out.append(y)
+        assert p.numel() % align == 0 and arch == "arch"
+        return tuple(out)
+
+    monkeypatch.setattr(TL, "aligned_operands", gather)
+    calls, builds = [], []
+
+    def build():
+        builds.append(1)
+        return lambda *args: (calls.append(args), args[4].fill_(2))
+
+    a = torch.arange(5 * 70, dtype=torch.int64).remainder(251).to(torch.uint8).view(5, 70)
+    b = torch.arange(3 * 70, dtype=torch.int64).remainder(241).to(torch.uint8).view(3, 70)
+    s_ = torch.zeros(16, dtype=torch.uint8)
+    offs = torch.tensor([5, 5, 40, 900], dtype=torch.int32)  # out of contract: clamped to T = 70
+    d = TL.run_wgrad(build, a, s_, b, s_, offs, torch.float32, 32, "arch")
+    assert d.shape == (4, 5, 3) and bool((d == 2).all()) and len(calls) == 1
+    a2, b2, _, _, flat, safe, sched = calls[0]
+    assert safe.tolist() == [5, 5, 40, 70] and sched.shape == (2, 4)
+    assert sched[0].tolist() == [0, 32, 32, 96]  # 32-aligned group starts (sizes 5, 0, 35, 30)
+    assert torch.equal(a2[:, 96:126], a[:, 40:70]) and torch.equal(a2[:, 32:67], a[:, 5:40])
+    assert bool((a2[:, 5:32] == 0).all()) and bool((a2[:, 67:96] == 0).all())  # zeros up to the next start
+    assert flat.shape == (20, 3)
+    for t_, g in ((0, 4), (70, 0)):  # no tokens, no groups: zeros, nothing built or launched
+        z = TL.run_wgrad(build, a[:, :t_], s_, b[:, :t_], s_, offs[:g], torch.float32, 32, "arch")
+        assert z.shape == (g, 5, 3) and bool((z == 0).all())
+    assert len(builds) == 1 and len(calls) == 1

@@ -19,7 +19,7 @@ import torch
 from ..jit import SM100_TARGET, compile_gemm_sm100
 from .gemm_common import (MAX_ELEMENTS, mm_with_bias, offs_limits, operand_limits, run_grouped_mm,
                           run_mm_dswiglu_quant, run_mm_swiglu_quant, schedule_m)
-from .token_layout import aligned_operands, aligned_width, schedule_k
+from .token_layout import aligned_width, run_wgrad
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -93,19 +93,12 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
     """2d-2d: ``out[g] = a[:, tokens of g] · b[:, tokens of g]ᵀ`` (G, N, K); an empty group's slice is zero.  The
     token-major operands are first gathered into 32-aligned, zero-padded groups (:mod:`.token_layout`, one pass
     on the device), so every MX block the kernel multiplies holds only its group's tokens."""
-    (n, t), k = a.shape, b.shape[0]
-    g = offs.shape[0]
-    if t == 0 or g == 0:
-        return torch.zeros(g, n, k, dtype=out_dtype, device=a.device)
-    d = torch.empty(g, n, k, dtype=out_dtype, device=a.device)
-    if d.numel():
-        offs, ends, sched = schedule_k(offs, t, WGRAD_ALIGN)
-        a2, b2 = aligned_operands(a, b, offs, ends, t, WGRAD_ALIGN, SM100_TARGET)
-        fn = compile_gemm_sm100(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], N_TILE, SM100_TARGET, False,
-                                max_ctas(_device(a), WGRAD_CLUSTER_MN), "plain", "e4m3", "rceil", False, False,
-                                WGRAD_CLUSTER_MN, "k")
-        fn(a2, b2, _u8(a_scales), _u8(b_scales), d.view(g * n, k), offs, sched)
-    return d
+    def build():
+        return compile_gemm_sm100(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], N_TILE, SM100_TARGET, False,
+                                  max_ctas(_device(a), WGRAD_CLUSTER_MN), "plain", "e4m3", "rceil", False, False,
+                                  WGRAD_CLUSTER_MN, "k")
+
+    return run_wgrad(build, a, a_scales, b, b_scales, offs, out_dtype, WGRAD_ALIGN, SM100_TARGET)
 
 
 def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):

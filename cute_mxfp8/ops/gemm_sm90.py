@@ -26,7 +26,7 @@ from ..swiglu import GATE_UP_TILE
 from ..jit import compile_gemm_sm90
 from .gemm_common import (MAX_ELEMENTS, mm_with_bias, offs_limits, operand_limits, run_grouped_mm,
                           run_mm_dswiglu_quant, run_mm_swiglu_quant, schedule_m)
-from .token_layout import aligned_operands, aligned_width, schedule_k
+from .token_layout import aligned_width, run_wgrad
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -85,18 +85,11 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
     The token-major operands are first gathered so that every group starts on a 16-aligned column
     (:mod:`.token_layout`; one pass over both, on the device): the kernel's TMA loads need it and group sizes are
     arbitrary."""
-    (n, t), k = a.shape, b.shape[0]
-    g = offs.shape[0]
-    if t == 0 or g == 0:
-        return torch.zeros(g, n, k, dtype=out_dtype, device=a.device)
-    d = torch.empty(g, n, k, dtype=out_dtype, device=a.device)
-    if d.numel():
-        offs, ends, sched = schedule_k(offs, t, ALIGN)
-        a2, b2 = aligned_operands(a, b, offs, ends, t, ALIGN, "sm_90a")
-        fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="k",
-                               **_persistent(a))
-        fn(a2, b2, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d.view(g * n, k), offs, sched)
-    return d
+    def build():
+        return compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="k",
+                                 **_persistent(a))
+
+    return run_wgrad(build, a, a_scales, b, b_scales, offs, out_dtype, ALIGN, "sm_90a")
 
 
 def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):

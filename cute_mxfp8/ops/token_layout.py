@@ -70,3 +70,22 @@ def aligned_operands(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, ends:
         fn(x.view(torch.uint8), x2, offs, ends)
         out.append(x2.view(x.dtype))
     return out[0], out[1]
+
+
+def run_wgrad(build, a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
+              offs: torch.Tensor, out_dtype: torch.dtype, align: int, arch: str) -> torch.Tensor:
+    """A 2d-2d (wgrad) launch, both archs: ``out[g] = a[:, tokens of g] · b[:, tokens of g]ᵀ`` (G, N, K) from
+    token-major ``a`` (N, T), ``b`` (K, T); zeros without a launch for T = 0 or G = 0; else both operands gathered
+    into the ``align``-aligned layout and ``build()(a2, b2, a_scales, b_scales, out (G N, K), offs, schedule)``
+    (``build`` returns the compiled kernel: nothing is compiled for an empty call) with the sanitized offsets and
+    :func:`schedule_k`'s schedule."""
+    (n, t), k = a.shape, b.shape[0]
+    g = offs.shape[0]
+    if t == 0 or g == 0:
+        return torch.zeros(g, n, k, dtype=out_dtype, device=a.device)
+    d = torch.empty(g, n, k, dtype=out_dtype, device=a.device)
+    if d.numel():
+        offs, ends, sched = schedule_k(offs, t, align)
+        a2, b2 = aligned_operands(a, b, offs, ends, t, align, arch)
+        build()(a2, b2, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d.view(g * n, k), offs, sched)
+    return d
