@@ -117,7 +117,7 @@ def test_cli_exit_status_json_and_the_sass_hint(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(ik, "FAMILIES", [ok])
     monkeypatch.setattr(sass_facts, "find_nvdisasm", lambda: None)  # as without the sass extra
     path = tmp_path / "inspect.json"
-    assert main(["inspect", "--arch", "sm_90a", "--json", str(path)]) == 0
+    assert main(["inspect", "--arch", "sm_90a", "--json", str(path), "--jobs", "1"]) == 0
     out = capsys.readouterr().out
     assert "1/1 variants compiled" in out and ik.SASS_HINT in out and "cvt.satfinite" in out
     data = json.loads(path.read_text())
@@ -125,8 +125,8 @@ def test_cli_exit_status_json_and_the_sass_hint(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(ik, "FAMILIES", [ok, ik.Family("broken", _broken, {"x": [1]}),
                                          ik.Family("spilling", _spilling, {"x": [1]})])
-    with pytest.raises(SystemExit) as exit_:  # a compile error or local memory fails the run
-        main(["inspect", "--arch", "sm_90a"])
+    with pytest.raises(SystemExit) as exit_:  # a compile error or local memory fails the run (2 processes)
+        main(["inspect", "--arch", "sm_90a", "--jobs", "2"])
     assert exit_.value.code == 1
     out = capsys.readouterr().out
     assert "1/3 variants compiled" in out and "error: RuntimeError: no such kernel" in out

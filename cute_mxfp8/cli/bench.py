@@ -348,7 +348,9 @@ def main(args) -> int:
         del src, dst
         print(f"device copy bandwidth (1 GiB bf16 copy): {copy_gbps:.0f} GB/s")
     rows: list[Row] = []
-    for case in cases:
+    from tqdm import tqdm
+
+    for case in tqdm(cases, desc="bench", unit="case", leave=False, disable=None):  # stderr; off when not a tty
         fn, nbytes, flops = case.make(device)
         base_ms = None
         for name, baseline in getattr(fn, "baselines", {}).items():  # the same inputs through another path

@@ -1,4 +1,4 @@
-"""``python -m cute_mxfp8 inspect [--arch sm_100f|sm_100a|sm_103a|sm_90a]``: compile every kernel variant for an arch, no GPU needed.
+"""``python -m cute_mxfp8 inspect [--arch sm_100f|sm_100a|sm_103a|sm_90a] [--jobs N]``: compile every kernel variant for an arch, no GPU needed, in N processes (default: the CPU count).
 
 One row per variant of the registry :data:`FAMILIES`: whether it compiled (or the error); from the CUBIN, the
 registers per thread, shared memory (static from the CUBIN, dynamic from the launch) and the local-memory frame;
@@ -181,25 +181,51 @@ def finish(row: dict) -> dict:
     return row
 
 
-def inspect_all(arch: str, with_sass: bool) -> list[dict]:
-    """Compile every variant in order; disassemble the CUBINs on worker threads while the next ones compile."""
+def _compile_in_worker(arch: str, family: Family, args: dict) -> tuple[dict, bytes | None]:
+    """Worker process: compile one variant; the row and the CUBIN (picklable)."""
+    row, fn = compile_variant(arch, family, args)
+    return row, None if fn is None else fn.__cubin__
+
+
+def inspect_all(arch: str, with_sass: bool, jobs: int = 1) -> list[dict]:
+    """Compile every variant, in ``jobs`` processes (1: in this one), with a progress bar on stderr (so --json and
+    the table stay clean); disassemble the CUBINs on worker threads while the next ones compile.  Rows come back
+    in registry order whatever the completion order."""
     from tqdm import tqdm
 
-    rows = []
     todo = variants(arch)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        pending = []
-        # minutes on an empty compile cache: show progress (on stderr, so --json / the table stay clean)
-        for family, args in tqdm(todo, desc=f"compiling for {arch}", unit="variant", leave=False):
+    rows: list[dict | None] = [None] * len(todo)
+    cubins: list[bytes | None] = [None] * len(todo)
+    bar = tqdm(total=len(todo), desc=f"compiling for {arch}", unit="variant", leave=False)
+    if jobs <= 1:
+        for i, (family, args) in enumerate(todo):
             row, fn = compile_variant(arch, family, args)
-            rows.append(row)
-            if with_sass and fn is not None:
-                pending.append((row, pool.submit(sass_facts.disassemble, fn.__cubin__)))
-        for row, future in pending:
-            try:
-                add_sass(row, future.result())
-            except Exception as e:  # noqa: BLE001 -- a tool failure is reported like a compile failure
-                row["status"] = _error(e)
+            rows[i], cubins[i] = row, None if fn is None else fn.__cubin__
+            bar.update()
+    else:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # a fresh DSL per worker: no state forked mid-compile
+        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            futures = {pool.submit(_compile_in_worker, arch, family, args): i for i, (family, args) in enumerate(todo)}
+            for future in concurrent.futures.as_completed(futures):
+                i = futures[future]
+                try:
+                    rows[i], cubins[i] = future.result()
+                except Exception as e:  # noqa: BLE001 -- a crashed worker is reported like a compile failure
+                    family, args = todo[i]
+                    rows[i] = {"kernel": family.kernel, "variant": family.label(args), **args, "status": _error(e)}
+                bar.update()
+    bar.close()
+    if with_sass:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            pending = [(row, pool.submit(sass_facts.disassemble, cubin)) for row, cubin in zip(rows, cubins)
+                       if cubin is not None]
+            for row, future in pending:
+                try:
+                    add_sass(row, future.result())
+                except Exception as e:  # noqa: BLE001 -- a tool failure is reported like a compile failure
+                    row["status"] = _error(e)
     return [finish(row) for row in rows]
 
 
@@ -220,7 +246,7 @@ def main(args) -> int:
     from tabulate import tabulate
 
     with_sass = sass_facts.find_nvdisasm() is not None
-    rows = inspect_all(args.arch, with_sass)
+    rows = inspect_all(args.arch, with_sass, getattr(args, "jobs", None) or os.cpu_count() or 1)
     print(f"arch {args.arch}: {sum(r['status'] == 'ok' for r in rows)}/{len(rows)} variants compiled")
     if not with_sass:
         print(SASS_HINT)

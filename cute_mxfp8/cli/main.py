@@ -30,6 +30,14 @@ def _run_bench(args: argparse.Namespace) -> int:
 MODULE_PROG = "python -m cute_mxfp8"
 
 
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    value = _non_negative(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
 def _non_negative(text: str) -> int:
     """argparse type: an integer >= 0."""
     try:
@@ -110,6 +118,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p_inspect.add_argument("--arch", default="sm_100f", choices=["sm_100f", "sm_100a", "sm_103a", "sm_90a"],
                            help="target architecture (default: %(default)s)")
     p_inspect.add_argument("--json", metavar="PATH", default=None, help="also write the rows as JSON to PATH")
+    p_inspect.add_argument("--jobs", metavar="N", type=_positive, default=None,
+                           help="compile in N processes (default: the CPU count)")
     p_inspect.set_defaults(func=_run_inspect)
     return parser
 
