@@ -460,6 +460,9 @@ def _grouped_k_starts(offs: torch.Tensor, cols: int) -> list[tuple[int, int]]:
     """[(first scale tile, tiles)] of the non-empty groups of ``offs``; raises ValueError if they pass ``cols``."""
     if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
         raise ValueError("offs must be the 1-D torch.int32 cumulative group end offsets the scales were made with")
+    o = offs.cpu().to(torch.int64)
+    if o.numel() and (int(o[0]) < 0 or bool((o[1:] < o[:-1]).any())):
+        raise ValueError(f"offs must be non-decreasing and >= 0 (cumulative end offsets), got {o.tolist()}")
     bounds = group_bounds(offs)
     starts = group_tile_starts(offs).tolist()
     out = [(t, _ceil_div(e - s, _TILE_ROWS)) for (s, e), t in zip(bounds, starts) if e > s]

@@ -1055,6 +1055,12 @@ def test_grouped_k_errors():
                                     torch.tensor([100, 300], dtype=torch.int32))
     with pytest.raises(ValueError, match="int32"):
         to_blocked_scales_grouped_k(torch.zeros(32, 8, dtype=torch.uint8).view(E8M0), torch.tensor([4]))
+    for bad in ([250, 100, 100], [-5, 100]):  # decreasing, negative: the ops' message, not dropped groups
+        offs = torch.tensor(bad, dtype=torch.int32)
+        with pytest.raises(ValueError, match="non-decreasing"):
+            to_blocked_scales_grouped_k(torch.zeros(32, 12, dtype=torch.uint8).view(E8M0), offs)
+        with pytest.raises(ValueError, match="non-decreasing"):
+            from_blocked_scales_grouped_k(torch.zeros(128 * 12, dtype=torch.uint8).view(E8M0), offs, 32, 12)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ the experts-implementation registry) and torchtitan 0.3.0 modules.  Skipped when
 from __future__ import annotations
 
 import copy
+import io
 
 import pytest
 import torch
@@ -96,6 +97,12 @@ def test_hf_moe_experts_run_the_mxfp8_grouped_mlp(kind, seed):
         outs.append((y.detach(), hs.grad.clone(), ex.gate_up_proj.grad.clone(), ex.down_proj.grad.clone()))
     for what, a, b in zip(("y", "dx", "d gate_up_proj", "d down_proj"), *outs):
         assert _rel_err(a, b) < 0.1, what  # MXFP8 operands in every GEMM: a few % each
+    buf = io.BytesIO()  # a converted model pickles and loads back (the experts' forward is a partial)
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
     experts_only = copy.deepcopy(routed)
     report = convert_to_mxfp8(experts_only, filter_fn=lambda m, fqn: fqn.endswith(".experts"))
     assert [f for f, _ in report.converted] == experts
@@ -103,6 +110,18 @@ def test_hf_moe_experts_run_the_mxfp8_grouped_mlp(kind, seed):
     routed.set_experts_implementation("cute_mxfp8")
     with torch.no_grad():
         assert torch.equal(routed(ids).logits, experts_only(ids).logits)
+
+
+def test_hf_biased_mlp_is_reported_and_converted_per_linear(seed):
+    tf = pytest.importorskip("transformers", minversion="5.0")
+    torch.manual_seed(seed)
+    model = tf.LlamaForCausalLM(tf.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                               num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                               mlp_bias=True))
+    report = convert_to_mxfp8(model)
+    skipped = dict(report.skipped)
+    assert "biased Linears" in skipped["model.layers.0.mlp"], str(report)
+    assert dict(report.converted)["model.layers.0.mlp.gate_proj"] == "MXFP8Linear"
 
 
 def test_hf_experts_layout_it_cannot_take_is_refused_by_name(seed):

@@ -158,6 +158,8 @@ class MXFP8GroupedExperts(nn.Module):
         for n in experts._parameters:
             if n in names:
                 new.register_parameter(n, getattr(experts, n))
+        if "_param_init" in vars(experts):  # torchtitan's per-parameter init table
+            new._param_init = experts._param_init
         new.train(experts.training)
         return new
 
