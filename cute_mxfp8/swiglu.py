@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["GATE_UP_TILE", "pack_gate_up", "split_gate_up", "swiglu", "dswiglu"]
+__all__ = ["GATE_UP_TILE", "pack_gate_up", "split_gate_up", "convert_gate_up", "swiglu", "dswiglu"]
 
 GATE_UP_TILE = 64  # h columns per gate (and per up) run of the interleaved layout; kernels/gemm_epilogue.py agrees
 
@@ -65,6 +65,15 @@ def split_gate_up(h13: torch.Tensor, dim: int = -1, tile: int | None = None) -> 
     runs = h13.unflatten(dim, (n // (2 * tile), 2 * tile))
     return (runs.narrow(dim + 1, 0, tile).flatten(dim, dim + 1),
             runs.narrow(dim + 1, tile, tile).flatten(dim, dim + 1))
+
+
+def convert_gate_up(w13: torch.Tensor, dim: int = -2, from_tile: int | None = None,
+                    to_tile: int | None = GATE_UP_TILE) -> torch.Tensor:
+    """Re-pack a fused gate/up tensor between layouts: concatenated (``None``: Hugging Face's ``gate_up_proj``,
+    torchtitan, our reference), interleaved in runs of 64 (our SM100 fused GEMM, :data:`GATE_UP_TILE`) or of 32
+    (cuDNN-frontend's fused SwiGLU GEMM).  ``dim=-2`` for weights (E, 2I, D) / (2I, D), ``-1`` for activations
+    (..., 2I).  Exact (a permutation).  Raises ValueError if I is not a multiple of a tile."""
+    return pack_gate_up(*split_gate_up(w13, dim, from_tile), dim, to_tile)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -500,3 +500,22 @@ def test_kernel_backends_refuse_cpu_and_unimplemented_ops(monkeypatch):
                *ops.quantize_rowwise(torch.randn(32, 64), backend="reference"))
     monkeypatch.delenv("CUTE_MXFP8_BACKEND")
     assert resolve_backend("cpu", op="quantize_rowwise") == "reference"
+
+
+def test_convert_gate_up_between_the_ecosystem_layouts(rng):
+    """Concatenated (HF gate_up_proj) <-> runs of 64 (our SM100 GEMM) <-> runs of 32 (cuDNN-frontend): exact
+    permutations; element (gate feature j) lands where each layout's definition puts it."""
+    from cute_mxfp8.swiglu import convert_gate_up
+
+    e, i, d = 3, 128, 8
+    w13 = torch.randn(e, 2 * i, d, generator=rng)
+    gate, up = w13[:, :i], w13[:, i:]
+    w64 = convert_gate_up(w13)  # concatenated -> 64
+    w32 = convert_gate_up(w64, from_tile=64, to_tile=32)
+    assert torch.equal(w64[:, 0:64], gate[:, 0:64]) and torch.equal(w64[:, 64:128], up[:, 0:64])
+    assert torch.equal(w32[:, 32:64], up[:, 0:32]) and torch.equal(w32[:, 64:96], gate[:, 32:64])
+    assert torch.equal(convert_gate_up(w32, from_tile=32, to_tile=None), w13)
+    h = torch.randn(5, 2 * i, generator=rng)  # activations: dim=-1
+    assert torch.equal(convert_gate_up(convert_gate_up(h, dim=-1), dim=-1, from_tile=64, to_tile=None), h)
+    with pytest.raises(ValueError, match="multiple of the gate/up tile"):
+        convert_gate_up(torch.randn(2 * 48, 8))  # I = 48 is not a multiple of 64
