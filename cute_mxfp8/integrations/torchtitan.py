@@ -1,0 +1,106 @@
+"""torchtitan (0.3.0) on the MXFP8 SwiGLU MLP, through torchtitan's own override mechanism.
+
+torchtitan builds models from config trees; ``@override`` factories replace a ``Config`` class before the model is
+built.  This module registers two, importable by name::
+
+    --override.imports cute_mxfp8.integrations.torchtitan.mxfp8_feed_forward,cute_mxfp8.integrations.torchtitan.mxfp8_grouped_experts
+
+* :func:`mxfp8_feed_forward`: every ``FeedForward`` becomes :class:`MXFP8FeedForward` (dense SwiGLU MLP as one
+  MXFP8 autograd function, :func:`cute_mxfp8.ops.mxfp8_swiglu_mlp`);
+* :func:`mxfp8_grouped_experts`: every stock ``GroupedExperts`` becomes :class:`MXFP8GroupedExperts` (2d-3d
+  grouped GEMMs forward and dgrad, 2d-2d wgrad).
+
+The replacements are subclasses of torchtitan's modules with only ``forward`` changed: same parameters
+(``w1``/``w2``/``w3`` torchtitan Linears; ``w1_EFD``/``w2_EDF``/``w3_EFD``), so they satisfy torchtitan's Module
+protocol, keep ``param_init`` / ``init_states`` (meta-device build, then init), ``sharding_config`` and the
+checkpoint layout.  Their MXFP8 settings are ``Config.mxfp8`` (an :class:`~cute_mxfp8.MXFP8Config`, default
+``MXFP8Config()``).  Dims must be multiples of 32 (the ops raise ValueError naming the dim otherwise).
+
+Importing this module without torchtitan works; the names below then raise ImportError when used.  (Converting an
+already-built model with :func:`cute_mxfp8.convert_to_mxfp8` also works, after ``init_states``.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import MXFP8Config, resolve_config
+from ..ops.autograd import mxfp8_swiglu_mlp
+
+__all__ = ["MXFP8FeedForward", "MXFP8GroupedExperts", "mxfp8_feed_forward", "mxfp8_grouped_experts"]
+
+try:
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torchtitan.config import derive, override
+    from torchtitan.models.common.feed_forward import FeedForward
+    from torchtitan.models.common.moe import GroupedExperts
+except ImportError as _exc:  # torchtitan (or its triton dependency) not installed
+    _MISSING: ImportError | None = _exc
+else:
+    _MISSING = None
+
+
+def _local(t):
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+if _MISSING is None:
+
+    class MXFP8FeedForward(FeedForward):
+        """torchtitan's ``FeedForward`` with ``forward(x) = w2(silu(w1(x)) * w3(x))`` in MXFP8 (one autograd
+        function: fused W13 GEMM + SwiGLU + dual quantization).  x (..., D) bf16/fp32 -> same shape and dtype."""
+
+        @dataclass(kw_only=True, slots=True)
+        class Config(FeedForward.Config):
+            mxfp8: MXFP8Config | None = None
+
+        def __init__(self, config: Config):
+            super().__init__(config)
+            self.mxfp8_config = resolve_config(config.mxfp8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return mxfp8_swiglu_mlp(x, _local(self.w1.weight), _local(self.w2.weight), _local(self.w3.weight), None,
+                                    self.mxfp8_config)
+
+    class MXFP8GroupedExperts(GroupedExperts):
+        """torchtitan's ``GroupedExperts`` with ``forward(x_RD, num_tokens_per_expert_E)`` in MXFP8: rows of x
+        sorted by expert, counts (E,) integer on x's device (no host sync); rows past the counts' sum give zeros.
+        Returns (R, D) in x's dtype."""
+
+        @dataclass(kw_only=True, slots=True)
+        class Config(GroupedExperts.Config):
+            mxfp8: MXFP8Config | None = None
+
+        def __init__(self, config: Config):
+            super().__init__(config)
+            self.mxfp8_config = resolve_config(config.mxfp8)
+
+        def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
+            offs = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=torch.int32)
+            return mxfp8_swiglu_mlp(x_RD, _local(self.w1_EFD), _local(self.w2_EDF), _local(self.w3_EFD), offs,
+                                    self.mxfp8_config)
+
+    @override(target=FeedForward.Config, description="cute_mxfp8: the SwiGLU FFN in MXFP8 (fused MLP function)")
+    def mxfp8_feed_forward(cfg: FeedForward.Config) -> FeedForward.Config:
+        """``FeedForward.Config`` -> :class:`MXFP8FeedForward.Config` (every field kept); other FFN configs
+        (subclasses with their own forward, e.g. ``SigmoidGatedFeedForward``) are returned unchanged."""
+        if type(cfg) is not FeedForward.Config:
+            return cfg
+        return derive(cfg, MXFP8FeedForward.Config)
+
+    @override(target=GroupedExperts.Config, description="cute_mxfp8: routed experts in MXFP8 (grouped GEMMs)")
+    def mxfp8_grouped_experts(cfg: GroupedExperts.Config) -> GroupedExperts.Config:
+        """Stock ``GroupedExperts.Config`` -> :class:`MXFP8GroupedExperts.Config` (every field kept); subclasses
+        (other experts math) are returned unchanged."""
+        if type(cfg) is not GroupedExperts.Config:
+            return cfg
+        return derive(cfg, MXFP8GroupedExperts.Config)
+
+else:
+
+    def __getattr__(name: str):
+        if name in __all__:
+            raise ImportError(f"cute_mxfp8.integrations.torchtitan.{name} needs torchtitan 0.3 (and triton, which "
+                              f"its MoE module imports): pip install torchtitan==0.3.0 triton") from _MISSING
+        raise AttributeError(name)
