@@ -222,3 +222,32 @@ def test_torchtitan_overrides_build_meta_init_and_match_the_stock_math(rng):
     assert _rel_err(y, ref(x2, counts)) < 0.1
     y.sum().backward()
     assert experts.w2_EDF.grad is not None and bool(experts.w2_EDF.grad.abs().sum() > 0)
+
+
+@pytest.mark.parametrize("kind", ["llama", "mixtral"])
+def test_hf_models_train_20_steps_like_the_unconverted_model(kind, seed):
+    """20 AdamW steps on the same batches: the converted model's losses track the unconverted one's (every step
+    within 2 %) and both learn (final loss below the first)."""
+    tf, model = _llama(seed) if kind == "llama" else _moe("mixtral", seed)
+    for p in model.parameters():
+        if p.dim() == 3:
+            nn.init.normal_(p, std=0.05)
+    ref = copy.deepcopy(model)
+    convert_to_mxfp8(model)
+    gen = torch.Generator().manual_seed(seed)
+    batches = [torch.randint(0, 128, (4, 32), generator=gen) for _ in range(4)]
+    losses = []
+    for m in (ref, model):
+        opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+        run = []
+        for step in range(20):
+            ids = batches[step % 4]
+            loss = m(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            run.append(float(loss))
+        losses.append(run)
+    for step, (a, b) in enumerate(zip(*losses)):
+        assert abs(b - a) <= 0.02 * a, (step, a, b)
+    assert losses[1][-1] < losses[1][0] - 0.5
