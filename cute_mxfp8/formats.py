@@ -281,8 +281,9 @@ def grouped_scale_tiles(total: int, num_groups: int) -> int:
     return total // _TILE_ROWS + num_groups
 
 
-def validate_offsets(offs: torch.Tensor, total: int) -> int:
-    """Check ``offs``: 1-D int32, non-decreasing, ``0 <= offs[g] <= total``.  Raises ValueError naming the fix.
+def validate_offsets(offs: torch.Tensor, total: int | None) -> int:
+    """Check ``offs``: 1-D int32, non-decreasing, ``0 <= offs[g] <= total`` (no upper bound for ``total=None``).
+    Raises ValueError naming the fix.
 
     Reads the values (one device sync on GPU; the checks on dtype and rank are free) and returns ``offs[-1]``, the
     end of the last group (0 with no groups), from that same read.
@@ -295,7 +296,7 @@ def validate_offsets(offs: torch.Tensor, total: int) -> int:
     o = offs.cpu().to(torch.int64)
     if int(o[0]) < 0 or bool((o[1:] < o[:-1]).any()):
         raise ValueError(f"offs must be non-decreasing and >= 0 (cumulative end offsets), got {o.tolist()}")
-    if int(o[-1]) > total:
+    if total is not None and int(o[-1]) > total:
         raise ValueError(f"offs[-1] = {int(o[-1])} exceeds the grouped dim size {total}")
     return int(o[-1])
 
@@ -458,11 +459,7 @@ def _blocked_offset(r: int, c: int, cols: int) -> int:
 
 def _grouped_k_starts(offs: torch.Tensor, cols: int) -> list[tuple[int, int]]:
     """[(first scale tile, tiles)] of the non-empty groups of ``offs``; raises ValueError if they pass ``cols``."""
-    if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
-        raise ValueError("offs must be the 1-D torch.int32 cumulative group end offsets the scales were made with")
-    o = offs.cpu().to(torch.int64)
-    if o.numel() and (int(o[0]) < 0 or bool((o[1:] < o[:-1]).any())):
-        raise ValueError(f"offs must be non-decreasing and >= 0 (cumulative end offsets), got {o.tolist()}")
+    validate_offsets(offs, None)  # the scale matrix bounds offs[-1] only through its columns (checked below)
     bounds = group_bounds(offs)
     starts = group_tile_starts(offs).tolist()
     out = [(t, _ceil_div(e - s, _TILE_ROWS)) for (s, e), t in zip(bounds, starts) if e > s]

@@ -311,8 +311,8 @@ class MXGemmSm90Dequant:
         if max_ctas < 1:
             raise ValueError(f"max_ctas must be >= 1, got {max_ctas}")
         # persistent CTAs for the plain epilogue; the fused ones stage their tile in the mainloop's shared memory,
-        # which the next tile's loads would overwrite, so they run one tile per CTA (the same loop, once)
-        self.max_ctas = max_ctas if epilogue == "plain" else 2**30
+        # which the next tile's loads would overwrite, so they run one tile per CTA (no tile loop)
+        self.max_ctas, self.persistent = max_ctas, epilogue == "plain"
         self.cast = MXCastParams(cast_elem, scale_mode, blocked=True)  # the fused epilogues' output cast
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
         if transform_warps not in (4, 8):
@@ -417,7 +417,10 @@ class MXGemmSm90Dequant:
         if cutlass.const_expr(self.grouping == "k"):  # (group, row tile) pairs
             m_tiles = cute.size(offs) * m_tiles
         n_tiles = (n_e + self.TILE_N - 1) // self.TILE_N
-        grid = (1, 1, grid_clusters(m_tiles, n_tiles, (1, 1), self.max_ctas))
+        clusters = m_tiles * n_tiles  # one tile per CTA
+        if cutlass.const_expr(self.persistent):
+            clusters = grid_clusters(m_tiles, n_tiles, (1, 1), self.max_ctas)
+        grid = (1, 1, clusters)
         self.kernel(self.tiled_mma, tma_a, ga, tma_b, gb, sfa, sfb, d, h13, fused, offs, sched, m, n, k, n_e,
                     m_tiles, n_tiles, self.a_smem, self.b_smem, self.bh_smem).launch(
             grid=grid, block=[self.THREADS, 1, 1], smem=Shared.size_in_bytes(), stream=stream)
@@ -538,7 +541,7 @@ class MXGemmSm90Dequant:
             bstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.B_STAGES)
             smem = (sa, sb, sb8, sbh64)
             tt = tidx if wg == 0 else tidx - 256  # transform thread: warps 0-3 are 0-127, warpgroup 3 128-255
-            if cutlass.const_expr(self.max_ctas < 2**30):  # persistent
+            if cutlass.const_expr(self.persistent):
                 while tiles.valid(linear):
                     state, bstate = self.transform_tile(tiles, linear, work, pipe, pipe_b, state, bstate, smem,
                                                         (tma_a, ga, tma_b, gb), sfb, tt)
@@ -553,7 +556,7 @@ class MXGemmSm90Dequant:
             bstate = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.B_STAGES)
             brel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.B_STAGES)
             epi = (st.sa.data_ptr(), h13, fused)
-            if cutlass.const_expr(self.max_ctas < 2**30):
+            if cutlass.const_expr(self.persistent):
                 while tiles.valid(linear):
                     state, bstate, brel = self.consume_tile(tiles, linear, work, mma, pipe, pipe_b, state, bstate,
                                                             brel, sa8, sbh, sfa, d, tidx - 128, epi)

@@ -19,7 +19,7 @@ import torch
 from ..jit import SM100_TARGET, compile_gemm_sm100
 from .gemm_common import (MAX_ELEMENTS, mm_with_bias, offs_limits, operand_limits, run_grouped_mm,
                           run_mm_dswiglu_quant, run_mm_swiglu_quant, schedule_m)
-from .token_layout import aligned_width, run_wgrad
+from .token_layout import run_wgrad, wgrad_limits
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -153,17 +153,10 @@ def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype):
 
 
 def _grouped_mm_wgrad_limits(a, a_scales, b, b_scales, offs, out_dtype):
-    (n, t), k, g = a.shape, b.shape[0], offs.shape[0]
-    why = offs_limits(offs)
-    if why is None and t and g:  # T = 0 or G = 0: the op returns zeros without a launch
-        why = operand_limits(a, a_scales, b, b_scales)
-    vec = 16 // out_dtype.itemsize
+    why = wgrad_limits(a, a_scales, b, b_scales, offs, WGRAD_ALIGN)
+    k, vec = b.shape[0], 16 // out_dtype.itemsize
     if why is None and k % vec:
         return f"K = {k} must be a multiple of {vec} for 16-byte aligned rows of the {out_dtype} output"
-    if why is None and max(n, k) * aligned_width(t, g, WGRAD_ALIGN) > MAX_ELEMENTS:
-        return f"the group-aligned operands would exceed {MAX_ELEMENTS} elements; the kernel indexes with int32"
-    if why is None and g * n * k > MAX_ELEMENTS:
-        return f"the output would have {g * n * k} elements; the kernel indexes with int32: split the groups"
     return why
 
 

@@ -26,7 +26,7 @@ from ..swiglu import GATE_UP_TILE
 from ..jit import compile_gemm_sm90
 from .gemm_common import (MAX_ELEMENTS, mm_with_bias, offs_limits, operand_limits, run_grouped_mm,
                           run_mm_dswiglu_quant, run_mm_swiglu_quant, schedule_m)
-from .token_layout import aligned_width, run_wgrad
+from .token_layout import run_wgrad, wgrad_limits
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -142,14 +142,8 @@ def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype):
 
 
 def _grouped_mm_wgrad_limits(a, a_scales, b, b_scales, offs, out_dtype):
-    (n, t), k, g = a.shape, b.shape[0], offs.shape[0]
-    why = offs_limits(offs)
-    if why is None and t and g:  # T = 0 or G = 0: the op returns zeros without a launch
-        why = operand_limits(a, a_scales, b, b_scales)
-    if why is None and max(n, k) * aligned_width(t, g, ALIGN) > MAX_ELEMENTS:
-        return f"the group-aligned operands would exceed {MAX_ELEMENTS} elements; the kernel indexes with int32"
-    if why is None and g * n * k > MAX_ELEMENTS:
-        return f"the output would have {g * n * k} elements; the kernel indexes with int32: split the groups"
+    why = wgrad_limits(a, a_scales, b, b_scales, offs, ALIGN)
+    g, k = offs.shape[0], b.shape[0]
     if why is None and (g > _MAX_GRID or (k + 127) // 128 > _MAX_GRID):
         return f"{g} groups or K = {k} exceed the grid limit ({_MAX_GRID} groups, 128-column tiles)"
     return why

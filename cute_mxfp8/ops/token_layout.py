@@ -15,7 +15,7 @@ import torch
 
 from .. import formats as F
 from ..jit import compile_token_align
-from .gemm_common import safe_offsets
+from .gemm_common import MAX_ELEMENTS, offs_limits, operand_limits, safe_offsets
 from .group_meta import derived
 
 
@@ -89,3 +89,19 @@ def run_wgrad(build, a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b
         a2, b2 = aligned_operands(a, b, offs, ends, t, align, arch)
         build()(a2, b2, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d.view(g * n, k), offs, sched)
     return d
+
+
+def wgrad_limits(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
+                 offs: torch.Tensor, align: int) -> str | None:
+    """What both archs' 2d-2d kernels need (None: they take the call): kernel-readable offsets; for a launching
+    call (T > 0 and G > 0) aligned contiguous operands; 32-bit indexing of the ``align``-aligned operands and of
+    the (G, N, K) output."""
+    (n, t), k, g = a.shape, b.shape[0], offs.shape[0]
+    why = offs_limits(offs)
+    if why is None and t and g:  # T = 0 or G = 0: the op returns zeros without a launch
+        why = operand_limits(a, a_scales, b, b_scales)
+    if why is None and max(n, k) * aligned_width(t, g, align) > MAX_ELEMENTS:
+        return f"the group-aligned operands would exceed {MAX_ELEMENTS} elements; the kernel indexes with int32"
+    if why is None and g * n * k > MAX_ELEMENTS:
+        return f"the output would have {g * n * k} elements; the kernel indexes with int32: split the groups"
+    return why
