@@ -10,6 +10,15 @@ built.  This module registers two, importable by name::
 * :func:`mxfp8_grouped_experts`: every stock ``GroupedExperts`` becomes :class:`MXFP8GroupedExperts` (2d-3d
   grouped GEMMs forward and dgrad, 2d-2d wgrad).
 
+Or, in a Python trainer config, torchtitan's model-converter form (the one its own float8 / MX converters use)::
+
+    from cute_mxfp8.integrations.torchtitan import MXFP8Converter
+    config.model_spec = model_registry("debugmodel", converters=[MXFP8Converter.Config()])
+
+:class:`MXFP8Converter` rewrites the same two ``Config`` types in the model config tree (``fqns`` narrows it to
+module names containing one of the strings, ``mxfp8`` carries the settings); it is a torchtitan
+``QuantizationConverter``, so torchtitan checks it is listed before a LoRA converter.
+
 The replacements are subclasses of torchtitan's modules with only ``forward`` changed: same parameters
 (``w1``/``w2``/``w3`` torchtitan Linears; ``w1_EFD``/``w2_EDF``/``w3_EFD``), so they satisfy torchtitan's Module
 protocol, keep ``param_init`` / ``init_states`` (meta-device build, then init), ``sharding_config`` and the
@@ -22,16 +31,20 @@ already-built model with :func:`cute_mxfp8.convert_to_mxfp8` also works, after `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import logging
 
 from ..config import MXFP8Config, resolve_config
 from ..ops.autograd import mxfp8_swiglu_mlp
 
-__all__ = ["MXFP8FeedForward", "MXFP8GroupedExperts", "mxfp8_feed_forward", "mxfp8_grouped_experts"]
+__all__ = ["MXFP8Converter", "MXFP8FeedForward", "MXFP8GroupedExperts", "mxfp8_feed_forward",
+           "mxfp8_grouped_experts"]
 
 try:
     import torch
     from torch.distributed.tensor import DTensor
+    from torchtitan.components.quantization import QuantizationConverter
     from torchtitan.config import derive, override
     from torchtitan.models.common.feed_forward import FeedForward
     from torchtitan.models.common.moe import GroupedExperts
@@ -39,6 +52,9 @@ except ImportError as _exc:  # torchtitan (or its triton dependency) not install
     _MISSING: ImportError | None = _exc
 else:
     _MISSING = None
+
+
+_log = logging.getLogger(__name__)
 
 
 def _local(t):
@@ -96,6 +112,47 @@ if _MISSING is None:
         if type(cfg) is not GroupedExperts.Config:
             return cfg
         return derive(cfg, MXFP8GroupedExperts.Config)
+
+    class MXFP8Converter(QuantizationConverter):
+        """torchtitan model converter (0.3.0 ``ModelConfigConverter`` API): before the model is built, every stock
+        ``FeedForward.Config`` becomes :class:`MXFP8FeedForward.Config` and every stock ``GroupedExperts.Config``
+        :class:`MXFP8GroupedExperts.Config`, all other fields kept (``param_init`` included).
+
+        Config fields: ``fqns`` (module names; a config is converted when its name contains one of them, all when
+        empty), ``feed_forward`` / ``experts`` (which kinds to convert, both by default), ``mxfp8`` (the
+        :class:`~cute_mxfp8.MXFP8Config` the converted modules use; ``None`` = defaults).  ``convert`` returns the
+        same tree, changed in place; ``converted`` lists the names it changed (empty means nothing matched, which
+        is logged, not raised: torchtitan applies converters to every model flavor alike)."""
+
+        @dataclass(kw_only=True, slots=True)
+        class Config(QuantizationConverter.Config):
+            fqns: list[str] = field(default_factory=list)
+            feed_forward: bool = True
+            experts: bool = True
+            mxfp8: MXFP8Config | None = None
+
+        def __init__(self, config: Config):
+            self.config = config
+            self.converted: list[str] = []
+
+        def convert(self, model_config):
+            c = self.config
+            kinds = [(FeedForward.Config, MXFP8FeedForward.Config)] if c.feed_forward else []
+            kinds += [(GroupedExperts.Config, MXFP8GroupedExperts.Config)] if c.experts else []
+            for stock_cls, mx_cls in kinds:
+                for fqn, cfg, parent, attr in list(model_config.traverse(stock_cls)):
+                    if type(cfg) is not stock_cls or (c.fqns and not any(f in fqn for f in c.fqns)):
+                        continue
+                    new = derive(cfg, mx_cls, mxfp8=c.mxfp8)
+                    if parent is None:
+                        model_config = new
+                    elif isinstance(parent, list):
+                        parent[attr] = new
+                    else:
+                        setattr(parent, attr, new)
+                    self.converted.append(fqn)
+            _log.info("cute_mxfp8: %d FFN / experts configs converted to MXFP8", len(self.converted))
+            return model_config
 
 else:
 
