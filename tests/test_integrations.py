@@ -19,6 +19,16 @@ def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
+# cpu: the reference backend, fp32.  cuda (the H200, `-m gpu`): the automatically chosen kernels, both models under
+# bf16 autocast with fp32 weights, so the baseline is the usual bf16 mixed-precision run.
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200 with -m gpu)")])]
+
+
+def _autocast(device: str):
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda")
+
+
 # ---- Hugging Face transformers -------------------------------------------------------------------------------
 
 def _llama(seed):
@@ -224,25 +234,29 @@ def test_torchtitan_overrides_build_meta_init_and_match_the_stock_math(rng):
     assert experts.w2_EDF.grad is not None and bool(experts.w2_EDF.grad.abs().sum() > 0)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["llama", "mixtral"])
-def test_hf_models_train_20_steps_like_the_unconverted_model(kind, seed):
+def test_hf_models_train_20_steps_like_the_unconverted_model(kind, device, seed):
     """20 AdamW steps on the same batches: the converted model's losses track the unconverted one's (every step
     within 2 %) and both learn (final loss below the first)."""
     tf, model = _llama(seed) if kind == "llama" else _moe("mixtral", seed)
     for p in model.parameters():
         if p.dim() == 3:
             nn.init.normal_(p, std=0.05)
+    model.to(device)
     ref = copy.deepcopy(model)
-    convert_to_mxfp8(model)
+    report = convert_to_mxfp8(model)
+    assert report.converted and not report.skipped
     gen = torch.Generator().manual_seed(seed)
-    batches = [torch.randint(0, 128, (4, 32), generator=gen) for _ in range(4)]
+    batches = [torch.randint(0, 128, (4, 32), generator=gen).to(device) for _ in range(4)]
     losses = []
     for m in (ref, model):
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
         run = []
         for step in range(20):
             ids = batches[step % 4]
-            loss = m(ids, labels=ids).loss
+            with _autocast(device):
+                loss = m(ids, labels=ids).loss
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -276,8 +290,9 @@ def _titan_tiny(kind: str, converters=None):
     return cfg
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["llama3", "qwen3_moe"])
-def test_torchtitan_models_train_20_steps_and_checkpoints_interchange(kind, seed, tmp_path):
+def test_torchtitan_models_train_20_steps_and_checkpoints_interchange(kind, device, seed, tmp_path):
     """torchtitan's model converter (MXFP8Converter in the model registry's ``converters``): the llama3 and
     Qwen3-MoE debug models convert every FFN / experts block, build on the meta device, initialize with
     init_states, keep the stock state dict; 20 AdamW steps track the stock model's losses (every step within 2 %);
@@ -295,10 +310,11 @@ def test_torchtitan_models_train_20_steps_and_checkpoints_interchange(kind, seed
     mx_types = (mx_tt.MXFP8FeedForward, mx_tt.MXFP8GroupedExperts)
     assert sum(isinstance(m, mx_types) for m in model.modules()) == 2  # one FFN / experts per layer
     model.verify_module_protocol()
-    model.to_empty(device="cpu")
+    model.to_empty(device=device)
     torch.manual_seed(seed)
-    model.init_states()
-    ref = stock_cfg.build()
+    model.init_states(buffer_device=torch.device(device))
+    with torch.device(device):
+        ref = stock_cfg.build()
     assert not any(isinstance(m, mx_types) for m in ref.modules())
     assert list(ref.state_dict()) == list(model.state_dict())
     ref.load_state_dict(model.state_dict())
@@ -313,7 +329,7 @@ def test_torchtitan_models_train_20_steps_and_checkpoints_interchange(kind, seed
         jumps = torch.randint(1, 5, (2, 64), generator=gen)
         for i in range(64):
             ids[:, i + 1] = (ids[:, i] + jumps[:, i]) % 64
-        batches.append(ids)
+        batches.append(ids.to(device))
     # lr 3e-4: at 1e-3 the MoE model's routing turns chaotic while the loss falls fast, and bf16 autocast drifts
     # from fp32 as far as MXFP8 does (1-25 % on 4 seeds; 0.01-0.02 % for both at 3e-4).
     losses = []
@@ -322,7 +338,8 @@ def test_torchtitan_models_train_20_steps_and_checkpoints_interchange(kind, seed
         run = []
         for step in range(20):
             ids = batches[step]
-            logits = m(ids[:, :-1])
+            with _autocast(device):
+                logits = m(ids[:, :-1])
             loss = cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
             loss.backward()
             opt.step()
@@ -334,20 +351,21 @@ def test_torchtitan_models_train_20_steps_and_checkpoints_interchange(kind, seed
     assert losses[1][-1] < losses[1][0] - 0.5
 
     dcp.save(model.state_dict(), checkpoint_id=str(tmp_path / "mx"))
-    fresh = stock_cfg.build()
+    with torch.device(device):
+        fresh, back = stock_cfg.build(), cfg.build()
     sd = fresh.state_dict()
     dcp.load(sd, checkpoint_id=str(tmp_path / "mx"))
     fresh.load_state_dict(sd)
     for (k, a), b in zip(model.state_dict().items(), fresh.state_dict().values()):
         assert torch.equal(a, b), k
     dcp.save(fresh.state_dict(), checkpoint_id=str(tmp_path / "stock"))
-    back = cfg.build()
     sd = back.state_dict()
     dcp.load(sd, checkpoint_id=str(tmp_path / "stock"))
     back.load_state_dict(sd)
     ids = batches[0][:, :-1]
-    assert torch.equal(back(ids), model(ids))
-    assert _rel_err(model(ids), fresh(ids)) < 0.1
+    with torch.no_grad(), _autocast(device):
+        assert torch.equal(back(ids), model(ids))
+        assert _rel_err(model(ids), fresh(ids)) < 0.1
 
 
 def test_torchtitan_converter_narrows_by_name_and_kind():
