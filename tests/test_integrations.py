@@ -390,3 +390,38 @@ def test_torchtitan_converter_narrows_by_name_and_kind():
     assert only_ffn.converted == []  # the MoE model's FFNs are experts blocks: nothing of the kind asked for
     assert not any(isinstance(c, mx_tt.MXFP8GroupedExperts.Config)
                    for _, c, _, _ in moe.traverse(mx_tt.MXFP8GroupedExperts.Config))
+
+
+@pytest.mark.slow
+def test_torchtitan_mxfp8_modules_compile_fullgraph(rng):
+    """torch.compile(fullgraph=True) of the converter's FeedForward and GroupedExperts: one graph each (the MXFP8
+    custom ops have exact fake impls), forward and gradients equal to eager."""
+    pytest.importorskip("torchtitan")
+    pytest.importorskip("triton")
+    from torchtitan.models.common.feed_forward import FeedForward
+    from torchtitan.models.common.linear import Linear
+    from torchtitan.models.common.moe import GroupedExperts
+
+    from cute_mxfp8.integrations import torchtitan as mx_tt
+
+    def lin(i, o):
+        return Linear.Config(in_features=i, out_features=o)
+
+    ffn = mx_tt.mxfp8_feed_forward(FeedForward.Config(w1=lin(64, 128), w2=lin(128, 64), w3=lin(64, 128))).build()
+    experts = mx_tt.mxfp8_grouped_experts(GroupedExperts.Config(dim=64, hidden_dim=128, num_experts=4)).build()
+    for p in [*ffn.parameters(), *experts.parameters()]:
+        nn.init.normal_(p, std=0.05, generator=rng)
+    counts = torch.tensor([3, 0, 5, 4])
+    for module, args in ((ffn, (torch.randn(2, 6, 64, generator=rng),)),
+                         (experts, (torch.randn(12, 64, generator=rng), counts))):
+        outs, grads = [], []
+        for fn in (module, torch.compile(module, fullgraph=True)):
+            x = args[0].clone().requires_grad_()
+            y = fn(x, *args[1:])
+            y.square().sum().backward()
+            outs.append(y.detach())
+            grads.append([x.grad, *[p.grad.clone() for p in module.parameters()]])
+            module.zero_grad()
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+        for g_c, g_e in zip(grads[1], grads[0]):
+            torch.testing.assert_close(g_c, g_e, rtol=1e-5, atol=1e-5)
