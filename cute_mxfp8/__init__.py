@@ -13,7 +13,9 @@ from .nn import (  # noqa: F401
     MXFP8GroupedExperts,
     MXFP8Linear,
     MXFP8SwiGLUMLP,
+    MXFP8TrainingWeight,
     convert_to_mxfp8,
+    quantize_weights_,
 )
 
 __version__ = "0.1.0"

@@ -1,0 +1,227 @@
+"""MXFP8 training without a module swap: a weight tensor subclass whose ``F.linear`` / ``torch._grouped_mm`` run the
+MXFP8 autograd functions.
+
+:class:`MXFP8TrainingWeight` wraps a high-precision weight (bf16/fp32, the optimizer's master copy stays that
+tensor).  Two calls on it are redirected through ``__torch_function__``:
+
+* ``F.linear(x, w, bias)`` with ``w`` (N, K) -> :func:`cute_mxfp8.ops.mxfp8_linear` (forward, dgrad, wgrad);
+* ``torch._grouped_mm(x, w_t, offs=offs)`` with ``x`` (T, K) tokens sorted by group, ``w_t`` the (E, K, N)
+  transpose of an (E, N, K) expert weight (the 2d-3d call torchtitan's and torchao's experts make) ->
+  :func:`cute_mxfp8.ops.mxfp8_grouped_mm` (2d-3d forward / dgrad, 2d-2d wgrad).
+
+Any other use (``F.embedding``, ``x @ w``, slicing, ``torch._grouped_mm`` with ``bias`` / ``out_dtype`` / a 2-D
+weight) runs on the plain tensor, in high precision, exactly as without the wrapper.  The wrapper survives what
+training does to a parameter: optimizer updates (in place on the inner tensor), ``deepcopy``, ``.to()``, views and
+transposes, ``torch.compile`` (``__tensor_flatten__``), and FSDP2's sharding (``fully_shard``: the subclass stays on
+each rank's shard, and ``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` all-gather the inner tensor and re-wrap
+the unsharded weight).  ``state_dict()`` of a module processed by :func:`quantize_weights_` holds plain tensors, so
+checkpoints load into an unconverted model and back.
+
+The field's prior art is torchao's training weight wrapper (``MXFP8TrainingWeightWrapperTensor``) and its float8
+FSDP2 weight subclass; the numerics are this package's (``design.md``; OCP MX v1.0 blocks of 32, E8M0 scales).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils._pytree import tree_map_only
+
+from ..config import MXFP8Config, resolve_config
+from ..ops.autograd import mxfp8_grouped_mm, mxfp8_linear
+from ..ops.shapes import mxfp8_dims_reason
+
+__all__ = ["MXFP8TrainingWeight", "quantize_weights_"]
+
+aten = torch.ops.aten
+
+# ops whose results stay wrapped (views, copies, the tensor factories FSDP2 and deepcopy use); every other op on a
+# wrapper returns plain tensors
+_KEEP_WRAPPED = {
+    aten.detach.default, aten.alias.default, aten.view.default, aten._unsafe_view.default, aten.t.default,
+    aten.transpose.int, aten.permute.default, aten.as_strided.default, aten.slice.Tensor, aten.split.Tensor,
+    aten.split_with_sizes.default, aten.chunk.default, aten.clone.default, aten._to_copy.default,
+    aten.empty_like.default, aten.new_zeros.default, aten.new_empty.default, aten.new_empty_strided.default,
+    aten._pin_memory.default, aten.contiguous.default,
+}
+# in-place ops: applied to the inner tensor, the wrapper itself returned
+_INPLACE_RETURN_SELF = {aten.copy_.default, aten.zero_.default, aten.fill_.Scalar, aten.uniform_.default,
+                        aten.normal_.default}
+
+
+class _Unwrap(torch.autograd.Function):
+    """The wrapper's inner tensor as an autograd node: gradients flow back to the wrapper parameter."""
+
+    @staticmethod
+    def forward(ctx, w):
+        return w._inner.detach()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def _linear_fn():
+    return {F.linear, torch._C._nn.linear}
+
+
+class MXFP8TrainingWeight(Tensor):
+    """A bf16/fp32 weight whose ``F.linear`` and 2d-3d ``torch._grouped_mm`` run in MXFP8 (module docstring).
+
+    Args:
+        inner: the weight, a plain bf16/fp32 tensor: (N, K) for ``F.linear``, (E, N, K) for grouped experts
+            (``torch._grouped_mm`` receives its (E, K, N) transpose).  Shared, not copied.
+        config: :class:`~cute_mxfp8.MXFP8Config` (None: defaults).
+    Raises:
+        TypeError: ``inner`` is not a bf16/fp32 tensor (or is already wrapped), or ``config`` is not an MXFP8Config.
+    The wrapper reports ``inner``'s shape, strides, dtype and device; ``.inner`` returns the plain tensor.
+    """
+
+    _inner: Tensor
+    config: MXFP8Config
+
+    @staticmethod
+    def __new__(cls, inner: Tensor, config: MXFP8Config | None = None, requires_grad: bool | None = None):
+        if not isinstance(inner, Tensor) or isinstance(inner, MXFP8TrainingWeight):
+            raise TypeError(f"MXFP8TrainingWeight wraps a plain tensor, got {type(inner).__name__}")
+        if inner.dtype not in (torch.bfloat16, torch.float32):
+            raise TypeError(f"MXFP8TrainingWeight wraps a bfloat16 or float32 weight, got {inner.dtype}")
+        rg = inner.requires_grad if requires_grad is None else requires_grad
+        out = Tensor._make_wrapper_subclass(cls, inner.shape, strides=inner.stride(),
+                                            storage_offset=inner.storage_offset(), dtype=inner.dtype,
+                                            device=inner.device, layout=inner.layout, requires_grad=rg)
+        out._inner = inner.detach() if inner.requires_grad else inner
+        out.config = resolve_config(config)
+        return out
+
+    def __init__(self, inner, config=None, requires_grad=None):
+        pass
+
+    @property
+    def inner(self) -> Tensor:
+        return self._inner
+
+    def __repr__(self):
+        return f"MXFP8TrainingWeight({self._inner!r}, config={self.config})"
+
+    # ---- the two redirected calls -------------------------------------------------------------------------
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _linear_fn():
+            x, w, *rest = args
+            bias = rest[0] if rest else kwargs.get("bias")
+            if isinstance(w, cls) and not isinstance(x, cls):
+                return mxfp8_linear(x, _Unwrap.apply(w), bias, w.config)
+        elif func is torch._grouped_mm:
+            names = ("mat_a", "mat_b", "offs", "bias", "out_dtype")
+            bound = dict(zip(names, args)) | kwargs
+            a, b = bound.get("mat_a"), bound.get("mat_b")
+            if (isinstance(b, cls) and not isinstance(a, cls) and b.dim() == 3 and a.dim() == 2
+                    and bound.get("offs") is not None and bound.get("bias") is None
+                    and bound.get("out_dtype") in (None, a.dtype)):
+                w = b.transpose(-2, -1)  # (E, N, K), still a wrapper
+                return mxfp8_grouped_mm(a, _Unwrap.apply(w), bound["offs"], w.config)
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+    # ---- everything else: on the inner tensor -------------------------------------------------------------
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        config = next(a.config for a in (*args, *kwargs.values()) if isinstance(a, cls))
+        plain_args, plain_kwargs = tree_map_only(cls, lambda t: t._inner, (args, kwargs))
+        out = func(*plain_args, **plain_kwargs)
+        if func in _INPLACE_RETURN_SELF:
+            return args[0]
+        if func in _KEEP_WRAPPED:
+            return tree_map_only(Tensor, lambda t: cls(t, config, requires_grad=False), out)
+        return out
+
+    # ---- torch.compile ------------------------------------------------------------------------------------
+    def _stable_hash_for_caching(self) -> str:
+        return f"MXFP8TrainingWeight:{self.config}"
+
+    def __tensor_flatten__(self):
+        return ["_inner"], self.config
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, config, outer_size, outer_stride):
+        return MXFP8TrainingWeight(inner_tensors["_inner"], config, requires_grad=False)
+
+    # ---- FSDP2 (fully_shard) ------------------------------------------------------------------------------
+    def fsdp_pre_all_gather(self, mesh=None, outer_size=None, outer_stride=None, module=None, mp_policy=None):
+        """FSDP2 hook: all-gather this shard's inner tensor (cast to the mixed-precision param dtype, if any)."""
+        inner = self._inner
+        param_dtype = getattr(mp_policy, "param_dtype", None)
+        if param_dtype is not None and inner.dtype != param_dtype:
+            inner = inner.to(param_dtype)
+        return (inner,), None
+
+    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
+        """FSDP2 hook: the unsharded weight, wrapped again (so its F.linear / _grouped_mm stay MXFP8)."""
+        (data,) = all_gather_outputs
+        if out is not None:
+            return
+        return MXFP8TrainingWeight(data, self.config, requires_grad=False), (data,)
+
+
+def _default_filter(module: nn.Module, name: str, param: Tensor) -> bool:
+    if isinstance(module, nn.Linear) and name == "weight":
+        n, k = param.shape
+        return mxfp8_dims_reason(**{"in_features K": k, "out_features N": n}) is None
+    if param.dim() == 3 and not isinstance(module, (nn.Linear, nn.Embedding)):
+        e, a, b = param.shape
+        return e > 0 and mxfp8_dims_reason(K=b, N=a) is None and mxfp8_dims_reason(K=a, N=b) is None
+    return False
+
+
+def _plain_state_dict_hook(module, state_dict, prefix, local_metadata):
+    for key, value in state_dict.items():
+        if isinstance(value, MXFP8TrainingWeight):
+            state_dict[key] = value._inner
+        elif type(value).__name__ == "DTensor" and isinstance(getattr(value, "_local_tensor", None),
+                                                             MXFP8TrainingWeight):
+            from torch.distributed.tensor import DTensor
+            state_dict[key] = DTensor.from_local(value._local_tensor._inner, value.device_mesh, value.placements,
+                                                 run_check=False, shape=value.shape, stride=value.stride())
+    return state_dict
+
+
+def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, filter_fn=None) -> list[str]:
+    """Wrap the model's weights as :class:`MXFP8TrainingWeight` in place; no module is replaced.
+
+    Args:
+        model: any ``nn.Module`` (before ``fully_shard`` / ``torch.compile``, after ``init`` / loading weights).
+        config: :class:`~cute_mxfp8.MXFP8Config` for every wrapped weight (None: defaults).
+        filter_fn: ``(module, param_name, param) -> bool`` choosing the parameters to wrap.  Default: the
+            ``weight`` of every ``nn.Linear`` (subclasses included) whose dims are multiples of 32, and every 3-D
+            (E, N, K) parameter of other modules whose last two dims are (grouped experts, used through
+            ``torch._grouped_mm``).  A wrapped weight used by anything but ``F.linear`` / the 2d-3d
+            ``torch._grouped_mm`` simply runs in high precision.
+    Returns:
+        The fully qualified names of the wrapped parameters.
+    Raises:
+        TypeError: ``config`` is not an MXFP8Config.
+
+    The model's ``state_dict()`` keeps plain tensors (a state-dict hook unwraps them), so checkpoints interchange
+    with the unconverted model; ``load_state_dict`` copies into the wrapped weights in place.
+    """
+    config = resolve_config(config)
+    choose = filter_fn or _default_filter
+    wrapped = []
+    for mod_name, module in model.named_modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if isinstance(param, MXFP8TrainingWeight) or not choose(module, name, param):
+                continue
+            new = nn.Parameter(MXFP8TrainingWeight(param.data, config), requires_grad=param.requires_grad)
+            for attr in ("_param_init",):  # framework per-parameter hooks travel with the tensor object
+                if hasattr(param, attr):
+                    setattr(new, attr, getattr(param, attr))
+            setattr(module, name, new)
+            wrapped.append(f"{mod_name}.{name}" if mod_name else name)
+        if not getattr(module, "_mxfp8_plain_state_dict", False):
+            module._register_state_dict_hook(_plain_state_dict_hook)
+            module._mxfp8_plain_state_dict = True
+    return wrapped

@@ -1,0 +1,180 @@
+"""The weight-wrapper subclass (``MXFP8TrainingWeight`` / ``quantize_weights_``): MXFP8 training without a module
+swap.  CPU reference backend; the same code runs the kernels on a GPU."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cute_mxfp8 import MXFP8Config, MXFP8Linear, MXFP8TrainingWeight, quantize_weights_
+from cute_mxfp8.ops import mxfp8_grouped_mm
+
+
+class _Experts(nn.Module):
+    """Grouped SwiGLU experts calling torch._grouped_mm as torchtitan 0.3 does (bf16 casts, transposed weights)."""
+
+    def __init__(self, e=4, d=64, i=96, gen=None):
+        super().__init__()
+        self.w1_EFD = nn.Parameter(torch.randn(e, i, d, generator=gen) * 0.05)
+        self.w2_EDF = nn.Parameter(torch.randn(e, d, i, generator=gen) * 0.05)
+        self.w3_EFD = nn.Parameter(torch.randn(e, i, d, generator=gen) * 0.05)
+
+    def forward(self, x, offs):
+        def gmm(a, w):
+            return torch._grouped_mm(a, w.bfloat16().transpose(-2, -1), offs=offs)
+        h = F.silu(gmm(x.bfloat16(), self.w1_EFD)) * gmm(x.bfloat16(), self.w3_EFD)
+        return gmm(h, self.w2_EDF).type_as(x)
+
+
+def _mlp(gen):
+    m = nn.Sequential(nn.Linear(64, 160), nn.GELU(), nn.Linear(160, 96, bias=False))
+    for p in m.parameters():
+        nn.init.normal_(p, std=0.1, generator=gen)
+    return m
+
+
+def test_linear_weights_train_as_the_mxfp8_modules(rng):
+    """Wrapped nn.Linear weights give the MXFP8Linear module path's outputs and gradients bit for bit (fresh data,
+    21 tokens), state_dict stays plain, and five AdamW steps give the module path's losses exactly."""
+    model = _mlp(rng)
+    modules = copy.deepcopy(model)
+    modules[0], modules[2] = MXFP8Linear.from_linear(modules[0]), MXFP8Linear.from_linear(modules[2])
+    keys = list(model.state_dict())
+    assert quantize_weights_(model) == ["0.weight", "2.weight"]
+    assert isinstance(model[0].weight, MXFP8TrainingWeight) and isinstance(model[0].weight, nn.Parameter)
+    assert type(model[0].bias) is nn.Parameter  # biases stay plain
+    sd = model.state_dict()
+    assert list(sd) == keys and all(type(v) is torch.Tensor for v in sd.values())
+
+    losses, data_seed = [], int(torch.randint(0, 2**31, (1,), generator=rng))
+    for m in (model, modules):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        gen = torch.Generator().manual_seed(data_seed)
+        run = []
+        for _ in range(5):
+            x = torch.randn(3, 7, 64, generator=gen)
+            loss = m(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            run.append(loss.item())
+        losses.append(run)
+    assert losses[0] == losses[1]
+    assert isinstance(model[0].weight, MXFP8TrainingWeight)  # the optimizer updated the inner tensor in place
+    assert torch.equal(model[0].weight.inner, modules[0].weight.detach())
+    x = torch.randn(5, 64, generator=rng)
+    assert not torch.equal(model(x), _plain(model)(x))  # MXFP8, not the plain GEMM
+
+
+def _plain(model):
+    plain = copy.deepcopy(model)
+    for mod in plain.modules():
+        for name, p in list(mod.named_parameters(recurse=False)):
+            if isinstance(p, MXFP8TrainingWeight):
+                setattr(mod, name, nn.Parameter(p.inner.clone()))
+    return plain
+
+
+def test_grouped_mm_weights_run_the_mxfp8_grouped_gemm(rng):
+    """torch._grouped_mm(x, w.bfloat16().transpose(-2, -1), offs=offs) on wrapped (E, N, K) weights is
+    mxfp8_grouped_mm on the same weights: outputs and all gradients equal bit for bit, empty and odd groups."""
+    experts = _Experts(gen=rng)
+    ref = copy.deepcopy(experts)
+    assert quantize_weights_(experts) == ["w1_EFD", "w2_EDF", "w3_EFD"]
+    offs = torch.tensor([5, 5, 38, 41], dtype=torch.int32)
+    x = torch.randn(44, 64, generator=rng)  # 3 rows past offs[-1]
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y = experts(xa, offs)
+    y.square().sum().backward()
+
+    def gmm(a, w):
+        return mxfp8_grouped_mm(a, w.bfloat16(), offs)
+    h = F.silu(gmm(xb.bfloat16(), ref.w1_EFD)) * gmm(xb.bfloat16(), ref.w3_EFD)
+    y_ref = gmm(h, ref.w2_EDF).float()
+    y_ref.square().sum().backward()
+    assert torch.equal(y, y_ref) and bool(y[41:].eq(0).all())
+    assert torch.equal(xa.grad, xb.grad)
+    for name in ("w1_EFD", "w2_EDF", "w3_EFD"):
+        assert torch.equal(getattr(experts, name).grad, getattr(ref, name).grad), name
+
+
+def test_other_uses_of_a_wrapped_weight_run_in_high_precision(rng):
+    w = torch.randn(64, 96, generator=rng)
+    wrapped = MXFP8TrainingWeight(w)
+    x = torch.randn(8, 96, generator=rng)
+    assert type(x @ wrapped.t()) is torch.Tensor and torch.equal(x @ wrapped.t(), x @ w.t())
+    assert torch.equal(F.embedding(torch.tensor([3, 1]), wrapped), w[[3, 1]])
+    assert torch.equal(wrapped * 2, w * 2) and type(wrapped * 2) is torch.Tensor
+    assert isinstance(wrapped.t(), MXFP8TrainingWeight) and isinstance(wrapped[:32], MXFP8TrainingWeight)
+    # F.linear is MXFP8 (differs from the plain product), the plain tensor is untouched
+    assert not torch.equal(F.linear(x, wrapped), F.linear(x, w))
+    w3 = torch.randn(2, 64, 96, generator=rng).bfloat16()
+    xg = torch.randn(2, 8, 96, generator=rng).bfloat16()
+    # a grouped form the wrapper does not redirect (3d-3d, no offsets) runs in high precision
+    plain = torch._grouped_mm(xg, w3.transpose(-2, -1))
+    got = torch._grouped_mm(xg, MXFP8TrainingWeight(w3).transpose(-2, -1))
+    assert type(got) is torch.Tensor and torch.equal(got, plain)
+
+
+def test_checkpoints_copies_and_errors(rng, tmp_path):
+    model = _mlp(rng)
+    unconverted = copy.deepcopy(model)
+    quantize_weights_(model, MXFP8Config(scale_mode="floor"))
+    twin = copy.deepcopy(model)
+    assert isinstance(twin[0].weight, MXFP8TrainingWeight) and twin[0].weight.config.scale_mode == "floor"
+    assert twin[0].weight.requires_grad and twin[0].weight.inner.data_ptr() != model[0].weight.inner.data_ptr()
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    buf.seek(0)
+    unconverted.load_state_dict(torch.load(buf))
+    for a, b in zip(unconverted.state_dict().values(), model.state_dict().values()):
+        assert torch.equal(a, b)
+    fresh = _mlp(rng)
+    quantize_weights_(fresh)
+    fresh.load_state_dict(unconverted.state_dict())
+    assert isinstance(fresh[0].weight, MXFP8TrainingWeight)
+    assert torch.equal(fresh[0].weight.inner, unconverted[0].weight.detach())
+    torch.save(model, tmp_path / "whole.pt")  # the module itself pickles with its wrapped weights
+    back = torch.load(tmp_path / "whole.pt", weights_only=False)
+    x = torch.randn(4, 64, generator=rng)
+    assert isinstance(back[0].weight, MXFP8TrainingWeight) and torch.equal(back(x), model(x))
+
+    with pytest.raises(TypeError, match="bfloat16 or float32"):
+        MXFP8TrainingWeight(torch.zeros(32, 32, dtype=torch.int32))
+    with pytest.raises(TypeError, match="MXFP8Config"):
+        quantize_weights_(_mlp(rng), config="rceil")
+    odd = nn.Linear(48, 64)
+    assert quantize_weights_(odd) == []  # K = 48: left plain by the default filter
+    forced = nn.Linear(48, 64)
+    quantize_weights_(forced, filter_fn=lambda mod, name, p: name == "weight")
+    with pytest.raises(ValueError, match="multiple of the MX block size"):
+        forced(torch.randn(2, 48))
+
+
+@pytest.mark.slow
+def test_torch_compile_fullgraph_matches_eager(rng):
+    model = _mlp(rng)
+    experts = _Experts(gen=rng)
+    quantize_weights_(model)
+    quantize_weights_(experts)
+    offs = torch.tensor([7, 7, 20, 32], dtype=torch.int32)
+    # the experts under aot_eager: inductor would fuse their bf16 SiLU * up without the eager bf16 rounding of
+    # the product, which changes h's MXFP8 bytes (inductor's numerics, not the wrapper's)
+    for mod, args, backend in ((model, (torch.randn(2, 9, 64, generator=rng),), "inductor"),
+                               (experts, (torch.randn(32, 64, generator=rng), offs), "aot_eager")):
+        outs, grads = [], []
+        for fn in (mod, torch.compile(mod, fullgraph=True, backend=backend)):
+            x = args[0].clone().requires_grad_()
+            y = fn(x, *args[1:])
+            y.square().sum().backward()
+            outs.append(y.detach())
+            grads.append([x.grad, *[p.grad.clone() for p in mod.parameters()]])
+            mod.zero_grad()
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+        for gc, ge in zip(grads[1], grads[0]):
+            torch.testing.assert_close(gc, ge, rtol=1e-5, atol=1e-5)
