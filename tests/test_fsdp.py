@@ -1,0 +1,187 @@
+"""FSDP2 (``fully_shard``) with MXFP8 layers, in two processes: converted modules (``convert_to_mxfp8``) and wrapped
+weights (``quantize_weights_``).  CPU: gloo; two GPUs (``-m gpu``, e.g. the nvidia-h200-x2 machine): NCCL.
+
+Every rank trains on the same batches, so data-parallel averaging of identical gradients is exact and the sharded
+run must reproduce the one-process MXFP8 run bit for bit (a plain-precision run differs, so the MXFP8 path ran).
+The all-gathered bytes per step are counted; on GPUs the step time is printed."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from cute_mxfp8 import convert_to_mxfp8, quantize_weights_
+
+D, I, E, STEPS = 64, 128, 4, 4
+
+
+class _Block(nn.Module):
+    """A SwiGLU FFN (w1/w2/w3 Linears), an output projection and routed-expert weights used through
+    torch._grouped_mm (fixed token groups, so the run is deterministic)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(D, I, bias=False), nn.Linear(D, I, bias=False)
+        self.w2 = nn.Linear(I, D, bias=False)
+        self.proj = nn.Linear(D, D)
+        self.experts_w = nn.Parameter(torch.randn(E, D, D) * 0.05)
+
+    def forward(self, x):
+        h = self.w2(nn.functional.silu(self.w1(x)) * self.w3(x))
+        h = self.proj(h).flatten(0, -2)
+        n = h.shape[0]
+        offs = torch.tensor([n // 4, n // 4, 3 * n // 4, n], dtype=torch.int32, device=h.device)
+        return torch._grouped_mm(h, self.experts_w.transpose(-2, -1), offs=offs)
+
+
+class _FFN(nn.Module):
+    """torchtitan-style FeedForward (w1, w2, w3): convert_to_mxfp8 makes it one fused MXFP8SwiGLUMLP."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(D, I, bias=False), nn.Linear(D, I, bias=False)
+        self.w2 = nn.Linear(I, D, bias=False)
+
+    def forward(self, x):
+        return self.w2(nn.functional.silu(self.w1(x)) * self.w3(x))
+
+
+def _model(kind: str, seed: int, device, mxfp8: bool = True) -> nn.Module:
+    """kind "wrapped": two _Blocks with quantize_weights_; "modules": FFN, Linear, FFN with convert_to_mxfp8;
+    ``mxfp8=False``: the same model left plain."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(_Block(), _Block()) if kind == "wrapped" else nn.Sequential(_FFN(), nn.Linear(D, D), _FFN())
+    model.to(device)
+    if mxfp8 and kind == "wrapped":
+        quantize_weights_(model)
+    elif mxfp8:
+        convert_to_mxfp8(model)
+    return model
+
+
+def _train(model, seed: int, device, steps=STEPS):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(seed)
+    losses, times = [], []
+    for _ in range(steps):
+        x = torch.randn(4, 32, D, generator=gen).to(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = model(x).float().square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+        times.append(time.perf_counter() - t0)
+    return losses, times
+
+
+def _count_all_gathers(counter: list):
+    """Wrap torch.distributed's all-gather entry points to add every call's input bytes to ``counter``."""
+    for name in ("all_gather_single", "all_gather_into_tensor"):
+        fn = getattr(dist, name, None)
+        if fn is None:
+            continue
+
+        @functools.wraps(fn)
+        def counted(output, inp, *args, _fn=fn, **kwargs):
+            counter.append(inp.numel() * inp.element_size())
+            return _fn(output, inp, *args, **kwargs)
+        setattr(dist, name, counted)
+
+
+def _worker(rank, world, port, kind, seed, device_type, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if device_type == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    try:
+        from torch.distributed.fsdp import fully_shard
+        device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+        model = _model(kind, seed, device)
+        for child in model:
+            fully_shard(child)
+        fully_shard(model)
+        counter = []
+        _count_all_gathers(counter)
+        losses, times = _train(model, seed, device)
+        sd = model.state_dict()
+        plain = all(type(v.to_local()) is torch.Tensor for v in sd.values())
+        queue.put((rank, losses, sum(counter) / STEPS, times, plain))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_fsdp(kind, seed, device_type, world=2):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, kind, seed, device_type, queue))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results = sorted(queue.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return results
+
+
+def _check(kind, seed, device_type):
+    device = torch.device(device_type)
+    single, _ = _train(_model(kind, seed, device), seed, device)
+    plain, _ = _train(_model(kind, seed, device, mxfp8=False), seed, device)
+    assert single != plain  # MXFP8 numerics, not the plain GEMMs
+    results = _run_fsdp(kind, seed, device_type)
+    hp_bytes = sum(p.numel() * p.element_size() for p in _model(kind, seed, "cpu", mxfp8=False).parameters())
+    for rank, losses, gathered, times, plain_sd in results:
+        assert losses == single, (rank, losses, single)
+        assert plain_sd  # the sharded state dict holds plain tensors, as an unconverted model's
+        # the all-gathers move the high-precision shards, twice per step (forward, and backward after the
+        # reshard): each rank sends the parameter bytes (plus FSDP's shard padding)
+        assert hp_bytes <= gathered <= 1.05 * hp_bytes, (gathered, hp_bytes)
+    print(f"FSDP2 {kind} on 2 x {device_type}: losses {single}; all-gathered {results[0][2] / 1e3:.1f} kB per "
+          f"rank per step ({hp_bytes / 1e3:.1f} kB of parameters); step times (s) {[round(t, 4) for t in results[0][3]]}")
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["wrapped", "modules"])
+def test_fully_shard_two_processes_reproduce_one(kind, seed):
+    pytest.importorskip("torch.distributed.fsdp")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    _check(kind, seed, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (the nvidia-h200-x2 machine)")
+@pytest.mark.parametrize("kind", ["wrapped", "modules"])
+def test_fully_shard_two_gpus_reproduce_one(kind, seed):
+    _check(kind, seed, "cuda")
+
+
+def test_deepcopy_of_a_wrapped_model_is_independent(seed):
+    model = _model("wrapped", seed, "cpu")
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin[0].w1.weight.inner.zero_()
+    assert bool(model[0].w1.weight.inner.abs().sum() > 0)
