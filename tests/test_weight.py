@@ -14,6 +14,10 @@ from torch import nn
 from cute_mxfp8 import MXFP8Config, MXFP8Linear, MXFP8TrainingWeight, quantize_weights_
 from cute_mxfp8.ops import mxfp8_grouped_mm
 
+# cpu: the reference backend; cuda (the H200, -m gpu): the kernels
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200 with -m gpu)")])]
+
 
 class _Experts(nn.Module):
     """Grouped SwiGLU experts calling torch._grouped_mm as torchtitan 0.3 does (bf16 casts, transposed weights)."""
@@ -38,10 +42,11 @@ def _mlp(gen):
     return m
 
 
-def test_linear_weights_train_as_the_mxfp8_modules(rng):
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_weights_train_as_the_mxfp8_modules(device, rng):
     """Wrapped nn.Linear weights give the MXFP8Linear module path's outputs and gradients bit for bit (fresh data,
     21 tokens), state_dict stays plain, and five AdamW steps give the module path's losses exactly."""
-    model = _mlp(rng)
+    model = _mlp(rng).to(device)
     modules = copy.deepcopy(model)
     modules[0], modules[2] = MXFP8Linear.from_linear(modules[0]), MXFP8Linear.from_linear(modules[2])
     keys = list(model.state_dict())
@@ -57,7 +62,7 @@ def test_linear_weights_train_as_the_mxfp8_modules(rng):
         gen = torch.Generator().manual_seed(data_seed)
         run = []
         for _ in range(5):
-            x = torch.randn(3, 7, 64, generator=gen)
+            x = torch.randn(3, 7, 64, generator=gen).to(device)
             loss = m(x).square().mean()
             loss.backward()
             opt.step()
@@ -67,7 +72,7 @@ def test_linear_weights_train_as_the_mxfp8_modules(rng):
     assert losses[0] == losses[1]
     assert isinstance(model[0].weight, MXFP8TrainingWeight)  # the optimizer updated the inner tensor in place
     assert torch.equal(model[0].weight.inner, modules[0].weight.detach())
-    x = torch.randn(5, 64, generator=rng)
+    x = torch.randn(5, 64, generator=rng).to(device)
     assert not torch.equal(model(x), _plain(model)(x))  # MXFP8, not the plain GEMM
 
 
@@ -80,14 +85,15 @@ def _plain(model):
     return plain
 
 
-def test_grouped_mm_weights_run_the_mxfp8_grouped_gemm(rng):
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_mm_weights_run_the_mxfp8_grouped_gemm(device, rng):
     """torch._grouped_mm(x, w.bfloat16().transpose(-2, -1), offs=offs) on wrapped (E, N, K) weights is
     mxfp8_grouped_mm on the same weights: outputs and all gradients equal bit for bit, empty and odd groups."""
-    experts = _Experts(gen=rng)
+    experts = _Experts(gen=rng).to(device)
     ref = copy.deepcopy(experts)
     assert quantize_weights_(experts) == ["w1_EFD", "w2_EDF", "w3_EFD"]
-    offs = torch.tensor([5, 5, 38, 41], dtype=torch.int32)
-    x = torch.randn(44, 64, generator=rng)  # 3 rows past offs[-1]
+    offs = torch.tensor([5, 5, 38, 41], dtype=torch.int32, device=device)
+    x = torch.randn(44, 64, generator=rng).to(device)  # 3 rows past offs[-1]
     xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
     y = experts(xa, offs)
     y.square().sum().backward()

@@ -58,6 +58,10 @@ class Backend:
     fuses_mlp: bool = False
     # ... and does so with token groups too (its fused ops take ``offs``)
     fuses_grouped_mlp: bool = False
+    # op name -> ``plan(*op_args) -> launcher or None``: a launcher ``run(x)`` repeats the op for later eager calls
+    # whose key (shape, dtypes, flags, device) equals this one's, without re-checking what the key fixes
+    # (:func:`cute_mxfp8.ops.api` keeps them; host time per call, issue 15)
+    plans: dict[str, Callable] = field(default_factory=dict)
 
     def refusal(self, op: str, device: torch.device, args: tuple | None) -> str | None:
         """Why this backend cannot run ``op`` on ``device`` with ``args`` (None: it can)."""
@@ -80,9 +84,27 @@ _ORDER: list[str] = []  # registered names, highest priority first (kept sorted 
 
 
 def register_backend(backend: Backend) -> None:
-    """Add or replace a backend."""
+    """Add or replace a backend (launch plans made for the old set are dropped)."""
     _BACKENDS[backend.name] = backend
     _ORDER[:] = [b.name for b in sorted(_BACKENDS.values(), key=lambda b: -b.priority)]
+    PLANS.clear()
+
+
+# launch plans of eager calls: key -> launcher, or None where the chosen backend has no plan for the op
+PLANS: dict = {}
+_MAX_PLANS = 4096
+
+
+def make_plan(op: str, device, requested: str | None, args: tuple):
+    """The chosen backend's launcher for calls like ``op(*args)`` (None when it has none)."""
+    plan = _BACKENDS[resolve_backend(device, requested, op, args)].plans.get(op)
+    return None if plan is None else plan(*args)
+
+
+def remember_plan(key, launcher) -> None:
+    if len(PLANS) >= _MAX_PLANS:  # shapes that keep changing: start over rather than grow without bound
+        PLANS.clear()
+    PLANS[key] = launcher
 
 
 def registered_backends() -> list[str]:

@@ -105,16 +105,20 @@ def _scale_limits(shape: tuple, blocked: bool, groups: int | None) -> str | None
     return None
 
 
-def _outputs(shapes, x, elem_dtype, blocked, groups=None, shape=None):
-    """New (data, scales) for a cast of ``x`` (or of a tensor of ``shape`` on ``x``'s device)."""
-    dshape, sshape = shapes(tuple(x.shape) if shape is None else shape, blocked, groups)
-    q = torch.empty(dshape, dtype=elem_dtype, device=x.device)
-    # The kernels write only real scales.  Padding must read as zero: grouped layouts always have some; a blocked
-    # buffer has none when its rows fill whole 128-row tiles and its columns whole groups of 4.
+def _output_spec(shapes, shape: tuple, blocked, groups=None):
+    """(data shape, scale shape, scale allocator) of a cast of a tensor of ``shape``.  The kernels write only real
+    scales, so padding must read as zero: grouped layouts always have some; a blocked buffer has none when its rows
+    fill whole 128-row tiles and its columns whole groups of 4."""
+    dshape, sshape = shapes(shape, blocked, groups)
     rows, cols = dshape[-2], dshape[-1] // 32  # the scale matrix of data (..., R, C) is (R, C/32), either cast
     padded = groups is not None or (blocked and (rows % 128 or cols % 4))
-    s = (torch.zeros if padded else torch.empty)(sshape, dtype=torch.uint8, device=x.device)
-    return q, s
+    return dshape, sshape, (torch.zeros if padded else torch.empty)
+
+
+def _outputs(shapes, x, elem_dtype, blocked, groups=None, shape=None):
+    """New (data, scales) for a cast of ``x`` (or of a tensor of ``shape`` on ``x``'s device)."""
+    dshape, sshape, alloc = _output_spec(shapes, tuple(x.shape) if shape is None else shape, blocked, groups)
+    return torch.empty(dshape, dtype=elem_dtype, device=x.device), alloc(sshape, dtype=torch.uint8, device=x.device)
 
 
 def _batch(t: torch.Tensor, three_d: bool) -> torch.Tensor:
@@ -221,6 +225,52 @@ def _ops(arch: str) -> dict:
             "quantize_dual": quantize_dual, "quantize_gate_up": quantize_gate_up}
 
 
+def _plans(arch: str) -> dict:
+    """Launch plans for the eager 2-D casts without groups (:attr:`Backend.plans`): the compiled kernel and the
+    output allocation, fixed once per (shape, dtypes, flags); the op's checks already passed for that key."""
+    e8m0 = torch.float8_e8m0fnu
+
+    def rowwise(x, scale_mode, elem_dtype, blocked, offs=None):
+        if offs is not None or x.dim() != 2 or x.numel() == 0:
+            return None
+        fn = compile_quant("rowwise", _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False,
+                           False)
+        dshape, sshape, alloc = _output_spec(rowwise_shapes, tuple(x.shape), blocked)
+        dev = x.device
+
+        def run(x):
+            q, s = torch.empty(dshape, dtype=elem_dtype, device=dev), alloc(sshape, dtype=torch.uint8, device=dev)
+            fn(x, q, s)
+            return q, s.view(e8m0)
+        return run
+
+    def tiled(direction, shapes):
+        def plan(x, scale_mode, elem_dtype, blocked, offs=None):
+            if offs is not None or x.dim() != 2 or x.numel() == 0:
+                return None
+            fn = compile_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False,
+                               False)
+            dev = x.device
+            specs = [_output_spec(sh, tuple(x.shape), blocked) for sh in shapes]
+            data, scales = (1, 32, 32), ((1, 1) if blocked else (1, 1, 1))
+            unused = (_placeholder(dev, elem_dtype, data), _placeholder(dev, torch.uint8, scales))
+            group_args = _group_args(dev, None)
+
+            def run(x):
+                outs = []
+                for dshape, sshape, alloc in specs:
+                    outs += [torch.empty(dshape, dtype=elem_dtype, device=dev),
+                             alloc(sshape, dtype=torch.uint8, device=dev)]
+                slots = [t.unsqueeze(0) for t in outs]  # the tile kernel's batched views (E = 1)
+                fn(x.unsqueeze(0), *(slots if direction == "dual" else (*unused, *slots)), *group_args)
+                return tuple(t.view(e8m0) if i % 2 else t for i, t in enumerate(outs))
+            return run
+        return plan
+
+    return {"quantize_rowwise": rowwise, "quantize_colwise": tiled("colwise", (colwise_shapes,)),
+            "quantize_dual": tiled("dual", (rowwise_shapes, colwise_shapes))}
+
+
 def _swiglu_limits(first, *rest):
     """Limits of the fused SwiGLU kernels (``first`` is h13 forward, dh backward)."""
     tensors = [first] + [t for t in rest[:1] if isinstance(t, torch.Tensor)]
@@ -300,6 +350,7 @@ for _name, (_, _arch, _) in _ARCHS.items():
         priority=10,
         unavailable_reason=_unavailable(_name),
         ops={**_ops(_arch), **_swiglu_ops(_arch), **_gemm.OPS},
+        plans=_plans(_arch),
         limits={**_QUANT_LIMITS, **_SWIGLU_LIMITS, **_gemm.LIMITS},
         fuses_mlp="mm_swiglu_quant" in _gemm.OPS,
         fuses_grouped_mlp="mm_swiglu_quant" in _gemm.OPS and getattr(_gemm, "FUSED_GROUPED", False),

@@ -1,0 +1,79 @@
+"""The eager host path: launch plans of repeated casts (same bytes as the full path) and CUDA-graph capture of the
+MXFP8 SwiGLU MLP forward + backward.  Host *time* is a benchmark (``bench quantize`` prints it), not a test."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cute_mxfp8 import MXFP8SwiGLUMLP, ops
+from cute_mxfp8.ops import backends as B
+from cute_mxfp8.ops import library as L
+
+gpu = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] in (9, 10)),
+                         reason="needs an SM90 or SM100 GPU (run on the H200 with -m gpu)")
+CASTS = {"quantize_rowwise": L.quantize_rowwise_impl, "quantize_colwise": L.quantize_colwise_impl,
+         "quantize_dual": L.quantize_dual_impl}
+
+
+def _bytes(outs):
+    return [t.view(torch.uint8) if t.dtype.itemsize == 1 else t for t in outs]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("shape", [(128, 128), (200, 96), (33, 64)])
+@pytest.mark.parametrize("blocked", [True, False])
+def test_planned_casts_equal_the_full_path(shape, blocked, rng):
+    """Second and later calls of a key run its launch plan: the same bytes as the op's full implementation, on
+    fresh data each call, e4m3 and e5m2, blocked and plain scales, M not a multiple of 32 or 128."""
+    for name, impl in CASTS.items():
+        for elem in (torch.float8_e4m3fn, torch.float8_e5m2):
+            fn = getattr(ops, name)
+            for i in range(3):
+                x = (torch.randn(shape, generator=rng) * 4).to("cuda", torch.bfloat16)
+                x[0, :32] = 0  # an all-zero block
+                got = fn(x, elem_dtype=elem, blocked=blocked)
+                want = impl(x, "rceil", elem, blocked, None, "")
+                for g, w in zip(_bytes(got), _bytes(want)):
+                    assert g.shape == w.shape and torch.equal(g, w), (name, elem, i)
+            key = (name, x.shape, x.dtype, x.device, "rceil", torch.float8_e5m2, blocked, None, None)
+            assert B.PLANS.get(key) is not None, name  # the plan ran
+
+
+def test_reference_backend_keeps_no_plan_and_keys_see_the_backend_variable(monkeypatch, rng):
+    x = torch.randn(64, 64, generator=rng)
+    a = ops.quantize_rowwise(x)
+    key = ("quantize_rowwise", x.shape, x.dtype, x.device, "rceil", torch.float8_e4m3fn, True, None, None)
+    assert key in B.PLANS and B.PLANS[key] is None  # CPU: the reference, no plan, the full path every call
+    b = ops.quantize_rowwise(x)
+    assert all(torch.equal(p.view(torch.uint8), q.view(torch.uint8)) for p, q in zip(a, b))
+    monkeypatch.setenv(B.ENV_VAR, "reference")
+    ops.quantize_rowwise(x)
+    assert key[:-1] + ("reference",) in B.PLANS
+    monkeypatch.setenv(B.ENV_VAR, "nope")
+    with pytest.raises(B.BackendUnavailableError, match="unknown cute_mxfp8 backend 'nope'"):
+        ops.quantize_rowwise(x)  # a changed variable is never answered from an old plan
+
+
+@pytest.mark.gpu
+@gpu
+def test_mlp_forward_backward_captures_into_cuda_graphs(rng):
+    """torch.cuda.make_graphed_callables on MXFP8SwiGLUMLP: replays give the eager output and gradients."""
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    mlp = MXFP8SwiGLUMLP(256, 512).cuda()
+    x = torch.randn(300, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y_eager = mlp(x)
+    y_eager.float().square().sum().backward()
+    grads = [x.grad.clone(), *[p.grad.clone() for p in mlp.parameters()]]
+    x.grad = None
+    mlp.zero_grad(set_to_none=True)
+    graphed = torch.cuda.make_graphed_callables(mlp, (x,))
+    for _ in range(2):
+        x.grad = None
+        mlp.zero_grad(set_to_none=True)
+        y = graphed(x)
+        y.float().square().sum().backward()
+    assert torch.equal(y, y_eager)
+    for g, want in zip([x.grad, *[p.grad for p in mlp.parameters()]], grads):
+        assert torch.equal(g, want)
