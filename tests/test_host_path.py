@@ -37,7 +37,7 @@ def test_planned_casts_equal_the_full_path(shape, blocked, rng):
                 want = impl(x, "rceil", elem, blocked, None, "")
                 for g, w in zip(_bytes(got), _bytes(want)):
                     assert g.shape == w.shape and torch.equal(g, w), (name, elem, i)
-            key = (name, x.shape, x.dtype, x.device, "rceil", torch.float8_e5m2, blocked, None, None)
+            key = (name, x.shape, x.dtype, x.device, "rceil", elem, blocked, None, None)
             assert B.PLANS.get(key) is not None, name  # the plan ran
 
 
@@ -66,6 +66,7 @@ def test_mlp_forward_backward_captures_into_cuda_graphs(rng):
     y_eager = mlp(x)
     y_eager.float().square().sum().backward()
     grads = [x.grad.clone(), *[p.grad.clone() for p in mlp.parameters()]]
+    y_eager = y_eager.detach().clone()  # free the eager graph: its AccumulateGrad nodes belong to another stream
     x.grad = None
     mlp.zero_grad(set_to_none=True)
     graphed = torch.cuda.make_graphed_callables(mlp, (x,))
@@ -77,3 +78,31 @@ def test_mlp_forward_backward_captures_into_cuda_graphs(rng):
     assert torch.equal(y, y_eager)
     for g, want in zip([x.grad, *[p.grad for p in mlp.parameters()]], grads):
         assert torch.equal(g, want)
+
+
+def test_a_backend_plan_runs_from_the_second_call_on(rng):
+    """The plan mechanism on the CPU: a probe backend (the reference's ops, a counting plan) above the others."""
+    ref = B._BACKENDS["reference"]
+    calls = []
+
+    def plan(x, scale_mode, elem_dtype, blocked, offs=None):
+        impl = ref.ops["quantize_rowwise"]
+
+        def run(x):
+            calls.append(x.shape)
+            return impl(x, scale_mode, elem_dtype, blocked, None)
+        return run
+
+    B.register_backend(B.Backend("probe", 100, lambda d: None, ops=dict(ref.ops), plans={"quantize_rowwise": plan}))
+    try:
+        x = torch.randn(64, 96, generator=rng)
+        outs = [ops.quantize_rowwise(x) for _ in range(3)]
+        assert len(calls) == 2  # the first call took the full path
+        assert all(torch.equal(o[0].view(torch.uint8), outs[0][0].view(torch.uint8)) for o in outs)
+        ops.quantize_rowwise(x.t().contiguous().t())  # not contiguous: the full path, no plan
+        ops.quantize_rowwise(x.requires_grad_())  # requires grad with grad mode on: the custom op, no plan
+        assert len(calls) == 2
+    finally:
+        del B._BACKENDS["probe"]
+        B.register_backend(ref)  # restores the order and drops the probe's plans
+    assert not B.PLANS

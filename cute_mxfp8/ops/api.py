@@ -59,7 +59,10 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
         key = (name, x.shape, x.dtype, x.device, scale_mode, elem_dtype, blocked, backend,
                os.environ.get(B.ENV_VAR))
         run = B.PLANS.get(key)
-        if run is not None and x.is_contiguous() and not x.data_ptr() % 16 and _direct(x):
+        # _direct(x), spelled out with the cheapest checks (this is the path whose host time counts)
+        if (run is not None and x.is_contiguous() and not x.data_ptr() % 16
+                and not (x.requires_grad and torch.is_grad_enabled())
+                and not torch._C._is_torch_function_mode_enabled() and not torch._C._len_torch_dispatch_stack()):
             return run(x)
     _check_types(blocked, offs=offs, x=x)
     direct = _direct(x, offs)
