@@ -249,14 +249,20 @@ def test_hf_models_train_20_steps_like_the_unconverted_model(kind, device, seed)
     assert report.converted and not report.skipped
     gen = torch.Generator().manual_seed(seed)
     batches = [torch.randint(0, 128, (4, 32), generator=gen).to(device) for _ in range(4)]
+    _train_side_by_side((ref, model), [batches[step % 4] for step in range(20)],
+                        lambda m, ids: m(ids, labels=ids).loss, 1e-3, device)
+
+
+def _train_side_by_side(models, batches, loss_of, lr, device):
+    """AdamW on the same batches for the reference and the converted model: every step's loss within 2 % of the
+    reference's, and the converted model learns (final loss at least 0.5 below its first)."""
     losses = []
-    for m in (ref, model):
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    for m in models:
+        opt = torch.optim.AdamW(m.parameters(), lr=lr)
         run = []
-        for step in range(20):
-            ids = batches[step % 4]
+        for ids in batches:
             with _autocast(device):
-                loss = m(ids, labels=ids).loss
+                loss = loss_of(m, ids)
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -332,23 +338,8 @@ def test_torchtitan_models_train_20_steps_and_checkpoints_interchange(kind, devi
         batches.append(ids.to(device))
     # lr 3e-4: at 1e-3 the MoE model's routing turns chaotic while the loss falls fast, and bf16 autocast drifts
     # from fp32 as far as MXFP8 does (1-25 % on 4 seeds; 0.01-0.02 % for both at 3e-4).
-    losses = []
-    for m in (ref, model):
-        opt = torch.optim.AdamW(m.parameters(), lr=3e-4)
-        run = []
-        for step in range(20):
-            ids = batches[step]
-            with _autocast(device):
-                logits = m(ids[:, :-1])
-            loss = cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            run.append(float(loss))
-        losses.append(run)
-    for step, (a, b) in enumerate(zip(*losses)):
-        assert abs(b - a) <= 0.02 * a, (step, a, b)
-    assert losses[1][-1] < losses[1][0] - 0.5
+    _train_side_by_side((ref, model), batches, lambda m, ids: cross_entropy(
+        m(ids[:, :-1]).flatten(0, 1).float(), ids[:, 1:].flatten()), 3e-4, device)
 
     dcp.save(model.state_dict(), checkpoint_id=str(tmp_path / "mx"))
     with torch.device(device):
