@@ -186,3 +186,47 @@ def test_torch_compile_fullgraph_matches_eager(rng):
         torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
         for gc, ge in zip(grads[1], grads[0]):
             torch.testing.assert_close(gc, ge, rtol=1e-5, atol=1e-5)
+
+
+def test_ties_lists_and_casts(rng):
+    """Tied weights stay one parameter (one AdamW update per step); ops taking lists of wrapped weights (torch.cat,
+    the foreach optimizers) run on the inner tensors; copies to other dtypes come back plain."""
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(64, 64)
+            self.a, self.head = nn.Linear(64, 64, bias=False), nn.Linear(64, 64, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, ids):
+            return self.head(self.a(self.emb(ids)))
+
+    model = Tied()
+    ref = copy.deepcopy(model)
+    names = quantize_weights_(model)
+    assert model.head.weight is model.emb.weight and isinstance(model.emb.weight, MXFP8TrainingWeight)
+    assert set(names) == {"emb.weight", "head.weight", "a.weight"} and len(list(model.parameters())) == 2
+    ids = torch.randint(0, 64, (4, 8), generator=rng)
+    for m in (model, ref):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, foreach=True)
+        m(ids).square().mean().backward()
+        opt.step()
+    step = (model.emb.weight.inner - ref.emb.weight.detach()).abs().max()
+    assert float(step) < 0.02  # one update (MXFP8 vs plain gradients), not two
+    w = MXFP8TrainingWeight(torch.randn(64, 32, generator=rng))
+    assert torch.equal(torch.cat([w, w]), torch.cat([w.inner, w.inner]))
+    assert type(w.to(torch.float16)) is torch.Tensor and w.to(torch.float16).dtype == torch.float16
+    assert isinstance(w.to(torch.bfloat16), MXFP8TrainingWeight)
+    assert type(w.new_zeros(3, dtype=torch.int64)) is torch.Tensor
+    opt = torch.optim.AdamW([nn.Parameter(w)], lr=1e-2, foreach=True)
+    opt.param_groups[0]["params"][0].grad = torch.ones(64, 32)
+    opt.step()
+
+
+def test_plan_cache_keys_never_hide_argument_errors():
+    from cute_mxfp8 import ops
+    x = torch.randn(32, 32)
+    with pytest.raises((TypeError, ValueError)):
+        ops.quantize_rowwise(x, scale_mode=["rceil"])
+    with pytest.raises(TypeError, match="blocked"):
+        ops.quantize_rowwise(x, blocked=1)

@@ -58,7 +58,17 @@ _log = logging.getLogger(__name__)
 
 
 def _local(t):
-    return t.to_local() if isinstance(t, DTensor) else t
+    """The plain weight: FSDP2's unsharded parameters are plain or replicated; a weight still sharded at forward
+    time is tensor parallelism, which these forwards do not implement (they never call the Linears' own
+    forward, where torchtitan's TP redistributes)."""
+    if isinstance(t, DTensor):
+        if any(not p.is_replicate() for p in t.placements):
+            raise NotImplementedError(
+                f"cute_mxfp8's torchtitan FFN / experts got a weight sharded as {t.placements} at forward time "
+                f"(tensor or expert parallelism), which they do not support yet: run without TP/EP, or leave "
+                f"these modules unconverted")
+        return t.to_local()
+    return t
 
 
 if _MISSING is None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils._pytree import tree_map_only
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 from ..config import MXFP8Config, resolve_config
 from ..ops.autograd import mxfp8_grouped_mm, mxfp8_linear
@@ -130,13 +130,14 @@ class MXFP8TrainingWeight(Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        config = next(a.config for a in (*args, *kwargs.values()) if isinstance(a, cls))
+        config = next(a.config for a in tree_leaves((args, kwargs)) if isinstance(a, cls))  # lists included
         plain_args, plain_kwargs = tree_map_only(cls, lambda t: t._inner, (args, kwargs))
         out = func(*plain_args, **plain_kwargs)
         if func in _INPLACE_RETURN_SELF:
             return args[0]
-        if func in _KEEP_WRAPPED:
-            return tree_map_only(Tensor, lambda t: cls(t, config, requires_grad=False), out)
+        if func in _KEEP_WRAPPED:  # a copy to another dtype (fp16, fp64, integers) comes back plain
+            return tree_map_only(Tensor, lambda t: cls(t, config, requires_grad=False)
+                                 if t.dtype in (torch.bfloat16, torch.float32) else t, out)
         return out
 
     # ---- torch.compile ------------------------------------------------------------------------------------
@@ -206,21 +207,31 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
         TypeError: ``config`` is not an MXFP8Config.
 
     The model's ``state_dict()`` keeps plain tensors (a state-dict hook unwraps them), so checkpoints interchange
-    with the unconverted model; ``load_state_dict`` copies into the wrapped weights in place.
+    with the unconverted model; ``load_state_dict`` copies into the wrapped weights in place (with ``assign=True``
+    it replaces them by the loaded plain tensors: wrap after such a load).  Tied weights stay tied: the one
+    parameter is wrapped once and set on every module that holds it.  A second call leaves wrapped weights (and
+    their config) as they are.
     """
     config = resolve_config(config)
     choose = filter_fn or _default_filter
+    # every place each parameter object sits (tied weights: one parameter, several modules)
+    places: dict[int, list] = {}
+    for mod_name, module in model.named_modules(remove_duplicate=False):
+        for name, param in module.named_parameters(recurse=False):
+            places.setdefault(id(param), []).append((mod_name, module, name, param))
     wrapped = []
-    for mod_name, module in model.named_modules():
-        for name, param in list(module.named_parameters(recurse=False)):
-            if isinstance(param, MXFP8TrainingWeight) or not choose(module, name, param):
-                continue
-            new = nn.Parameter(MXFP8TrainingWeight(param.data, config), requires_grad=param.requires_grad)
-            for attr in ("_param_init",):  # framework per-parameter hooks travel with the tensor object
-                if hasattr(param, attr):
-                    setattr(new, attr, getattr(param, attr))
+    for entries in places.values():
+        param = entries[0][3]
+        if isinstance(param, MXFP8TrainingWeight) or not any(choose(m, n, p) for _, m, n, p in entries):
+            continue
+        new = nn.Parameter(MXFP8TrainingWeight(param.data, config), requires_grad=param.requires_grad)
+        for attr in ("_param_init",):  # framework per-parameter hooks travel with the tensor object
+            if hasattr(param, attr):
+                setattr(new, attr, getattr(param, attr))
+        for mod_name, module, name, _ in entries:  # a tie stays a tie (an embedding's use runs plain)
             setattr(module, name, new)
             wrapped.append(f"{mod_name}.{name}" if mod_name else name)
+    for module in model.modules():
         if not getattr(module, "_mxfp8_plain_state_dict", False):
             module._register_state_dict_hook(_plain_state_dict_hook)
             module._mxfp8_plain_state_dict = True

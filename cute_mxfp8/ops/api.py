@@ -55,10 +55,13 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
     contiguous, 16-byte aligned ``x`` under :func:`_direct`'s conditions run the plan (allocation + kernel).
     Everything a plan skips is fixed by the key, so results are the same bytes; only host time differs."""
     key = None
-    if not torch.compiler.is_compiling() and offs is None and type(x) is Tensor:
+    if not torch.compiler.is_compiling() and offs is None and type(x) is Tensor and type(blocked) is bool:
         key = (name, x.shape, x.dtype, x.device, scale_mode, elem_dtype, blocked, backend,
                os.environ.get(B.ENV_VAR))
-        run = B.PLANS.get(key)
+        try:
+            run = B.PLANS.get(key)
+        except TypeError:  # an unhashable argument: the full path says what is wrong with it
+            key = run = None
         # _direct(x), spelled out with the cheapest checks (this is the path whose host time counts)
         if (run is not None and x.is_contiguous() and not x.data_ptr() % 16
                 and not (x.requires_grad and torch.is_grad_enabled())
@@ -67,7 +70,8 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
     _check_types(blocked, offs=offs, x=x)
     direct = _direct(x, offs)
     out = (impl if direct else op)(x, scale_mode, elem_dtype, blocked, offs, backend or "")
-    if key is not None and direct and key not in B.PLANS and x.is_contiguous() and not x.data_ptr() % 16:
+    if (key is not None and direct and key not in B.PLANS and x.is_contiguous() and x.layout == torch.strided
+            and not torch._C._functorch.is_functorch_wrapped_tensor(x) and not x.data_ptr() % 16):
         B.remember_plan(key, B.make_plan(name, x.device, backend, (x, scale_mode, elem_dtype, blocked, None)))
     return out
 
