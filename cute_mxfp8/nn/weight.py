@@ -62,8 +62,7 @@ class _Unwrap(torch.autograd.Function):
         return g
 
 
-def _linear_fn():
-    return {F.linear, torch._C._nn.linear}
+_LINEAR = frozenset({F.linear, torch._C._nn.linear})  # the same function today; both spellings, should they part
 
 
 class MXFP8TrainingWeight(Tensor):
@@ -109,7 +108,7 @@ class MXFP8TrainingWeight(Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _linear_fn():
+        if func in _LINEAR:
             x, w, *rest = args
             bias = rest[0] if rest else kwargs.get("bias")
             if isinstance(w, cls) and not isinstance(x, cls):

@@ -133,6 +133,12 @@ def _placeholder(device: torch.device, dtype: torch.dtype, shape: tuple) -> torc
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
+def _unused_outputs(device: torch.device, elem_dtype: torch.dtype, blocked: bool) -> tuple:
+    """(data, scales) placeholders for the tile kernel's output slots a build does not write (the other cast's)."""
+    return (_placeholder(device, elem_dtype, (1, 32, 32)),
+            _placeholder(device, torch.uint8, (1, 1) if blocked else (1, 1, 1)))
+
+
 def _group_args(device: torch.device, offs) -> tuple:
     """The tile kernels' (offs, tile_starts) arguments: the groups, or one placeholder for both without groups."""
     if offs is None:
@@ -158,10 +164,8 @@ def _ops(arch: str) -> dict:
     def tile(direction, x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs=None):
         """Launch the tile kernel (colwise / dual / 3-D rowwise); unused output slots take placeholders."""
         three_d = x.dim() == 3
-        data, scales = (1, 32, 32), ((1, 1) if blocked else (1, 1, 1))
-        q, s, qt, st = (_batch(t, three_d) if t is not None else
-                        _placeholder(x.device, torch.uint8 if i % 2 else elem_dtype, scales if i % 2 else data)
-                        for i, t in enumerate((q, s, qt, st)))
+        unused = _unused_outputs(x.device, elem_dtype, blocked)
+        q, s, qt, st = (_batch(t, three_d) if t is not None else unused[i % 2] for i, t in enumerate((q, s, qt, st)))
         kernel(direction, x, scale_mode, elem_dtype, blocked, offs is not None, three_d and direction == "rowwise")(
             _batch(x, three_d), q, s, qt, st, *_group_args(x.device, offs))
 
@@ -252,8 +256,7 @@ def _plans(arch: str) -> dict:
                                False)
             dev = x.device
             specs = [_output_spec(sh, tuple(x.shape), blocked) for sh in shapes]
-            data, scales = (1, 32, 32), ((1, 1) if blocked else (1, 1, 1))
-            unused = (_placeholder(dev, elem_dtype, data), _placeholder(dev, torch.uint8, scales))
+            unused = _unused_outputs(dev, elem_dtype, blocked)
             group_args = _group_args(dev, None)
 
             def run(x):
