@@ -18,8 +18,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from cute_mxfp8 import convert_to_mxfp8, quantize_weights_
+from cute_mxfp8 import MXFP8Config, convert_to_mxfp8, quantize_weights_
+from cute_mxfp8.formats import blocked_scales_numel
 
 D, I, E, STEPS = 64, 128, 4, 4
 
@@ -28,14 +30,20 @@ class _Block(nn.Module):
     """A SwiGLU FFN (w1/w2/w3 Linears), an output projection and routed-expert weights used through
     torch._grouped_mm (fixed token groups, so the run is deterministic)."""
 
-    def __init__(self):
+    def __init__(self, ckpt: bool = False):
         super().__init__()
         self.w1, self.w3 = nn.Linear(D, I, bias=False), nn.Linear(D, I, bias=False)
         self.w2 = nn.Linear(I, D, bias=False)
         self.proj = nn.Linear(D, D)
         self.experts_w = nn.Parameter(torch.randn(E, D, D) * 0.05)
+        self.ckpt = ckpt  # activation checkpointing: the forward runs again inside the backward
 
     def forward(self, x):
+        if self.ckpt:
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+    def _forward(self, x):
         h = self.w2(nn.functional.silu(self.w1(x)) * self.w3(x))
         h = self.proj(h).flatten(0, -2)
         n = h.shape[0]
@@ -185,3 +193,97 @@ def test_deepcopy_of_a_wrapped_model_is_independent(seed):
     with torch.no_grad():
         twin[0].w1.weight.inner.zero_()
     assert bool(model[0].w1.weight.inner.abs().sum() > 0)
+
+
+# ---- the MXFP8 all-gather (MXFP8Config(fsdp_mxfp8_all_gather=True)) -----------------------------------------------
+# Scenarios, each against the bf16 all-gather of the same model (MixedPrecisionPolicy(param_dtype=bf16)):
+#   mxfp8       every block its own FSDP unit (resharded after forward: rowwise in forward, colwise in backward)
+#   mxfp8_root  one FSDP unit, the root (not resharded after forward: the colwise operand is gathered on demand)
+#   mxfp8_ckpt  blocks under activation checkpointing (the recomputed forward gathers the rowwise one on demand)
+AG_SCENARIOS = ("bf16", "mxfp8", "mxfp8_root", "mxfp8_ckpt")
+
+
+def _ag_worker(rank, world, port, seed, device_type, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if device_type == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", rank=rank, world_size=world)
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+        counter = []
+        _count_all_gathers(counter)
+        out = {}
+        for scenario in AG_SCENARIOS:
+            torch.manual_seed(seed)
+            model = nn.Sequential(*(_Block(ckpt=scenario == "mxfp8_ckpt") for _ in range(2))).to(device)
+            quantize_weights_(model, MXFP8Config(fsdp_mxfp8_all_gather=scenario != "bf16"))
+            mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+            if scenario != "mxfp8_root":
+                for child in model:
+                    fully_shard(child, mp_policy=mp_policy)
+            fully_shard(model, mp_policy=mp_policy)
+            counter.clear()
+            losses, times = _train(model, seed, device)
+            gathered_types = {type(m.w1.weight).__name__ for m in model}  # resharded again: the sharded DTensors
+            out[scenario] = (losses, sum(counter) / STEPS, times, gathered_types)
+        queue.put((rank, out))
+    finally:
+        dist.destroy_process_group()
+
+
+def _ag_bytes_per_rank_step(world: int) -> tuple[int, int]:
+    """(MXFP8, bf16) bytes each rank sends per step: every parameter's shard twice (forward, backward)."""
+    mx = bf16 = 0
+    for name, p in _Block().named_parameters():
+        bf16 += 2 * p.numel() // world
+        if name == "experts_w":  # rowwise (e, N, K) fp8 + per-expert blocked scales
+            mx += (E // world) * (D * D + blocked_scales_numel(D, D // 32))
+        elif p.dim() == 2:  # fp8 + plain scales
+            mx += p.numel() // world * 33 // 32
+        else:
+            mx += 2 * p.numel() // world  # the bias stays bf16
+    return 2 * 2 * mx, 2 * 2 * bf16  # two blocks, forward + backward
+
+
+def _check_mxfp8_all_gather(seed, device_type, world=2):
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), _free_port()
+    procs = [ctx.Process(target=_ag_worker, args=(r, world, port, seed, device_type, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = sorted(queue.get(timeout=900) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    want_mx, want_bf16 = _ag_bytes_per_rank_step(world)
+    for rank, out in results:
+        base = out["bf16"][0]
+        for scenario in AG_SCENARIOS[1:]:
+            # bit for bit: each rank's quantized shards are the unsharded weight's MXFP8 operands
+            assert out[scenario][0] == base, (rank, scenario, out[scenario][0], base)
+        assert want_bf16 <= out["bf16"][1] <= 1.05 * want_bf16, (out["bf16"][1], want_bf16)
+        assert want_mx <= out["mxfp8"][1] <= 1.05 * want_mx, (out["mxfp8"][1], want_mx)
+    out = results[0][1]
+    print(f"FSDP2 {world} x {device_type}, bf16 params: losses {out['bf16'][0]}")
+    for scenario in AG_SCENARIOS:
+        losses, sent, times, _ = out[scenario]
+        print(f"  {scenario:11s} all-gathered {sent / 1e3:7.1f} kB per rank per step "
+              f"({sent / out['bf16'][1]:.3f} of bf16); step times (s) {[round(t, 4) for t in times]}")
+    return results
+
+
+@pytest.mark.slow
+def test_mxfp8_all_gather_two_processes_equals_bf16_all_gather(seed):
+    pytest.importorskip("torch.distributed.fsdp")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    _check_mxfp8_all_gather(seed, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_mxfp8_all_gather_gpus_equals_bf16_all_gather(seed):
+    """Two GPUs over NCCL where there are two (the nvidia-h200-x2 machine); on one GPU a world of one, which runs
+    the hooks, the kernels on the shards and NCCL's all-gather of the uint8 buffers."""
+    _check_mxfp8_all_gather(seed, "cuda", world=min(2, torch.cuda.device_count()))

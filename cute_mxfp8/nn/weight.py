@@ -23,6 +23,8 @@ FSDP2 weight subclass; the numerics are this package's (``design.md``; OCP MX v1
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -31,6 +33,7 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 from ..config import MXFP8Config, resolve_config
 from ..ops.autograd import mxfp8_grouped_mm, mxfp8_linear
 from ..ops.shapes import mxfp8_dims_reason
+from . import fsdp
 
 __all__ = ["MXFP8TrainingWeight", "quantize_weights_"]
 
@@ -157,10 +160,15 @@ class MXFP8TrainingWeight(Tensor):
         param_dtype = getattr(mp_policy, "param_dtype", None)
         if param_dtype is not None and inner.dtype != param_dtype:
             inner = inner.to(param_dtype)
+        if self.config.fsdp_mxfp8_all_gather:  # MXFP8 data + scales travel instead (cute_mxfp8.nn.fsdp)
+            return fsdp.pre_all_gather(self, inner, mesh, outer_size)
         return (inner,), None
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
-        """FSDP2 hook: the unsharded weight, wrapped again (so its F.linear / _grouped_mm stay MXFP8)."""
+        """FSDP2 hook: the unsharded weight, wrapped again (so its F.linear / _grouped_mm stay MXFP8); under the
+        MXFP8 all-gather an :class:`~cute_mxfp8.nn.fsdp.MXFP8GatheredWeight`."""
+        if self.config.fsdp_mxfp8_all_gather:
+            return fsdp.post_all_gather(self, all_gather_outputs, metadata, param_dtype, out=out)
         (data,) = all_gather_outputs
         if out is not None:
             return
@@ -175,6 +183,14 @@ def _default_filter(module: nn.Module, name: str, param: Tensor) -> bool:
         e, a, b = param.shape
         return e > 0 and mxfp8_dims_reason(K=b, N=a) is None and mxfp8_dims_reason(K=a, N=b) is None
     return False
+
+
+def _gathers_mxfp8(module: nn.Module, name: str, param: Tensor) -> bool:
+    """Whether this place of a parameter uses it only through F.linear / torch._grouped_mm, as far as the module
+    type tells: a Linear's weight, or a 3-D expert weight of a module that is no Linear / Embedding."""
+    if isinstance(module, nn.Linear):
+        return name == "weight"
+    return param.dim() == 3 and not isinstance(module, nn.Embedding)
 
 
 def _plain_state_dict_hook(module, state_dict, prefix, local_metadata):
@@ -209,7 +225,8 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
     with the unconverted model; ``load_state_dict`` copies into the wrapped weights in place (with ``assign=True``
     it replaces them by the loaded plain tensors: wrap after such a load).  Tied weights stay tied: the one
     parameter is wrapped once and set on every module that holds it.  A second call leaves wrapped weights (and
-    their config) as they are.
+    their config) as they are.  With ``config.fsdp_mxfp8_all_gather`` (:mod:`cute_mxfp8.nn.fsdp`), a weight that
+    some other module also holds (an embedding tied to the output Linear) keeps the high-precision all-gather.
     """
     config = resolve_config(config)
     choose = filter_fn or _default_filter
@@ -223,7 +240,10 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
         param = entries[0][3]
         if isinstance(param, MXFP8TrainingWeight) or not any(choose(m, n, p) for _, m, n, p in entries):
             continue
-        new = nn.Parameter(MXFP8TrainingWeight(param.data, config), requires_grad=param.requires_grad)
+        cfg = config
+        if cfg.fsdp_mxfp8_all_gather and not all(_gathers_mxfp8(m, n, p) for _, m, n, p in entries):
+            cfg = dataclasses.replace(cfg, fsdp_mxfp8_all_gather=False)  # e.g. tied to an embedding
+        new = nn.Parameter(MXFP8TrainingWeight(param.data, cfg), requires_grad=param.requires_grad)
         for attr in ("_param_init",):  # framework per-parameter hooks travel with the tensor object
             if hasattr(param, attr):
                 setattr(new, attr, getattr(param, attr))

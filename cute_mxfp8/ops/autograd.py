@@ -105,17 +105,25 @@ def _quant(x, dtype, scale_mode, backend, offs, need_col):
     return (*api.quantize_rowwise(x, **kw), None, None)
 
 
+def _weight_forward(weight, operands, scale_mode, elem_dtype, backend):
+    """The weight's forward operand (rowwise) and, unless ``operands`` supplies them in backward, its colwise one:
+    ``(row, row_s, col, col_s)``, col None when ``operands`` is given."""
+    if operands is None:
+        return api.quantize_dual(weight, scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend)
+    return (*operands.rowwise(), None, None)
+
+
 class _LinearFn(torch.autograd.Function):
     @staticmethod
     @_no_autocast
-    def forward(ctx, x, weight, bias, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend):
+    def forward(ctx, x, weight, bias, operands, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend):
         x2 = _rows(x)
         x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, None, not wgrad_with_hp)
-        w_row, w_row_s, w_col, w_col_s = api.quantize_dual(weight, scale_mode=scale_mode,
-                                                           elem_dtype=elem_dtype, backend=backend)
+        w_row, w_row_s, w_col, w_col_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend)
         # the bias joins the fp32 accumulator inside the GEMM op: one rounding to x.dtype, as F.linear
         y = api.mm(x_row, x_row_s, w_row, w_row_s, out_dtype=x.dtype, bias=bias, backend=backend)
         ctx.save_for_backward(x2 if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s)
+        ctx.operands = operands
         ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend)
         ctx.meta = (x.shape, x.dtype, weight.dtype, bias is not None and bias.dtype)
         return _output(y, (*x.shape[:-1], weight.shape[0]))
@@ -132,24 +140,26 @@ class _LinearFn(torch.autograd.Function):
         dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, None, need_w and not hp)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
+            if ctx.operands is not None:
+                w_col, w_col_s = ctx.operands.colwise()
             dx = api.mm(dy_row, dy_row_s, w_col, w_col_s, out_dtype=x_dtype, backend=backend).reshape(x_shape)
         if need_w:
             dw = _hp_wgrad(dy2, x_saved, None) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s, None, backend)
             dw = dw.to(w_dtype)
         if b_dtype is not False and ctx.needs_input_grad[2]:
             db = dy2.float().contiguous().sum(0).to(b_dtype)  # one summation order whatever dy's layout
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None
 
 
 class _GroupedMMFn(torch.autograd.Function):
     @staticmethod
     @_no_autocast
-    def forward(ctx, x, weight, offs, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend):
+    def forward(ctx, x, weight, offs, operands, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend):
         x_row, x_row_s, x_col, x_col_s = _quant(x, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp)
-        w_row, w_row_s, w_col, w_col_s = api.quantize_dual(weight, scale_mode=scale_mode, elem_dtype=elem_dtype,
-                                                           backend=backend)
+        w_row, w_row_s, w_col, w_col_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend)
         y = api.grouped_mm(x_row, x_row_s, w_row, w_row_s, offs, out_dtype=x.dtype, backend=backend)
         ctx.save_for_backward(x if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s, offs)
+        ctx.operands = operands
         ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend)
         ctx.meta = (x.dtype, weight.dtype)
         return y
@@ -165,11 +175,13 @@ class _GroupedMMFn(torch.autograd.Function):
         dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy, gdt, scale_mode, backend, offs, need_w and not hp)
         dx = dw = None
         if ctx.needs_input_grad[0]:
+            if ctx.operands is not None:
+                w_col, w_col_s = ctx.operands.colwise()
             dx = api.grouped_mm(dy_row, dy_row_s, w_col, w_col_s, offs, out_dtype=x_dtype, backend=backend)
         if need_w:
             dw = _hp_wgrad(dy, x_saved, offs) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s, offs, backend)
             dw = dw.to(w_dtype)
-        return dx, dw, None, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None, None
 
 
 class _SwiGLUMLPFn(torch.autograd.Function):
@@ -271,12 +283,18 @@ def _check_input(x: Tensor, d: int, rank2: bool) -> None:
         raise ValueError(f"x has shape {tuple(x.shape)}, expected {want} to match the weights")
 
 
-def mxfp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, config=None) -> Tensor:
+def mxfp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, config=None, *,
+                 weight_operands=None) -> Tensor:
     """``F.linear(x, weight, bias)`` with all three GEMMs in MXFP8.
 
     Args:
         x: (..., K) bf16/fp32; weight: (N, K); bias: (N,) or None.  ``K % 32 == 0`` and ``N % 32 == 0``.
         config: :class:`cute_mxfp8.config.MXFP8Config` (default one if None).
+        weight_operands: None (``weight`` is quantized here), or an object whose ``rowwise()`` returns the
+            weight's forward operand ``(data, blocked scales)`` exactly as :func:`~cute_mxfp8.ops.quantize_rowwise`
+            of ``weight`` would, and whose ``colwise()`` (called in backward) returns its dgrad operand as
+            :func:`~cute_mxfp8.ops.quantize_colwise` would.  The FSDP2 MXFP8 all-gather passes the all-gathered
+            shards this way (:mod:`cute_mxfp8.nn.fsdp`); ``weight`` then only gives shape, dtype and the gradient.
     Returns: (..., N) in ``x.dtype``.
     """
     api._check_tensors(x=x, weight=weight)
@@ -288,14 +306,19 @@ def mxfp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, config=N
     _check_dims32(**{"in_features K": k, "out_features N": n})
     if bias is not None:
         _check_weight("bias", bias, (n,))
-    return _LinearFn.apply(autocast_input(x), weight, bias, *_cfg_args(config))
+    return _LinearFn.apply(autocast_input(x), weight, bias, weight_operands, *_cfg_args(config))
 
 
-def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None) -> Tensor:
+def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None, *, weight_operands=None) -> Tensor:
     """Grouped ``out[rows of g] = x[rows of g] · weight[g]ᵀ`` in MXFP8 (2d-3d forward and dgrad, 2d-2d wgrad).
 
     Args:
         x: (M, K) tokens sorted by group; weight: (E, N, K); offs: (E,) int32 cumulative end offsets.
+        weight_operands: None (``weight`` is quantized here), or an object whose ``rowwise()`` returns the
+            weight's forward operand ``(data, blocked scales)`` exactly as :func:`~cute_mxfp8.ops.quantize_rowwise`
+            of ``weight`` would, and whose ``colwise()`` (called in backward) returns its dgrad operand as
+            :func:`~cute_mxfp8.ops.quantize_colwise` would.  The FSDP2 MXFP8 all-gather passes the all-gathered
+            shards this way (:mod:`cute_mxfp8.nn.fsdp`); ``weight`` then only gives shape, dtype and the gradient.
     Returns: (M, N) in ``x.dtype``; rows at or past ``offs[-1]`` are zero.
     """
     api._check_tensors(x=x, weight=weight)
@@ -305,7 +328,7 @@ def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None) -> Te
     _check_weight("weight", weight, tuple(weight.shape))
     _check_input(x, weight.shape[2], rank2=True)
     _check_dims32(K=weight.shape[2], N=weight.shape[1])
-    return _GroupedMMFn.apply(autocast_input(x), weight, offs, *_cfg_args(config))
+    return _GroupedMMFn.apply(autocast_input(x), weight, offs, weight_operands, *_cfg_args(config))
 
 
 def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor | None = None,
