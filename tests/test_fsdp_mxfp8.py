@@ -130,3 +130,13 @@ def test_config_flag_and_tied_embeddings():
     assert model[0].weight is model[1].weight
     assert not model[1].weight.config.fsdp_mxfp8_all_gather  # the embedding needs its high-precision values
     assert model[2].weight.config.fsdp_mxfp8_all_gather
+
+
+def test_world_of_one_sends_one_packed_buffer(rng):
+    """FSDP2 passes only the first all-gather input through in a world of one: both parts travel as one buffer."""
+    w = MXFP8TrainingWeight(_weight((64, 96), rng, torch.float32), CFG)
+    inputs, meta = w.fsdp_pre_all_gather(_Mesh(1), torch.Size((64, 96)), None, None, None)
+    assert len(inputs) == 1 and inputs[0].dtype == torch.uint8 and inputs[0].numel() == 64 * 96 * 33 // 32
+    gw, _ = w.fsdp_post_all_gather((inputs[0].clone(),), meta, torch.float32)
+    x = torch.randn(3, 96, generator=rng)
+    assert torch.equal(F.linear(x, gw), F.linear(x, w))

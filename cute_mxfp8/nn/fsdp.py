@@ -206,16 +206,29 @@ def pre_all_gather(weight, inner: Tensor, mesh, outer_size):
                          "MXFP8Config(fsdp_mxfp8_all_gather=False) for it (quantize_weights_ filter_fn), or pad")
     # inside the autograd engine = FSDP's pre-backward unshard (or its backward prefetch): the dgrad operand
     kind = "col" if torch._C._current_graph_task_id() != -1 else "row"
-    return tuple(_shard_operands(inner, kind, weight.config)), (kind, mesh.get_group(dim), world, tuple(outer_size))
+    parts = _shard_operands(inner, kind, weight.config)
+    packed = None
+    if world == 1:  # FSDP2 hands a world of one only the first input: one flat buffer of both
+        packed = [(p.numel(), tuple(p.shape[1:])) for p in parts]
+        parts = [torch.cat([p.reshape(-1) for p in parts])]
+    return tuple(parts), (kind, mesh.get_group(dim), world, tuple(outer_size), packed)
+
+
+def _unpack(outputs, packed):
+    if packed is None:
+        return tuple(outputs)
+    (flat,) = outputs
+    pieces = flat.reshape(-1).split([n for n, _ in packed])
+    return tuple(p.view(-1, *tail) for p, (_, tail) in zip(pieces, packed))
 
 
 def post_all_gather(weight, outputs, metadata, param_dtype, out=None):
     """``fsdp_post_all_gather`` in this mode: the :class:`MXFP8GatheredWeight` (first call) or an update of ``out``."""
-    kind, group, world, shape = metadata
+    kind, group, world, shape, packed = metadata
     if out is not None:
-        out._operands.update(kind, outputs, weight)
+        out._operands.update(kind, _unpack(outputs, packed), weight)
         return None
     operands = _GatheredOperands(weight, group, world, shape, param_dtype, weight.config)
-    operands.update(kind, outputs, weight)
+    operands.update(kind, _unpack(outputs, packed), weight)
     stride = torch.empty(shape, device="meta").stride()
     return MXFP8GatheredWeight(operands, shape, stride, param_dtype, weight.device), tuple(outputs)
