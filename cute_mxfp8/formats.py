@@ -143,10 +143,17 @@ def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
     return torch.where(b == _E8M0_NAN, torch.full_like(out, float("nan")), out)
 
 
-def _quantize_blocks(xb: torch.Tensor, scale_mode: str, elem_dtype: torch.dtype):
-    """Quantize ``xb`` of shape (..., 32) in fp32 along its last dim; returns (elements, scale bytes (...))."""
+def _quantize_blocks(xb: torch.Tensor, scale_mode: str, elem_dtype: torch.dtype, share: int = 1):
+    """Quantize ``xb`` of shape (..., nb, 32) in fp32 along its last dim; returns (elements, scale bytes
+    (..., nb)).  ``share`` > 1: each run of ``share`` consecutive blocks (the last run may be shorter) takes the
+    scale of their common amax, the largest of their own scales."""
     fmax = ELEM_DTYPES[elem_dtype][0]
     amax = xb.abs().amax(dim=-1)  # NaN if the block holds a NaN (amax propagates it), Inf if it holds an Inf
+    if share > 1:
+        nb = amax.shape[-1]
+        pad = -nb % share
+        runs = torch.nn.functional.pad(amax, (0, pad)).unflatten(-1, (-1, share)).amax(dim=-1)
+        amax = runs.repeat_interleave(share, dim=-1)[..., :nb]
     byte = amax_to_e8m0(amax, scale_mode, elem_dtype)  # 255 for a non-finite amax
     scale = e8m0_to_float(byte)
     # Division by a power of two is exact.  Every element of a poisoned block becomes the positive NaN (0x7F):
@@ -156,8 +163,12 @@ def _quantize_blocks(xb: torch.Tensor, scale_mode: str, elem_dtype: torch.dtype)
     return q.to(elem_dtype), byte
 
 
+SCALE_BLOCKS = (32, 128)
+
+
 def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
-                   elem_dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
+                   elem_dtype: torch.dtype = torch.float8_e4m3fn,
+                   scale_block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x`` to MXFP8 with blocks of 32 consecutive elements along ``dim``.
 
     Args:
@@ -166,6 +177,12 @@ def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
             ``dim=0`` is "colwise" (32x1 blocks).
         scale_mode: ``"rceil"`` (default; cuBLAS / TransformerEngine) or ``"floor"`` (OCP MX v1.0).
         elem_dtype: ``torch.float8_e4m3fn`` (default) or ``torch.float8_e5m2``.
+        scale_block: 32 (default, OCP MX v1.0) or 128, the Hopper fast mode (issue 16): the 4 MX blocks of each
+            128 consecutive elements (counted from index 0; a last shorter run when ``x.shape[dim] % 128``) share
+            one scale, the largest of their 4 MX scales (= the scale of their common amax; a NaN/Inf anywhere
+            poisons all 128).  The result is still MXFP8 in the same layout (one scale per 32, repeated), so every
+            MXFP8 consumer reads it; an element differs from MXFP8's, shifted by the scale ratio, only where that
+            shift takes it into the element dtype's subnormal range (lost mantissa bits).
 
     Returns:
         ``(data, scales)``: ``data`` has ``x``'s shape in ``elem_dtype`` (contiguous); ``scales`` is
@@ -173,8 +190,11 @@ def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
         (the plain layout; see :func:`to_blocked_scales`).
 
     Raises:
-        ValueError: unsupported dtype, scale mode or element dtype, or ``x.shape[dim]`` not a multiple of 32.
+        ValueError: unsupported dtype, scale mode, element dtype or scale block, or ``x.shape[dim]`` not a multiple
+        of 32.
     """
+    if scale_block not in SCALE_BLOCKS:
+        raise ValueError(f"scale_block must be one of {SCALE_BLOCKS}, got {scale_block!r}")
     _check_scale_mode(scale_mode)
     _check_elem_dtype(elem_dtype)
     if x.dtype not in (torch.bfloat16, torch.float32):
@@ -190,7 +210,8 @@ def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
         )
     xt = x.float().movedim(dim, -1)
     lead = xt.shape[:-1]
-    q, byte = _quantize_blocks(xt.reshape(*lead, n // BLOCK_SIZE, BLOCK_SIZE), scale_mode, elem_dtype)
+    q, byte = _quantize_blocks(xt.reshape(*lead, n // BLOCK_SIZE, BLOCK_SIZE), scale_mode, elem_dtype,
+                               scale_block // BLOCK_SIZE)
     data = q.reshape(*lead, n).movedim(-1, dim).contiguous()
     scales = byte.movedim(-1, dim).contiguous().view(torch.float8_e8m0fnu)
     return data, scales

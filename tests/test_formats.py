@@ -1157,3 +1157,65 @@ def test_kernel_scale_offsets_match_formats():
                 for b in range(4 * tiles):
                     assert mx_math.grouped_k_scale_offset(r, b, tile0, tiles, rows) == \
                         grouped_k_scale_offset(r, b, tile0, tiles, rows)
+
+
+# ---- the Hopper fast mode's shared 128-element scales (issue 16) ----------------------------------------------------
+def _distribution(name, shape, gen):
+    x = torch.randn(*shape, generator=gen)
+    if name == "student_t3":
+        x = x / torch.sqrt(torch.distributions.Chi2(3.0).sample(shape) / 3.0)
+    elif name == "outlier_channels":
+        cols = torch.randperm(shape[1], generator=gen)[: max(1, shape[1] // 100)]
+        x[:, cols] *= 30.0
+    elif name == "wide_rows":  # rows spanning 2**-20 .. 2**20: many blocks far below their 128-run's largest
+        x = x * 2.0 ** torch.randint(-20, 21, (shape[0], shape[1] // 32), generator=gen).repeat_interleave(32, 1)
+    return x.to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("dist", ["gaussian", "student_t3", "outlier_channels", "wide_rows"])
+@pytest.mark.parametrize("elem", [E4M3, torch.float8_e5m2])
+@pytest.mark.parametrize("mode", ["rceil", "floor"])
+@pytest.mark.parametrize("dim", [-1, 0])
+def test_scale_block_128_is_mxfp8_exponent_shifted_except_subnormals(dist, elem, mode, dim, rng):
+    """scale_block=128: each run of 4 MX blocks takes the largest of their 4 MX scales, and every element equals
+    its MXFP8 element times 2**-(scale difference), except where that value lies in the element dtype's subnormal
+    range (there the error is at most half a subnormal step, times the scale) and, in floor mode, where MXFP8
+    saturated an element that the larger scale no longer clips."""
+    shape = (416, 160) if dim == 0 else (160, 416)  # 416 = 3 * 128 + 32: a last run of one block
+    x = _distribution(dist, shape, rng)
+    x[3] = 0.0  # zero blocks beside nonzero ones (dim 0: a zero row inside column runs)
+    q32, s32 = F.quantize_mxfp8(x, dim=dim, scale_mode=mode, elem_dtype=elem)
+    q128, s128 = F.quantize_mxfp8(x, dim=dim, scale_mode=mode, elem_dtype=elem, scale_block=128)
+    b32, b128 = (s.view(torch.uint8).movedim(dim, -1).int() for s in (s32, s128))
+    nb = b32.shape[-1]
+    runs = torch.nn.functional.pad(b32, (0, -nb % 4)).unflatten(-1, (-1, 4)).amax(-1)
+    assert torch.equal(b128, runs.repeat_interleave(4, -1)[..., :nb])
+    shift = (b128 - b32).repeat_interleave(32, -1).float()
+    q32f, q128f = (q.float().movedim(dim, -1) for q in (q32, q128))
+    shifted = q32f * torch.exp2(-shift)
+    changed = q128f != shifted
+    tiny = torch.finfo(elem).smallest_normal
+    sub = changed & (shifted.abs() < tiny)
+    # floor mode lets x / scale reach up to 2 * max, where MXFP8 saturates; a larger shared scale clips less
+    clipped = changed & ~sub
+    assert bool((q32f[clipped].abs() == torch.finfo(elem).max).all()), "a normal-range element changed"
+    if mode == "rceil":
+        assert not clipped.any()
+    assert bool((q128f[clipped].abs() > shifted[clipped].abs()).all())
+    step = tiny * 2.0 ** -(3 if elem == E4M3 else 2)  # the subnormal spacing
+    exact = x.float().movedim(dim, -1) * torch.exp2(127.0 - b128.repeat_interleave(32, -1).float())  # x / s128
+    assert bool(((q128f - exact)[sub].abs() <= step / 2).all())  # correctly rounded to a subnormal step
+    frac = sub.float().mean().item()
+    print(f"{dist} {elem} {mode} dim={dim}: {frac:.2e} of elements changed (subnormal range), "
+          f"{clipped.float().mean().item():.2e} unclipped, "
+          f"{(b128 != b32).float().mean().item():.2f} of blocks took a larger scale")
+
+
+def test_scale_block_128_poisons_the_whole_run_and_rejects_other_sizes():
+    x = torch.ones(2, 256)
+    x[0, 5] = float("nan")
+    q, s = F.quantize_mxfp8(x, scale_block=128)
+    assert (s.view(torch.uint8)[0, :4] == 255).all() and (s.view(torch.uint8)[0, 4:] == 127 - 8).all()
+    assert torch.isnan(q[0, :128].float()).all() and not torch.isnan(q[0, 128:].float()).any()
+    with pytest.raises(ValueError, match="scale_block"):
+        F.quantize_mxfp8(x, scale_block=64)

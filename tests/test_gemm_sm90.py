@@ -527,3 +527,72 @@ def test_sm90_grouped_fused_epilogues_equal_the_standalone_grouped_casts(sizes, 
     """2d-3d GEMM1 / GEMM3 with the fused epilogues vs the grouped GEMM's own fp32 accumulator through the
     standalone grouped casts (:func:`fused_checks.grouped_fused_check`)."""
     grouped_fused_check("sm90", sizes, ELEMS[elem], scale_mode, emit_hp, rng)
+
+
+# ---- the Hopper fast mode's GEMM (issue 16): one promotion per 128 of K ---------------------------------------------
+@needs_sass
+def test_fast_mode_gemm_compiles_with_a_quarter_of_the_promotions():
+    from cute_mxfp8.jit import compile_gemm_sm90
+
+    def facts(block_k):
+        fn = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, block_k=block_k)
+        (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
+        counts = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
+        return res, lambda p: sum(v for k, v in counts.items() if k.startswith(p))
+
+    res, count = facts(128)
+    _, count32 = facts(32)
+    assert res["local_frame"] == 0 and count("LDL") == count("STL") == 0
+    assert count("QGMMA") == 4 and count("UTMALDG") == 2
+    # the promotion FMUL + FFMA pairs: 64 accumulator elements per thread, once per stage instead of 4 times
+    assert count("FFMA") * 4 == count32("FFMA") and count("FFMA") == 64
+    with pytest.raises(ValueError, match="block_k"):
+        compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "dequant", block_k=128)
+
+
+def _fast_integer_operand(rows, k, elem, rng):
+    """Integers in [-4, 4] times a power of two shared by each (row, 128-block): a 128-block's products sum to at
+    most 11 bits, exact in the fp8 WGMMA's accumulation, and every summation order gives the same fp32 bits."""
+    ints = torch.randint(-4, 5, (rows, k), generator=rng).float()
+    exps = torch.randint(-1, 2, (rows, (k + 127) // 128), generator=rng).float().repeat_interleave(128, 1)[:, :k]
+    q, s = F.quantize_mxfp8((ints * 2.0 ** exps).cuda(), elem_dtype=ELEMS[elem], scale_block=128)
+    return q, F.to_blocked_scales(s)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("elems,out", VARIANTS, ids=str)
+@pytest.mark.parametrize("m,n,k", [(128, 128, 128), (300, 200, 96), (257, 129, 416), (640, 384, 2048)])
+def test_fast_mode_gemm_integer_data_is_bit_exact(elems, out, m, n, k, rng):
+    from cute_mxfp8.jit import compile_gemm_sm90
+
+    a, a_s = _fast_integer_operand(m, k, elems[0], rng)
+    b, b_s = _fast_integer_operand(n, k, elems[1], rng)
+    dt = getattr(torch, out)
+    got = torch.empty(m, n, dtype=dt, device="cuda")
+    compile_gemm_sm90(*elems, out, "promote", block_k=128)(a, b, a_s.view(torch.uint8), b_s.view(torch.uint8), got)
+    want = ops.mm(a, a_s, b, b_s, out_dtype=dt, backend="reference")
+    assert torch.equal(got, want), f"{(got != want).sum().item()} of {m * n} differ"
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("m,n,k", [(512, 384, 1024), (1000, 130, 4128)])
+def test_fast_mode_gemm_random_data_within_the_accumulation_bound(m, n, k, rng):
+    from cute_mxfp8.jit import compile_gemm_sm90
+
+    x = torch.randn(m, k, generator=rng).cuda() * torch.logspace(-3, 3, k, device="cuda")
+    w = torch.randn(n, k, generator=rng).cuda()
+    (a, sa), (b, sb) = (F.quantize_mxfp8(t, scale_block=128) for t in (x, w))
+    got = torch.empty(m, n, device="cuda")
+    compile_gemm_sm90("e4m3", "e4m3", "float32", "promote", block_k=128)(
+        a, b, F.to_blocked_scales(sa).view(torch.uint8), F.to_blocked_scales(sb).view(torch.uint8), got)
+    da, db = F.dequantize_mxfp8(a, sa).double(), F.dequantize_mxfp8(b, sb).double()
+    mag = da.abs() @ db.abs().t()
+    # each 128-deep partial is one WGMMA chain with ~14-bit accumulation (as the per-32 kernel's bound says),
+    # within ~2**-13 of its sum of |products|; the promotions add the partials in fp32
+    bound = (2.0 ** -12 + k * 2.0 ** -24) * mag
+    err = (got.double() - da @ db.t()).abs()
+    ratio = (err / mag.clamp_min(1e-300)).max().item()
+    print(f"fast mode: max |error| / sum |a||b| = {ratio:.3g}")
+    assert bool((err <= bound).all()), f"max error / sum|a||b| {ratio:.3g}"

@@ -66,6 +66,11 @@ class MXGemmSm90:
     WGMMA runs.  Epilogue: each thread stores its accumulator elements, converted to ``out_dtype``, predicated on
     M and N (partial tiles).  One CTA per output tile (not persistent yet).
 
+    ``block_k=128`` (the Hopper fast mode, issue 16): the operands' four MX scales of every 128-deep K block are
+    equal (``quantize_mxfp8(..., scale_block=128)``), so the stage's 4 WGMMAs accumulate into one partial and it is
+    promoted once per stage with the block's scale (the first of the four; the others are not read).  A warpgroup
+    promotes while the other warpgroup's WGMMAs run.  The result is the reference's product of those operands.
+
     Constraints (:meth:`can_implement`): K % 32 == 0 (TMA zero-fills a partial 128-deep K tile; its padded scales
     are zero), 16-byte aligned contiguous operands; any M, N >= 1.
     """
@@ -76,11 +81,15 @@ class MXGemmSm90:
     CONSUMERS = 2
     THREADS = 128 * (1 + CONSUMERS)
 
-    def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128):
+    def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
+                 block_k: int = 32):
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
         if n_tile != 128:
             raise ValueError(f"n_tile must be 128 (one blocked scale tile per N tile), got {n_tile}")
-        self.n_tile = n_tile
+        if block_k not in (32, 128):
+            raise ValueError(f"block_k must be 32 (MX blocks) or 128 (the Hopper fast mode's shared scales), got "
+                             f"{block_k}")
+        self.n_tile, self.block_k = n_tile, block_k
 
     @staticmethod
     def can_implement(m: int, n: int, k: int) -> str | None:
@@ -198,9 +207,12 @@ class MXGemmSm90:
         ncol = self.n_tile // 4  # accumulator columns per thread
         rl = w * 16 + lane // 4  # warpgroup-local row of fragment elements with rs = 0
         ra = wgi * 64 + t  # the tile row whose scales this thread decodes (t < 64)
-        mma.set(warpgroup.Field.ACCUMULATE, False)  # every WGMMA is one MX block: it starts its partial at zero
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        for kt in cutlass.range(k_tiles, unroll=1):
+        if cutlass.const_expr(self.block_k == 128):
+            self._consume_shared_scale(mma, pipe, state, fa, fb, acc, parts[0], sdec, sfa_w, sfb_w, k_tiles, t,
+                                       lane, rl, ra, wgi, bm, bn)
+        mma.set(warpgroup.Field.ACCUMULATE, False)  # every WGMMA is one MX block: it starts its partial at zero
+        for kt in cutlass.range(k_tiles if self.block_k == 32 else 0, unroll=1):
             # decode this stage's scales into this warpgroup's half of buffer kt % 2
             base = ((kt % 2) * self.CONSUMERS + wgi) * self.DEC_WORDS
             bw = sfb_w[(bn * k_tiles + kt) * 128 + (t % 32) * 4 + t // 32]
@@ -244,6 +256,40 @@ class MXGemmSm90:
                 row = row0 + 8 * rs
                 if row < rows and col < cols:
                     d[row, col] = acc[q % 2 + 2 * rs + 4 * (q // 2)].to(self.d_dtype)
+
+    @cute.jit
+    def _consume_shared_scale(self, mma: cute.TiledMma, pipe, state, fa: cute.Tensor, fb: cute.Tensor,
+                              acc: cute.Tensor, part: cute.Tensor, sdec: cute.Tensor, sfa_w: cute.Tensor,
+                              sfb_w: cute.Tensor, k_tiles: cutlass.Int32, t: cutlass.Int32, lane: cutlass.Int32,
+                              rl: cutlass.Int32, ra: cutlass.Int32, wgi: cutlass.Int32, bm: cutlass.Int32,
+                              bn: cutlass.Int32):
+        """``block_k=128``: per 128-deep stage, decode the one shared scale of row ``t`` (t < 64) and column ``t``,
+        run the 4 WGMMAs into ``part`` (the first one starting it at zero), release the stage and add ``part``
+        times ``sa[row] * sb[col]`` to ``acc``."""
+        ncol = self.n_tile // 4
+        for kt in cutlass.range(k_tiles, unroll=1):
+            base = ((kt % 2) * self.CONSUMERS + wgi) * self.DEC_WORDS
+            bw = sfb_w[(bn * k_tiles + kt) * 128 + (t % 32) * 4 + t // 32]
+            sdec[base + 64 + t] = e8m0_to_f32(cutlass.Int32(bw & 0xFF))
+            if t < 64:
+                aw = sfa_w[(bm * k_tiles + kt) * 128 + (ra % 32) * 4 + ra // 32]
+                sdec[base + t] = e8m0_to_f32(cutlass.Int32(aw & 0xFF))
+            cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)
+            pipe.consumer_wait(state)
+            warpgroup.fence()
+            for blk in cutlass.range_constexpr(self.BLOCKS):
+                mma.set(warpgroup.Field.ACCUMULATE, blk != 0)
+                cute.gemm(mma, part, fa[(None, None, blk, state.index)], fb[(None, None, blk, state.index)], part)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            pipe.consumer_release(state)
+            state.advance()
+            scale_a = (sdec[base + rl], sdec[base + rl + 8])
+            for q in cutlass.range_constexpr(ncol):
+                scale_b = sdec[base + 64 + 8 * (q // 2) + 2 * (lane % 4) + q % 2]
+                for rs in cutlass.range_constexpr(2):
+                    i = q % 2 + 2 * rs + 4 * (q // 2)
+                    acc[i] = acc[i] + part[i] * (scale_a[rs] * scale_b)
 
 
 class MXGemmSm90Dequant:
