@@ -39,6 +39,7 @@ def check(m, n, k, gen):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", nargs="*", default=None, help="time only the GEMMs whose names contain one of these")
     args = ap.parse_args()
     gen = torch.Generator().manual_seed(0)
     report = {"max_error_over_sum_abs": {f"{m}x{n}x{k}": check(m, n, k, gen)
@@ -51,8 +52,13 @@ def main():
         a, a_s = ops.quantize_rowwise(x)
         b, b_s = ops.quantize_rowwise(w)
         skipped = {}
+        serial = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", block_k=128, promote_overlap=False)
+        d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         fns = {"ours default (sm90 dequant)": lambda: ops.mm(a, a_s, b, b_s, backend="sm90"),
-               **sm90_dense_baselines(a, a_s, b, b_s, skipped)}
+               **sm90_dense_baselines(a, a_s, b, b_s, skipped),
+               "sm90 fast mode, no overlap": lambda: serial(a, b, a_s.view(torch.uint8), b_s.view(torch.uint8), d)}
+        if args.only:
+            fns = {name: fn for name, fn in fns.items() if any(o in name for o in args.only)}
         row = {name: 2 * m * n * k / (_time_ms(fn, a.device, 2.0) * 1e-3) / 1e12 for name, fn in fns.items()}
         row["skipped"] = skipped
         report["tflops"][f"{m}x{n}x{k}"] = row

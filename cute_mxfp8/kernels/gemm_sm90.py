@@ -82,14 +82,14 @@ class MXGemmSm90:
     THREADS = 128 * (1 + CONSUMERS)
 
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
-                 block_k: int = 32):
+                 block_k: int = 32, promote_overlap: bool = True):
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
         if n_tile != 128:
             raise ValueError(f"n_tile must be 128 (one blocked scale tile per N tile), got {n_tile}")
         if block_k not in (32, 128):
             raise ValueError(f"block_k must be 32 (MX blocks) or 128 (the Hopper fast mode's shared scales), got "
                              f"{block_k}")
-        self.n_tile, self.block_k = n_tile, block_k
+        self.n_tile, self.block_k, self.promote_overlap = n_tile, block_k, promote_overlap
 
     @staticmethod
     def can_implement(m: int, n: int, k: int) -> str | None:
@@ -208,7 +208,10 @@ class MXGemmSm90:
         rl = w * 16 + lane // 4  # warpgroup-local row of fragment elements with rs = 0
         ra = wgi * 64 + t  # the tile row whose scales this thread decodes (t < 64)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        if cutlass.const_expr(self.block_k == 128):
+        if cutlass.const_expr(self.block_k == 128 and self.promote_overlap):
+            self._consume_shared_scale_overlap(mma, pipe, state, fa, fb, acc, parts, sdec, sfa_w, sfb_w, k_tiles,
+                                               t, lane, rl, ra, wgi, bm, bn)
+        elif cutlass.const_expr(self.block_k == 128):
             self._consume_shared_scale(mma, pipe, state, fa, fb, acc, parts[0], sdec, sfa_w, sfb_w, k_tiles, t,
                                        lane, rl, ra, wgi, bm, bn)
         mma.set(warpgroup.Field.ACCUMULATE, False)  # every WGMMA is one MX block: it starts its partial at zero
@@ -267,13 +270,26 @@ class MXGemmSm90:
         run the 4 WGMMAs into ``part`` (the first one starting it at zero), release the stage and add ``part``
         times ``sa[row] * sb[col]`` to ``acc``."""
         ncol = self.n_tile // 4
+        # this thread's scale words (column t, row ra) of stage kt, loaded one stage ahead: the global load's
+        # latency then hides behind the previous stage's WGMMAs and promotion
+        b_at = (bn * k_tiles) * 128 + (t % 32) * 4 + t // 32
+        a_at = (bm * k_tiles) * 128 + (ra % 32) * 4 + ra // 32
+        a_ok = t < 64
+        bw = cutlass.Int32(0)
+        aw = cutlass.Int32(0)
+        if k_tiles > 0:
+            bw = cutlass.Int32(sfb_w[b_at])
+            if a_ok:
+                aw = cutlass.Int32(sfa_w[a_at])
         for kt in cutlass.range(k_tiles, unroll=1):
             base = ((kt % 2) * self.CONSUMERS + wgi) * self.DEC_WORDS
-            bw = sfb_w[(bn * k_tiles + kt) * 128 + (t % 32) * 4 + t // 32]
             sdec[base + 64 + t] = e8m0_to_f32(cutlass.Int32(bw & 0xFF))
-            if t < 64:
-                aw = sfa_w[(bm * k_tiles + kt) * 128 + (ra % 32) * 4 + ra // 32]
+            if a_ok:
                 sdec[base + t] = e8m0_to_f32(cutlass.Int32(aw & 0xFF))
+            if kt + 1 < k_tiles:
+                bw = cutlass.Int32(sfb_w[b_at + (kt + 1) * 128])
+                if a_ok:
+                    aw = cutlass.Int32(sfa_w[a_at + (kt + 1) * 128])
             cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)
             pipe.consumer_wait(state)
             warpgroup.fence()
@@ -284,12 +300,76 @@ class MXGemmSm90:
             warpgroup.wait_group(0)
             pipe.consumer_release(state)
             state.advance()
-            scale_a = (sdec[base + rl], sdec[base + rl + 8])
-            for q in cutlass.range_constexpr(ncol):
-                scale_b = sdec[base + 64 + 8 * (q // 2) + 2 * (lane % 4) + q % 2]
-                for rs in cutlass.range_constexpr(2):
-                    i = q % 2 + 2 * rs + 4 * (q // 2)
-                    acc[i] = acc[i] + part[i] * (scale_a[rs] * scale_b)
+            self._promote(acc, part, sdec, base, rl, lane)
+
+    @cute.jit
+    def _promote(self, acc: cute.Tensor, part: cute.Tensor, sdec: cute.Tensor, base: cutlass.Int32,
+                 rl: cutlass.Int32, lane: cutlass.Int32):
+        """``acc += part * sa[row] * sb[col]`` with the decoded shared scales at ``sdec[base:]`` (rows, then
+        columns at +64)."""
+        scale_a = (sdec[base + rl], sdec[base + rl + 8])
+        for q in cutlass.range_constexpr(self.n_tile // 4):
+            scale_b = sdec[base + 64 + 8 * (q // 2) + 2 * (lane % 4) + q % 2]
+            for rs in cutlass.range_constexpr(2):
+                i = q % 2 + 2 * rs + 4 * (q // 2)
+                acc[i] = acc[i] + part[i] * (scale_a[rs] * scale_b)
+
+    @cute.jit
+    def _consume_shared_scale_overlap(self, mma: cute.TiledMma, pipe, state, fa: cute.Tensor, fb: cute.Tensor,
+                                      acc: cute.Tensor, parts, sdec: cute.Tensor, sfa_w: cute.Tensor,
+                                      sfb_w: cute.Tensor, k_tiles: cutlass.Int32, t: cutlass.Int32,
+                                      lane: cutlass.Int32, rl: cutlass.Int32, ra: cutlass.Int32,
+                                      wgi: cutlass.Int32, bm: cutlass.Int32, bn: cutlass.Int32):
+        """``block_k=128`` with ``promote_overlap``: stage kt's 4 WGMMAs run into partial kt % 2 while the CUDA
+        cores promote stage kt - 1's partial (the loop is unrolled by two so each partial is a fixed register set).
+        The decoded scales rotate through 3 buffers per warpgroup (a stage's are read one stage after the barrier
+        that published them, so 2 would let a fast thread overwrite what a slow one still reads)."""
+        words = 64 + self.n_tile  # decoded shared scales per stage: 64 rows, n_tile columns
+        wbase = wgi * 2 * self.DEC_WORDS
+        b_at = (bn * k_tiles) * 128 + (t % 32) * 4 + t // 32
+        a_at = (bm * k_tiles) * 128 + (ra % 32) * 4 + ra // 32
+        a_ok = t < 64
+        bw = cutlass.Int32(0)
+        aw = cutlass.Int32(0)
+        if k_tiles > 0:
+            bw = cutlass.Int32(sfb_w[b_at])
+            if a_ok:
+                aw = cutlass.Int32(sfa_w[a_at])
+        rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        for kp in cutlass.range((k_tiles + 1) // 2, unroll=1):
+            for half in cutlass.range_constexpr(2):
+                kt = kp * 2 + half
+                if kt < k_tiles:
+                    base = wbase + (kt % 3) * words
+                    sdec[base + 64 + t] = e8m0_to_f32(cutlass.Int32(bw & 0xFF))
+                    if a_ok:
+                        sdec[base + t] = e8m0_to_f32(cutlass.Int32(aw & 0xFF))
+                    if kt + 1 < k_tiles:
+                        bw = cutlass.Int32(sfb_w[b_at + (kt + 1) * 128])
+                        if a_ok:
+                            aw = cutlass.Int32(sfa_w[a_at + (kt + 1) * 128])
+                    cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)
+                    pipe.consumer_wait(state)
+                    warpgroup.fence()
+                    for blk in cutlass.range_constexpr(self.BLOCKS):
+                        mma.set(warpgroup.Field.ACCUMULATE, blk != 0)
+                        cute.gemm(mma, parts[half], fa[(None, None, blk, state.index)],
+                                  fb[(None, None, blk, state.index)], parts[half])
+                    warpgroup.commit_group()
+                    state.advance()
+                    if kt > 0:  # stage kt - 1's WGMMAs are done: free its slot, promote its partial
+                        warpgroup.wait_group(1)
+                        pipe.consumer_release(rel)
+                        rel.advance()
+                        self._promote(acc, parts[1 - half], sdec, wbase + ((kt - 1) % 3) * words, rl, lane)
+        warpgroup.wait_group(0)
+        if k_tiles > 0:
+            pipe.consumer_release(rel)
+            last = k_tiles - 1
+            if last % 2 == 0:
+                self._promote(acc, parts[0], sdec, wbase + (last % 3) * words, rl, lane)
+            else:
+                self._promote(acc, parts[1], sdec, wbase + (last % 3) * words, rl, lane)
 
 
 class MXGemmSm90Dequant:
