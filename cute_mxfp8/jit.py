@@ -283,16 +283,14 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
 def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mainloop: str = "dequant",
                       arch: str = "sm_90a", keep_ptx: bool = False, transform_warps: int = 8,
                       grouping: str = "none", epilogue: str = "plain", cast_elem: str = "e4m3",
-                      scale_mode: str = "rceil", emit_hp: bool = False, max_ctas: int = 132, block_k: int = 32,
-                      promote_overlap: bool = True):
+                      scale_mode: str = "rceil", emit_hp: bool = False, max_ctas: int = 132, block_k: int = 32):
     """Compiled SM90 MXFP8 GEMM.  ``mainloop``: ``"dequant"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90Dequant`, bf16 WGMMA on scaled operands) or ``"promote"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`, fp8 WGMMA per block, dense only).
 
     * ``"promote"``: ``fn(a, b, sfa, sfb, d)``, a (M, K) and b (N, K) fp8 K-major, sfa / sfb their 1-D blocked
       E8M0 scale buffers (uint8 view, 16-byte aligned), d (M, N) ``out_dtype`` row-major.  ``block_k=128``: the
-      Hopper fast mode, one promotion per 128 of K (the operands' scales shared by each 128-block); ``promote_overlap``
-      (fast mode): promote stage kt - 1 while stage kt's WGMMAs run (False: one stage at a time).
+      Hopper fast mode, one promotion per 128 of K (the operands' scales shared by each 128-block).
     * ``"dequant"``: ``fn(a, b, sfa, sfb, d, offs, sched)`` with the operands of ``grouping`` as
       ``MXGemmSm90Dequant.__call__`` lists them (``"none"`` dense, ``"m"`` 2d-3d, ``"k"`` 2d-2d); offs (G,) and
       sched (2, G) int32 (placeholders for dense).
@@ -300,8 +298,8 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
       qt, qts, hp, offs, sched)`` with the arguments and outputs of :func:`compile_gemm_sm100`'s fused epilogues
       (h cast to ``cast_elem`` / ``scale_mode``), grouped as ``MXGemmSm90Dequant.call_swiglu`` says.
 
-    ``transform_warps`` (dequant only): warps converting B, 4 (384 threads) or 8 (512).  ``max_ctas`` (dequant,
-    plain epilogue): the persistent grid's CTAs, at most one per SM (132 on an H100 / H200 SXM).  Trusts its arguments (the
+    ``transform_warps`` (dequant only): warps converting B, 4 (384 threads) or 8 (512).  ``max_ctas`` (promote, and
+    dequant with the plain epilogue): the persistent grid's CTAs, at most one per SM (132 on an H100 / H200 SXM).  Trusts its arguments (the
     ops layer checks them, :mod:`cute_mxfp8.ops.gemm_sm90`)."""
     if arch != "sm_90a":
         raise ValueError(f"the WGMMA GEMM needs arch sm_90a, got {arch!r}")
@@ -318,7 +316,7 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
         raise ValueError(f"the promote mainloop has the plain epilogue only, got {epilogue!r}")
     kernel = MXGemmSm90Dequant(a_elem, b_elem, out_dtype, transform_warps, grouping, epilogue, cast_elem,
                                scale_mode, emit_hp, max_ctas) if mainloop == "dequant" else \
-        MXGemmSm90(a_elem, b_elem, out_dtype, block_k=block_k, promote_overlap=promote_overlap)
+        MXGemmSm90(a_elem, b_elem, out_dtype, block_k=block_k, max_ctas=max_ctas)
     fake, sym = _fake, _sym
     scales = [fake(cutlass.Uint8, (sym(),), align=16) for _ in range(2)]
     kdiv = 16 if grouping == "k" else 32  # 2d-2d: K is the token count, a multiple of 16 (TMA's row pitch)

@@ -534,9 +534,8 @@ def test_sm90_grouped_fused_epilogues_equal_the_standalone_grouped_casts(sizes, 
 def test_fast_mode_gemm_compiles_with_a_quarter_of_the_promotions():
     from cute_mxfp8.jit import compile_gemm_sm90
 
-    def facts(block_k, overlap=False):
-        fn = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, block_k=block_k,
-                               promote_overlap=overlap)
+    def facts(block_k):
+        fn = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, block_k=block_k)
         (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
         counts = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
         return res, lambda p: sum(v for k, v in counts.items() if k.startswith(p))
@@ -547,10 +546,6 @@ def test_fast_mode_gemm_compiles_with_a_quarter_of_the_promotions():
     assert count("QGMMA") == 4 and count("UTMALDG") == 2
     # the promotion FMUL + FFMA pairs: 64 accumulator elements per thread, once per stage instead of 4 times
     assert count("FFMA") * 4 == count32("FFMA") and count("FFMA") == 64
-    # overlapped: the loop unrolled by two (8 WGMMAs, two promotions) and the tail's two promotion copies
-    res, count = facts(128, overlap=True)
-    assert res["local_frame"] == 0 and count("LDL") == count("STL") == 0
-    assert count("QGMMA") == 8 and count("FFMA") == 4 * 64
     with pytest.raises(ValueError, match="block_k"):
         compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "dequant", block_k=128)
 
@@ -569,15 +564,14 @@ def _fast_integer_operand(rows, k, elem, rng):
 @pytest.mark.parametrize("elems,out", VARIANTS, ids=str)
 @pytest.mark.parametrize("m,n,k", [(128, 128, 128), (300, 200, 96), (257, 129, 416), (640, 384, 2048),
                                    (130, 260, 384)])
-@pytest.mark.parametrize("overlap", [True, False])
-def test_fast_mode_gemm_integer_data_is_bit_exact(elems, out, m, n, k, overlap, rng):
+def test_fast_mode_gemm_integer_data_is_bit_exact(elems, out, m, n, k, rng):
     from cute_mxfp8.jit import compile_gemm_sm90
 
     a, a_s = _fast_integer_operand(m, k, elems[0], rng)
     b, b_s = _fast_integer_operand(n, k, elems[1], rng)
     dt = getattr(torch, out)
     got = torch.empty(m, n, dtype=dt, device="cuda")
-    fn = compile_gemm_sm90(*elems, out, "promote", block_k=128, promote_overlap=overlap)
+    fn = compile_gemm_sm90(*elems, out, "promote", block_k=128)
     fn(a, b, a_s.view(torch.uint8), b_s.view(torch.uint8), got)
     want = ops.mm(a, a_s, b, b_s, out_dtype=dt, backend="reference")
     assert torch.equal(got, want), f"{(got != want).sum().item()} of {m * n} differ"

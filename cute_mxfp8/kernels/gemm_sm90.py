@@ -33,23 +33,6 @@ def _tma_atoms(a: cute.Tensor, b: cute.Tensor, a_smem, b_smem, tile_m: int, tile
     return tma_a, ga, tma_b, gb
 
 
-@cute.jit
-def _tma_producer(pipe, stages: cutlass.Constexpr[int], k_tiles: cutlass.Int32, tma_a: cute.CopyAtom,
-                  tag: cute.Tensor, tas: cute.Tensor, tma_b: cute.CopyAtom, tbg: cute.Tensor, tbs: cute.Tensor):
-    """The TMA warp of both mainloops: K tile ``kt`` of A and B into shared-memory stage ``kt % stages`` (one
-    barrier, both copies), then wait for the consumers to drain the pipeline (none when there are no K tiles)."""
-    state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, stages)
-    for kt in cutlass.range(k_tiles, unroll=1):
-        pipe.producer_acquire(state)
-        bar = pipe.producer_get_barrier(state)
-        cute.copy(tma_a, tag[(None, kt)], tas[(None, state.index)], tma_bar_ptr=bar)
-        cute.copy(tma_b, tbg[(None, kt)], tbs[(None, state.index)], tma_bar_ptr=bar)
-        pipe.producer_commit(state)
-        state.advance()
-    if k_tiles > 0:
-        pipe.producer_tail(state)
-
-
 class MXGemmSm90:
     """MXFP8 GEMM for SM90: ``D (M, N) = Σ_b sa[m, b] · sb[n, b] · Σ_{k in block b} A[m, k] · B[n, k]`` in fp32,
     the reference's block-scaled product (OCP MX v1.0 blocks of 32 along K), rounded once to ``out_dtype``.
@@ -64,7 +47,8 @@ class MXGemmSm90:
     ``stages`` shared-memory stages of 128 x 128 / ``n_tile`` x 128 bytes (``PipelineTmaAsync``; one warp issues);
     warpgroups 1 and 2 each own 64 rows of the 128 x ``n_tile`` output tile, so one promotes while the other's
     WGMMA runs.  Epilogue: each thread stores its accumulator elements, converted to ``out_dtype``, predicated on
-    M and N (partial tiles).  One CTA per output tile (not persistent yet).
+    M and N (partial tiles).  Persistent CTAs (``max_ctas``, one per SM) walk the shared tile order
+    (:class:`.tile_scheduler.PersistentTiles`), the pipeline running on across tiles.
 
     ``block_k=128`` (the Hopper fast mode, issue 16): the operands' four MX scales of every 128-deep K block are
     equal (``quantize_mxfp8(..., scale_block=128)``), so the stage's 4 WGMMAs accumulate into one partial and it is
@@ -82,14 +66,16 @@ class MXGemmSm90:
     THREADS = 128 * (1 + CONSUMERS)
 
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
-                 block_k: int = 32, promote_overlap: bool = True):
+                 block_k: int = 32, max_ctas: int = 132):
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
         if n_tile != 128:
             raise ValueError(f"n_tile must be 128 (one blocked scale tile per N tile), got {n_tile}")
         if block_k not in (32, 128):
             raise ValueError(f"block_k must be 32 (MX blocks) or 128 (the Hopper fast mode's shared scales), got "
                              f"{block_k}")
-        self.n_tile, self.block_k, self.promote_overlap = n_tile, block_k, promote_overlap
+        if max_ctas < 1:
+            raise ValueError(f"max_ctas must be >= 1, got {max_ctas}")
+        self.n_tile, self.block_k, self.max_ctas = n_tile, block_k, max_ctas
 
     @staticmethod
     def can_implement(m: int, n: int, k: int) -> str | None:
@@ -139,20 +125,21 @@ class MXGemmSm90:
             sdec: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, 2 * self.CONSUMERS * self.DEC_WORDS], 16]
 
         self.shared = Shared
-        grid = ((m + self.TILE_M - 1) // self.TILE_M, (n + self.n_tile - 1) // self.n_tile, 1)
-        self.kernel(self.tiled_mma, tma_a, ga, tma_b, gb, sfa_w, sfb_w, d, m, n, k_tiles, self.a_smem,
-                    self.b_smem).launch(grid=grid, block=[self.THREADS, 1, 1], smem=Shared.size_in_bytes(),
-                                        stream=stream)
+        m_tiles = (m + self.TILE_M - 1) // self.TILE_M
+        n_tiles = (n + self.n_tile - 1) // self.n_tile
+        grid = (1, 1, grid_clusters(m_tiles, n_tiles, (1, 1), self.max_ctas))
+        self.kernel(self.tiled_mma, tma_a, ga, tma_b, gb, sfa_w, sfb_w, d, m, n, k_tiles, m_tiles, n_tiles,
+                    self.a_smem, self.b_smem).launch(grid=grid, block=[self.THREADS, 1, 1],
+                                                     smem=Shared.size_in_bytes(), stream=stream)
 
     @cute.kernel
     def kernel(self, mma: cute.TiledMma, tma_a: cute.CopyAtom, ga: cute.Tensor, tma_b: cute.CopyAtom,
                gb: cute.Tensor, sfa_w: cute.Tensor, sfb_w: cute.Tensor, d: cute.Tensor, rows: cutlass.Int32,
-               cols: cutlass.Int32, k_tiles: cutlass.Int32, a_smem: cute.ComposedLayout,
-               b_smem: cute.ComposedLayout):
+               cols: cutlass.Int32, k_tiles: cutlass.Int32, m_tiles: cutlass.Int32, n_tiles: cutlass.Int32,
+               a_smem: cute.ComposedLayout, b_smem: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
-        bm, bn, _ = cute.arch.block_idx()
         if warp == 0:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
@@ -165,34 +152,55 @@ class MXGemmSm90:
             tx_count=self.stage_bytes)
         sa = st.sa.get_tensor(a_smem.outer, swizzle=a_smem.inner)
         sb = st.sb.get_tensor(b_smem.outer, swizzle=b_smem.inner)
-
+        # persistent CTAs walk the shared tile order (kernels/tile_scheduler.py); every role the same tiles, the
+        # pipeline state running on across them so a tile's first loads overlap the previous tile's epilogue
+        tiles = PersistentTiles(m_tiles, n_tiles, (1, 1))
+        linear = tiles.first()
         if wg == 0:
             cute.arch.warpgroup_reg_dealloc(40)
             if warp == 0:  # TMA producer
-                gak = cute.local_tile(ga, (self.TILE_M, self.K_STAGE), (bm, None))
-                gbk = cute.local_tile(gb, (self.n_tile, self.K_STAGE), (bn, None))
-                tas, tag = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sa, 0, 2),
-                                                 cute.group_modes(gak, 0, 2))
-                tbs, tbg = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sb, 0, 2),
-                                                 cute.group_modes(gbk, 0, 2))
-                _tma_producer(pipe, self.stages, k_tiles, tma_a, tag, tas, tma_b, tbg, tbs)
+                state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                while tiles.valid(linear):
+                    bm, bn = tiles.tile(linear)
+                    gak = cute.local_tile(ga, (self.TILE_M, self.K_STAGE), (bm, None))
+                    gbk = cute.local_tile(gb, (self.n_tile, self.K_STAGE), (bn, None))
+                    tas, tag = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sa, 0, 2),
+                                                     cute.group_modes(gak, 0, 2))
+                    tbs, tbg = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sb, 0, 2),
+                                                     cute.group_modes(gbk, 0, 2))
+                    for kt in cutlass.range(k_tiles, unroll=1):
+                        pipe.producer_acquire(state)
+                        bar = pipe.producer_get_barrier(state)
+                        cute.copy(tma_a, tag[(None, kt)], tas[(None, state.index)], tma_bar_ptr=bar)
+                        cute.copy(tma_b, tbg[(None, kt)], tbs[(None, state.index)], tma_bar_ptr=bar)
+                        pipe.producer_commit(state)
+                        state.advance()
+                    linear = tiles.next(linear)
+                pipe.producer_tail(state)
         else:
             cute.arch.warpgroup_reg_alloc(232)
             sdec = st.sdec.get_tensor(cute.make_layout(2 * self.CONSUMERS * self.DEC_WORDS))
-            self.consume(mma, pipe, sa, sb, sdec, sfa_w, sfb_w, d, rows, cols, k_tiles, tidx - 128, bm, bn)
+            state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            while tiles.valid(linear):
+                bm, bn = tiles.tile(linear)
+                state = self.consume(mma, pipe, state, sa, sb, sdec, sfa_w, sfb_w, d, rows, cols, k_tiles,
+                                     tidx - 128, bm, bn)
+                linear = tiles.next(linear)
 
     @cute.jit
-    def consume(self, mma: cute.TiledMma, pipe, sa: cute.Tensor, sb: cute.Tensor, sdec: cute.Tensor,
+    def consume(self, mma: cute.TiledMma, pipe, state, sa: cute.Tensor, sb: cute.Tensor, sdec: cute.Tensor,
                 sfa_w: cute.Tensor, sfb_w: cute.Tensor, d: cute.Tensor, rows: cutlass.Int32, cols: cutlass.Int32,
                 k_tiles: cutlass.Int32, ct: cutlass.Int32, bm: cutlass.Int32, bn: cutlass.Int32):
-        """A consumer warpgroup: 64 rows x ``n_tile`` of the tile.  Thread ``t`` of warp ``w`` holds the WGMMA
-        accumulator rows ``16 w + t // 4 (+ 8)`` and columns ``8 j + 2 (t % 4) (+ 1)``: fragment element
-        ``e + 2 rs + 4 j`` is (row + 8 rs, column 8 j + 2 (t % 4) + e).
+        """A consumer warpgroup on output tile (bm, bn): 64 rows x ``n_tile``; returns the pipeline state.  Thread
+        ``t`` of warp ``w`` holds the WGMMA accumulator rows ``16 w + t // 4 (+ 8)`` and columns
+        ``8 j + 2 (t % 4) (+ 1)``: fragment element ``e + 2 rs + 4 j`` is (row + 8 rs, column 8 j + 2 (t % 4) + e).
 
-        Per 128-deep K stage the warpgroup first decodes the stage's scales once into shared memory (thread t: the
-        4 block scales of row t (t < 64) and of column t, one 32-bit load each; double-buffered, one named barrier
-        per stage), then runs the stage's 4 WGMMAs one ahead of the promotion: WGMMA b + 1 runs on the tensor cores
-        while the CUDA cores add partial b, times ``sa[row] * sb[col]``, to the accumulator."""
+        Per 128-deep K stage the warpgroup first decodes the stage's scales into shared memory (thread t: row t
+        (t < 64) and column t, one 32-bit word each, loaded a stage ahead; double-buffered, one named barrier per
+        stage).  ``block_k=32``: the stage's 4 WGMMAs run one ahead of the promotion (WGMMA b + 1 on the tensor
+        cores while the CUDA cores add partial b, times ``sa[row] * sb[col]``, to the accumulator).
+        ``block_k=128``: the 4 WGMMAs accumulate into one partial, promoted once with the shared scale while the
+        other warpgroup's WGMMAs run."""
         wgi = ct // 128
         t = ct % 128
         lane = ct % 32
@@ -207,49 +215,63 @@ class MXGemmSm90:
         ncol = self.n_tile // 4  # accumulator columns per thread
         rl = w * 16 + lane // 4  # warpgroup-local row of fragment elements with rs = 0
         ra = wgi * 64 + t  # the tile row whose scales this thread decodes (t < 64)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        if cutlass.const_expr(self.block_k == 128 and self.promote_overlap):
-            self._consume_shared_scale_overlap(mma, pipe, state, fa, fb, acc, parts, sdec, sfa_w, sfb_w, k_tiles,
-                                               t, lane, rl, ra, wgi, bm, bn)
-        elif cutlass.const_expr(self.block_k == 128):
-            self._consume_shared_scale(mma, pipe, state, fa, fb, acc, parts[0], sdec, sfa_w, sfb_w, k_tiles, t,
-                                       lane, rl, ra, wgi, bm, bn)
-        mma.set(warpgroup.Field.ACCUMULATE, False)  # every WGMMA is one MX block: it starts its partial at zero
-        for kt in cutlass.range(k_tiles if self.block_k == 32 else 0, unroll=1):
-            # decode this stage's scales into this warpgroup's half of buffer kt % 2
+        blocks = self.BLOCKS if self.block_k == 32 else 1  # scale bytes decoded per row / column and stage
+        # this thread's scale words (column t, row ra) of stage kt, loaded one stage ahead: the global load's
+        # latency hides behind the previous stage's WGMMAs and promotion
+        b_at = (bn * k_tiles) * 128 + (t % 32) * 4 + t // 32
+        a_at = (bm * k_tiles) * 128 + (ra % 32) * 4 + ra // 32
+        a_ok = t < 64
+        bw = cutlass.Int32(0)
+        aw = cutlass.Int32(0)
+        if k_tiles > 0:
+            bw = cutlass.Int32(sfb_w[b_at])
+            if a_ok:
+                aw = cutlass.Int32(sfa_w[a_at])
+        # the previous tile's last decode buffer may still be read by a slower warp of this warpgroup
+        cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)
+        for kt in cutlass.range(k_tiles, unroll=1):
             base = ((kt % 2) * self.CONSUMERS + wgi) * self.DEC_WORDS
-            bw = sfb_w[(bn * k_tiles + kt) * 128 + (t % 32) * 4 + t // 32]
-            for blk in cutlass.range_constexpr(self.BLOCKS):
-                sdec[base + 64 * self.BLOCKS + blk * self.n_tile + t] = \
+            for blk in cutlass.range_constexpr(blocks):
+                sdec[base + 64 * blocks + blk * self.n_tile + t] = \
                     e8m0_to_f32(cutlass.Int32((bw >> (8 * blk)) & 0xFF))
-            if t < 64:
-                aw = sfa_w[(bm * k_tiles + kt) * 128 + (ra % 32) * 4 + ra // 32]
-                for blk in cutlass.range_constexpr(self.BLOCKS):
+            if a_ok:
+                for blk in cutlass.range_constexpr(blocks):
                     sdec[base + blk * 64 + t] = e8m0_to_f32(cutlass.Int32((aw >> (8 * blk)) & 0xFF))
+            if kt + 1 < k_tiles:
+                bw = cutlass.Int32(sfb_w[b_at + (kt + 1) * 128])
+                if a_ok:
+                    aw = cutlass.Int32(sfa_w[a_at + (kt + 1) * 128])
             cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)
             pipe.consumer_wait(state)
-            warpgroup.fence()
-            cute.gemm(mma, parts[0], fa[(None, None, 0, state.index)], fb[(None, None, 0, state.index)], parts[0])
-            warpgroup.commit_group()
-            for blk in cutlass.range_constexpr(self.BLOCKS):
-                if cutlass.const_expr(blk + 1 < self.BLOCKS):
-                    nxt = parts[(blk + 1) % 2]
-                    warpgroup.fence()
-                    cute.gemm(mma, nxt, fa[(None, None, blk + 1, state.index)], fb[(None, None, blk + 1, state.index)],
-                              nxt)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(1)
-                else:
-                    warpgroup.wait_group(0)
-                part = parts[blk % 2]
-                scale_a = (sdec[base + blk * 64 + rl], sdec[base + blk * 64 + rl + 8])
-                for q in cutlass.range_constexpr(ncol):
-                    c = 8 * (q // 2) + 2 * (lane % 4) + q % 2
-                    scale_b = sdec[base + 64 * self.BLOCKS + blk * self.n_tile + c]
-                    for rs in cutlass.range_constexpr(2):
-                        i = q % 2 + 2 * rs + 4 * (q // 2)
-                        acc[i] = acc[i] + part[i] * (scale_a[rs] * scale_b)
-            pipe.consumer_release(state)
+            if cutlass.const_expr(self.block_k == 128):
+                warpgroup.fence()
+                for blk in cutlass.range_constexpr(self.BLOCKS):
+                    mma.set(warpgroup.Field.ACCUMULATE, blk != 0)
+                    cute.gemm(mma, parts[0], fa[(None, None, blk, state.index)], fb[(None, None, blk, state.index)],
+                              parts[0])
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                pipe.consumer_release(state)
+                self._promote(acc, parts[0], sdec, base, base + 64, rl, lane)
+            else:
+                mma.set(warpgroup.Field.ACCUMULATE, False)  # every WGMMA is one MX block: its partial starts at 0
+                warpgroup.fence()
+                cute.gemm(mma, parts[0], fa[(None, None, 0, state.index)], fb[(None, None, 0, state.index)],
+                          parts[0])
+                warpgroup.commit_group()
+                for blk in cutlass.range_constexpr(self.BLOCKS):
+                    if cutlass.const_expr(blk + 1 < self.BLOCKS):
+                        nxt = parts[(blk + 1) % 2]
+                        warpgroup.fence()
+                        cute.gemm(mma, nxt, fa[(None, None, blk + 1, state.index)],
+                                  fb[(None, None, blk + 1, state.index)], nxt)
+                        warpgroup.commit_group()
+                        warpgroup.wait_group(1)
+                    else:
+                        warpgroup.wait_group(0)
+                    self._promote(acc, parts[blk % 2], sdec, base + blk * 64,
+                                  base + 64 * self.BLOCKS + blk * self.n_tile, rl, lane)
+                pipe.consumer_release(state)
             state.advance()
 
         row0 = bm * self.TILE_M + wgi * 64 + rl
@@ -259,117 +281,19 @@ class MXGemmSm90:
                 row = row0 + 8 * rs
                 if row < rows and col < cols:
                     d[row, col] = acc[q % 2 + 2 * rs + 4 * (q // 2)].to(self.d_dtype)
+        return state
 
     @cute.jit
-    def _consume_shared_scale(self, mma: cute.TiledMma, pipe, state, fa: cute.Tensor, fb: cute.Tensor,
-                              acc: cute.Tensor, part: cute.Tensor, sdec: cute.Tensor, sfa_w: cute.Tensor,
-                              sfb_w: cute.Tensor, k_tiles: cutlass.Int32, t: cutlass.Int32, lane: cutlass.Int32,
-                              rl: cutlass.Int32, ra: cutlass.Int32, wgi: cutlass.Int32, bm: cutlass.Int32,
-                              bn: cutlass.Int32):
-        """``block_k=128``: per 128-deep stage, decode the one shared scale of row ``t`` (t < 64) and column ``t``,
-        run the 4 WGMMAs into ``part`` (the first one starting it at zero), release the stage and add ``part``
-        times ``sa[row] * sb[col]`` to ``acc``."""
-        ncol = self.n_tile // 4
-        # this thread's scale words (column t, row ra) of stage kt, loaded one stage ahead: the global load's
-        # latency then hides behind the previous stage's WGMMAs and promotion
-        b_at = (bn * k_tiles) * 128 + (t % 32) * 4 + t // 32
-        a_at = (bm * k_tiles) * 128 + (ra % 32) * 4 + ra // 32
-        a_ok = t < 64
-        bw = cutlass.Int32(0)
-        aw = cutlass.Int32(0)
-        if k_tiles > 0:
-            bw = cutlass.Int32(sfb_w[b_at])
-            if a_ok:
-                aw = cutlass.Int32(sfa_w[a_at])
-        for kt in cutlass.range(k_tiles, unroll=1):
-            base = ((kt % 2) * self.CONSUMERS + wgi) * self.DEC_WORDS
-            sdec[base + 64 + t] = e8m0_to_f32(cutlass.Int32(bw & 0xFF))
-            if a_ok:
-                sdec[base + t] = e8m0_to_f32(cutlass.Int32(aw & 0xFF))
-            if kt + 1 < k_tiles:
-                bw = cutlass.Int32(sfb_w[b_at + (kt + 1) * 128])
-                if a_ok:
-                    aw = cutlass.Int32(sfa_w[a_at + (kt + 1) * 128])
-            cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)
-            pipe.consumer_wait(state)
-            warpgroup.fence()
-            for blk in cutlass.range_constexpr(self.BLOCKS):
-                mma.set(warpgroup.Field.ACCUMULATE, blk != 0)
-                cute.gemm(mma, part, fa[(None, None, blk, state.index)], fb[(None, None, blk, state.index)], part)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            pipe.consumer_release(state)
-            state.advance()
-            self._promote(acc, part, sdec, base, rl, lane)
-
-    @cute.jit
-    def _promote(self, acc: cute.Tensor, part: cute.Tensor, sdec: cute.Tensor, base: cutlass.Int32,
-                 rl: cutlass.Int32, lane: cutlass.Int32):
-        """``acc += part * sa[row] * sb[col]`` with the decoded shared scales at ``sdec[base:]`` (rows, then
-        columns at +64)."""
-        scale_a = (sdec[base + rl], sdec[base + rl + 8])
+    def _promote(self, acc: cute.Tensor, part: cute.Tensor, sdec: cute.Tensor, a_base: cutlass.Int32,
+                 b_base: cutlass.Int32, rl: cutlass.Int32, lane: cutlass.Int32):
+        """``acc += part * sa[row] * sb[col]`` with the decoded scales: rows at ``sdec[a_base:]``, columns at
+        ``sdec[b_base:]``."""
+        scale_a = (sdec[a_base + rl], sdec[a_base + rl + 8])
         for q in cutlass.range_constexpr(self.n_tile // 4):
-            scale_b = sdec[base + 64 + 8 * (q // 2) + 2 * (lane % 4) + q % 2]
+            scale_b = sdec[b_base + 8 * (q // 2) + 2 * (lane % 4) + q % 2]
             for rs in cutlass.range_constexpr(2):
                 i = q % 2 + 2 * rs + 4 * (q // 2)
                 acc[i] = acc[i] + part[i] * (scale_a[rs] * scale_b)
-
-    @cute.jit
-    def _consume_shared_scale_overlap(self, mma: cute.TiledMma, pipe, state, fa: cute.Tensor, fb: cute.Tensor,
-                                      acc: cute.Tensor, parts, sdec: cute.Tensor, sfa_w: cute.Tensor,
-                                      sfb_w: cute.Tensor, k_tiles: cutlass.Int32, t: cutlass.Int32,
-                                      lane: cutlass.Int32, rl: cutlass.Int32, ra: cutlass.Int32,
-                                      wgi: cutlass.Int32, bm: cutlass.Int32, bn: cutlass.Int32):
-        """``block_k=128`` with ``promote_overlap``: stage kt's 4 WGMMAs run into partial kt % 2 while the CUDA
-        cores promote stage kt - 1's partial (the loop is unrolled by two so each partial is a fixed register set).
-        The decoded scales rotate through 3 buffers per warpgroup (a stage's are read one stage after the barrier
-        that published them, so 2 would let a fast thread overwrite what a slow one still reads)."""
-        words = 64 + self.n_tile  # decoded shared scales per stage: 64 rows, n_tile columns
-        wbase = wgi * 2 * self.DEC_WORDS
-        b_at = (bn * k_tiles) * 128 + (t % 32) * 4 + t // 32
-        a_at = (bm * k_tiles) * 128 + (ra % 32) * 4 + ra // 32
-        a_ok = t < 64
-        bw = cutlass.Int32(0)
-        aw = cutlass.Int32(0)
-        if k_tiles > 0:
-            bw = cutlass.Int32(sfb_w[b_at])
-            if a_ok:
-                aw = cutlass.Int32(sfa_w[a_at])
-        rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        for kp in cutlass.range((k_tiles + 1) // 2, unroll=1):
-            for half in cutlass.range_constexpr(2):
-                kt = kp * 2 + half
-                if kt < k_tiles:
-                    base = wbase + (kt % 3) * words
-                    sdec[base + 64 + t] = e8m0_to_f32(cutlass.Int32(bw & 0xFF))
-                    if a_ok:
-                        sdec[base + t] = e8m0_to_f32(cutlass.Int32(aw & 0xFF))
-                    if kt + 1 < k_tiles:
-                        bw = cutlass.Int32(sfb_w[b_at + (kt + 1) * 128])
-                        if a_ok:
-                            aw = cutlass.Int32(sfa_w[a_at + (kt + 1) * 128])
-                    cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)
-                    pipe.consumer_wait(state)
-                    warpgroup.fence()
-                    for blk in cutlass.range_constexpr(self.BLOCKS):
-                        mma.set(warpgroup.Field.ACCUMULATE, blk != 0)
-                        cute.gemm(mma, parts[half], fa[(None, None, blk, state.index)],
-                                  fb[(None, None, blk, state.index)], parts[half])
-                    warpgroup.commit_group()
-                    state.advance()
-                    if kt > 0:  # stage kt - 1's WGMMAs are done: free its slot, promote its partial
-                        warpgroup.wait_group(1)
-                        pipe.consumer_release(rel)
-                        rel.advance()
-                        self._promote(acc, parts[1 - half], sdec, wbase + ((kt - 1) % 3) * words, rl, lane)
-        warpgroup.wait_group(0)
-        if k_tiles > 0:
-            pipe.consumer_release(rel)
-            last = k_tiles - 1
-            if last % 2 == 0:
-                self._promote(acc, parts[0], sdec, wbase + (last % 3) * words, rl, lane)
-            else:
-                self._promote(acc, parts[1], sdec, wbase + (last % 3) * words, rl, lane)
 
 
 class MXGemmSm90Dequant:
