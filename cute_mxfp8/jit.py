@@ -283,14 +283,16 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
 def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mainloop: str = "dequant",
                       arch: str = "sm_90a", keep_ptx: bool = False, transform_warps: int = 8,
                       grouping: str = "none", epilogue: str = "plain", cast_elem: str = "e4m3",
-                      scale_mode: str = "rceil", emit_hp: bool = False, max_ctas: int = 132, block_k: int = 32):
+                      scale_mode: str = "rceil", emit_hp: bool = False, max_ctas: int = 132, block_k: int = 32,
+                      n_tile: int = 128):
     """Compiled SM90 MXFP8 GEMM.  ``mainloop``: ``"dequant"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90Dequant`, bf16 WGMMA on scaled operands) or ``"promote"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`, fp8 WGMMA per block, dense only).
 
     * ``"promote"``: ``fn(a, b, sfa, sfb, d)``, a (M, K) and b (N, K) fp8 K-major, sfa / sfb their 1-D blocked
       E8M0 scale buffers (uint8 view, 16-byte aligned), d (M, N) ``out_dtype`` row-major.  ``block_k=128``: the
-      Hopper fast mode, one promotion per 128 of K (the operands' scales shared by each 128-block).
+      Hopper fast mode, one promotion per 128 of K (the operands' scales shared by each 128-block); ``n_tile``:
+      the output tile's N, 128 or (fast mode) 192.
     * ``"dequant"``: ``fn(a, b, sfa, sfb, d, offs, sched)`` with the operands of ``grouping`` as
       ``MXGemmSm90Dequant.__call__`` lists them (``"none"`` dense, ``"m"`` 2d-3d, ``"k"`` 2d-2d); offs (G,) and
       sched (2, G) int32 (placeholders for dense).
@@ -316,7 +318,7 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
         raise ValueError(f"the promote mainloop has the plain epilogue only, got {epilogue!r}")
     kernel = MXGemmSm90Dequant(a_elem, b_elem, out_dtype, transform_warps, grouping, epilogue, cast_elem,
                                scale_mode, emit_hp, max_ctas) if mainloop == "dequant" else \
-        MXGemmSm90(a_elem, b_elem, out_dtype, block_k=block_k, max_ctas=max_ctas)
+        MXGemmSm90(a_elem, b_elem, out_dtype, n_tile, block_k=block_k, max_ctas=max_ctas)
     fake, sym = _fake, _sym
     scales = [fake(cutlass.Uint8, (sym(),), align=16) for _ in range(2)]
     kdiv = 16 if grouping == "k" else 32  # 2d-2d: K is the token count, a multiple of 16 (TMA's row pitch)

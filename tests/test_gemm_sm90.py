@@ -548,6 +548,11 @@ def test_fast_mode_gemm_compiles_with_a_quarter_of_the_promotions():
     assert count("FFMA") * 4 == count32("FFMA") and count("FFMA") == 64
     with pytest.raises(ValueError, match="block_k"):
         compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "dequant", block_k=128)
+    with pytest.raises(ValueError, match="n_tile"):
+        compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", block_k=32, n_tile=192)
+    wide = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, block_k=128, n_tile=192)
+    (res,) = sass_facts.cubin_resources(wide.__cubin__).values()
+    assert res["local_frame"] == 0 and wide.launch_smem[0] <= 232448
 
 
 def _fast_integer_operand(rows, k, elem, rng):
@@ -564,14 +569,15 @@ def _fast_integer_operand(rows, k, elem, rng):
 @pytest.mark.parametrize("elems,out", VARIANTS, ids=str)
 @pytest.mark.parametrize("m,n,k", [(128, 128, 128), (300, 200, 96), (257, 129, 416), (640, 384, 2048),
                                    (130, 260, 384)])
-def test_fast_mode_gemm_integer_data_is_bit_exact(elems, out, m, n, k, rng):
+@pytest.mark.parametrize("n_tile", [128, 192])
+def test_fast_mode_gemm_integer_data_is_bit_exact(elems, out, m, n, k, n_tile, rng):
     from cute_mxfp8.jit import compile_gemm_sm90
 
     a, a_s = _fast_integer_operand(m, k, elems[0], rng)
     b, b_s = _fast_integer_operand(n, k, elems[1], rng)
     dt = getattr(torch, out)
     got = torch.empty(m, n, dtype=dt, device="cuda")
-    fn = compile_gemm_sm90(*elems, out, "promote", block_k=128)
+    fn = compile_gemm_sm90(*elems, out, "promote", block_k=128, n_tile=n_tile)
     fn(a, b, a_s.view(torch.uint8), b_s.view(torch.uint8), got)
     want = ops.mm(a, a_s, b, b_s, out_dtype=dt, backend="reference")
     assert torch.equal(got, want), f"{(got != want).sum().item()} of {m * n} differ"
@@ -579,15 +585,16 @@ def test_fast_mode_gemm_integer_data_is_bit_exact(elems, out, m, n, k, rng):
 
 @pytest.mark.gpu
 @sm90
-@pytest.mark.parametrize("m,n,k", [(512, 384, 1024), (1000, 130, 4128)])
-def test_fast_mode_gemm_random_data_within_the_accumulation_bound(m, n, k, rng):
+@pytest.mark.parametrize("m,n,k", [(512, 384, 1024), (1000, 130, 4128), (300, 520, 640)])
+@pytest.mark.parametrize("n_tile", [128, 192])
+def test_fast_mode_gemm_random_data_within_the_accumulation_bound(m, n, k, n_tile, rng):
     from cute_mxfp8.jit import compile_gemm_sm90
 
     x = torch.randn(m, k, generator=rng).cuda() * torch.logspace(-3, 3, k, device="cuda")
     w = torch.randn(n, k, generator=rng).cuda()
     (a, sa), (b, sb) = (F.quantize_mxfp8(t, scale_block=128) for t in (x, w))
     got = torch.empty(m, n, device="cuda")
-    compile_gemm_sm90("e4m3", "e4m3", "float32", "promote", block_k=128)(
+    compile_gemm_sm90("e4m3", "e4m3", "float32", "promote", block_k=128, n_tile=n_tile)(
         a, b, F.to_blocked_scales(sa).view(torch.uint8), F.to_blocked_scales(sb).view(torch.uint8), got)
     da, db = F.dequantize_mxfp8(a, sa).double(), F.dequantize_mxfp8(b, sb).double()
     mag = da.abs() @ db.abs().t()

@@ -68,8 +68,9 @@ class MXGemmSm90:
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
                  block_k: int = 32, max_ctas: int = 132):
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
-        if n_tile != 128:
-            raise ValueError(f"n_tile must be 128 (one blocked scale tile per N tile), got {n_tile}")
+        if n_tile not in ((128, 192) if block_k == 128 else (128,)):
+            raise ValueError(f"n_tile must be 128, or 192 with block_k=128 (the fast mode's one partial per stage "
+                             f"leaves the registers), got {n_tile}")
         if block_k not in (32, 128):
             raise ValueError(f"block_k must be 32 (MX blocks) or 128 (the Hopper fast mode's shared scales), got "
                              f"{block_k}")
@@ -218,15 +219,22 @@ class MXGemmSm90:
         blocks = self.BLOCKS if self.block_k == 32 else 1  # scale bytes decoded per row / column and stage
         # this thread's scale words (column t, row ra) of stage kt, loaded one stage ahead: the global load's
         # latency hides behind the previous stage's WGMMAs and promotion
-        b_at = (bn * k_tiles) * 128 + (t % 32) * 4 + t // 32
+        b_at = self._scale_word(bn * self.n_tile + t, k_tiles)
         a_at = (bm * k_tiles) * 128 + (ra % 32) * 4 + ra // 32
         a_ok = t < 64
+        wide = self.n_tile > 128  # n_tile 192: thread t < 64 also decodes column t + 128
+        b2_ok = t < self.n_tile - 128 and bn * self.n_tile + t + 128 < cols  # (past N: no blocked scale rows)
+        b2_at = self._scale_word(bn * self.n_tile + t + 128, k_tiles)
         bw = cutlass.Int32(0)
         aw = cutlass.Int32(0)
+        bw2 = cutlass.Int32(0)
         if k_tiles > 0:
             bw = cutlass.Int32(sfb_w[b_at])
             if a_ok:
                 aw = cutlass.Int32(sfa_w[a_at])
+            if cutlass.const_expr(wide):
+                if b2_ok:
+                    bw2 = cutlass.Int32(sfb_w[b2_at])
         # the previous tile's last decode buffer may still be read by a slower warp of this warpgroup
         cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)
         for kt in cutlass.range(k_tiles, unroll=1):
@@ -237,10 +245,16 @@ class MXGemmSm90:
             if a_ok:
                 for blk in cutlass.range_constexpr(blocks):
                     sdec[base + blk * 64 + t] = e8m0_to_f32(cutlass.Int32((aw >> (8 * blk)) & 0xFF))
+            if cutlass.const_expr(wide):
+                if t < self.n_tile - 128:
+                    sdec[base + 64 + 128 + t] = e8m0_to_f32(cutlass.Int32(bw2 & 0xFF))
             if kt + 1 < k_tiles:
                 bw = cutlass.Int32(sfb_w[b_at + (kt + 1) * 128])
                 if a_ok:
                     aw = cutlass.Int32(sfa_w[a_at + (kt + 1) * 128])
+                if cutlass.const_expr(wide):
+                    if b2_ok:
+                        bw2 = cutlass.Int32(sfb_w[b2_at + (kt + 1) * 128])
             cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)
             pipe.consumer_wait(state)
             if cutlass.const_expr(self.block_k == 128):
@@ -282,6 +296,13 @@ class MXGemmSm90:
                 if row < rows and col < cols:
                     d[row, col] = acc[q % 2 + 2 * rs + 4 * (q // 2)].to(self.d_dtype)
         return state
+
+    @cute.jit
+    def _scale_word(self, col: cutlass.Int32, k_tiles: cutlass.Int32):
+        """Index of the 32-bit blocked-scale word holding the 4 scales of B row (output column) ``col`` in 128-deep
+        K tile 0 (tile kt: + 128 kt): its 128-row scale tile, then ``(r % 32) * 4 + r // 32``."""
+        r = col % 128
+        return (col // 128) * k_tiles * 128 + (r % 32) * 4 + r // 32
 
     @cute.jit
     def _promote(self, acc: cute.Tensor, part: cute.Tensor, sdec: cute.Tensor, a_base: cutlass.Int32,
