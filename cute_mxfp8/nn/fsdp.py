@@ -38,6 +38,7 @@ from torch import Tensor
 from ..formats import to_blocked_scales
 from ..ops import api
 from ..ops.autograd import mxfp8_grouped_mm, mxfp8_linear
+from .redirect import match_call
 
 __all__ = ["MXFP8GatheredWeight", "mxfp8_all_gather_reason", "pre_all_gather", "post_all_gather"]
 
@@ -124,7 +125,6 @@ class _GatheredOperands:
 _aten = torch.ops.aten
 _VIEWS = {_aten.detach.default, _aten.alias.default, _aten.view.default, _aten._unsafe_view.default,
           _aten.as_strided.default, _aten.t.default, _aten.transpose.int, _aten.permute.default}
-_LINEAR = frozenset({torch.nn.functional.linear, torch._C._nn.linear})
 
 
 class MXFP8GatheredWeight(Tensor):
@@ -159,21 +159,11 @@ class MXFP8GatheredWeight(Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _LINEAR:
-            x, w, *rest = args
-            bias = rest[0] if rest else kwargs.get("bias")
-            if isinstance(w, cls) and not isinstance(x, cls) and w.dim() == 2 and w._is_weight():
-                return mxfp8_linear(x, w, bias, w._operands.config, weight_operands=w._operands)
-        elif func is torch._grouped_mm:
-            names = ("mat_a", "mat_b", "offs", "bias", "out_dtype")
-            bound = dict(zip(names, args)) | kwargs
-            a, b = bound.get("mat_a"), bound.get("mat_b")
-            if (isinstance(b, cls) and not isinstance(a, cls) and b.dim() == 3 and a.dim() == 2
-                    and bound.get("offs") is not None and bound.get("bias") is None
-                    and bound.get("out_dtype") in (None, a.dtype)):
-                w = b.transpose(-2, -1)
-                if w._is_weight():
-                    return mxfp8_grouped_mm(a, w, bound["offs"], w._operands.config, weight_operands=w._operands)
+        call = match_call(cls, func, args, kwargs)
+        if call is not None and call[2]._is_weight():
+            kind, x, w, extra = call
+            run = mxfp8_linear if kind == "linear" else mxfp8_grouped_mm
+            return run(x, w, extra, w._operands.config, weight_operands=w._operands)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils._pytree import tree_leaves, tree_map_only
 
@@ -34,6 +33,7 @@ from ..config import MXFP8Config, resolve_config
 from ..ops.autograd import mxfp8_grouped_mm, mxfp8_linear
 from ..ops.shapes import mxfp8_dims_reason
 from . import fsdp
+from .redirect import match_call
 
 __all__ = ["MXFP8TrainingWeight", "quantize_weights_"]
 
@@ -64,8 +64,6 @@ class _Unwrap(torch.autograd.Function):
     def backward(ctx, g):
         return g
 
-
-_LINEAR = frozenset({F.linear, torch._C._nn.linear})  # the same function today; both spellings, should they part
 
 
 class MXFP8TrainingWeight(Tensor):
@@ -111,20 +109,11 @@ class MXFP8TrainingWeight(Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _LINEAR:
-            x, w, *rest = args
-            bias = rest[0] if rest else kwargs.get("bias")
-            if isinstance(w, cls) and not isinstance(x, cls):
-                return mxfp8_linear(x, _Unwrap.apply(w), bias, w.config)
-        elif func is torch._grouped_mm:
-            names = ("mat_a", "mat_b", "offs", "bias", "out_dtype")
-            bound = dict(zip(names, args)) | kwargs
-            a, b = bound.get("mat_a"), bound.get("mat_b")
-            if (isinstance(b, cls) and not isinstance(a, cls) and b.dim() == 3 and a.dim() == 2
-                    and bound.get("offs") is not None and bound.get("bias") is None
-                    and bound.get("out_dtype") in (None, a.dtype)):
-                w = b.transpose(-2, -1)  # (E, N, K), still a wrapper
-                return mxfp8_grouped_mm(a, _Unwrap.apply(w), bound["offs"], w.config)
+        call = match_call(cls, func, args, kwargs)
+        if call is not None:
+            kind, x, w, extra = call  # w: the (N, K) / (E, N, K) weight, still a wrapper
+            run = mxfp8_linear if kind == "linear" else mxfp8_grouped_mm
+            return run(x, _Unwrap.apply(w), extra, w.config)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 
