@@ -34,7 +34,8 @@ class MXFP8Config:
             (rowwise for the forward, colwise for the backward), so the results equal the high-precision all-gather
             bit for bit while each all-gather moves ~1.03 bytes per weight element instead of 2 (bf16) or 4 (fp32).
             Needs each rank's shard of dim 0 to be a whole number of 32-row blocks (2-D weights) or of experts
-            (3-D); the first all-gather raises ValueError otherwise.  Default False (modules ignore it).
+            (3-D) under FSDP's default ``Shard(0)`` placement; the first all-gather raises ValueError otherwise.
+            Eager mode only (torch.compile raises NotImplementedError).  Default False (modules ignore it).
     """
 
     scale_mode: str = "rceil"

@@ -182,7 +182,8 @@ def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
             one scale, the largest of their 4 MX scales (= the scale of their common amax; a NaN/Inf anywhere
             poisons all 128).  The result is still MXFP8 in the same layout (one scale per 32, repeated), so every
             MXFP8 consumer reads it; an element differs from MXFP8's, shifted by the scale ratio, only where that
-            shift takes it into the element dtype's subnormal range (lost mantissa bits).
+            shift takes it into the element dtype's subnormal range (lost mantissa bits) and, in ``floor`` mode,
+            where MXFP8 saturated it and the larger shared scale no longer does.
 
     Returns:
         ``(data, scales)``: ``data`` has ``x``'s shape in ``elem_dtype`` (contiguous); ``scales`` is
@@ -193,7 +194,7 @@ def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
         ValueError: unsupported dtype, scale mode, element dtype or scale block, or ``x.shape[dim]`` not a multiple
         of 32.
     """
-    if scale_block not in SCALE_BLOCKS:
+    if type(scale_block) is not int or scale_block not in SCALE_BLOCKS:
         raise ValueError(f"scale_block must be one of {SCALE_BLOCKS}, got {scale_block!r}")
     _check_scale_mode(scale_mode)
     _check_elem_dtype(elem_dtype)

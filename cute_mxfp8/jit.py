@@ -307,8 +307,9 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
         raise ValueError(f"the WGMMA GEMM needs arch sm_90a, got {arch!r}")
     if mainloop not in ("dequant", "promote"):
         raise ValueError(f"mainloop must be 'dequant' or 'promote', got {mainloop!r}")
-    if block_k != 32 and mainloop != "promote":
-        raise ValueError(f"block_k={block_k} (the Hopper fast mode) needs mainloop='promote', got {mainloop!r}")
+    if (block_k != 32 or n_tile != 128) and mainloop != "promote":
+        raise ValueError(f"block_k={block_k!r} / n_tile={n_tile!r} are options of mainloop='promote' (the dequantize "
+                         f"mainloop has block_k 32 and n_tile 128), got mainloop={mainloop!r}")
     if mainloop == "promote" and grouping != "none":
         raise ValueError(f"the promote mainloop is dense only, got grouping={grouping!r}")
     cutlass, _ = _cutlass()

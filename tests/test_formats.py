@@ -1219,3 +1219,8 @@ def test_scale_block_128_poisons_the_whole_run_and_rejects_other_sizes():
     assert torch.isnan(q[0, :128].float()).all() and not torch.isnan(q[0, 128:].float()).any()
     with pytest.raises(ValueError, match="scale_block"):
         F.quantize_mxfp8(x, scale_block=64)
+
+
+def test_scale_block_must_be_an_int():
+    with pytest.raises(ValueError, match="scale_block"):
+        F.quantize_mxfp8(torch.ones(2, 128), scale_block=128.0)

@@ -140,3 +140,37 @@ def test_world_of_one_sends_one_packed_buffer(rng):
     gw, _ = w.fsdp_post_all_gather((inputs[0].clone(),), meta, torch.float32)
     x = torch.randn(3, 96, generator=rng)
     assert torch.equal(F.linear(x, gw), F.linear(x, w))
+
+
+def test_misuse_raises_naming_the_fix(rng):
+    """Wrapping after fully_shard, a non-Shard(0) placement, an fp16 MixedPrecisionPolicy and torch.compile of the
+    gathered weight all raise before anything runs, naming what to do instead."""
+    class _Sharded(torch.Tensor):  # stands in for a DTensor parameter (what fully_shard leaves behind)
+        _local_tensor = None
+
+    model = nn.Sequential(nn.Linear(64, 64))
+    model[0].weight = nn.Parameter(torch.randn(64, 64).as_subclass(_Sharded))
+    with pytest.raises(ValueError, match="before fully_shard"):
+        quantize_weights_(model, CFG)
+
+    w = MXFP8TrainingWeight(torch.randn(64, 96), CFG)
+    with pytest.raises(ValueError, match="Shard\\(0\\)"):
+        w[:, :48].fsdp_pre_all_gather(_Mesh(2), torch.Size((64, 96)), None, None, None)
+
+    class _Policy:
+        param_dtype = torch.float16
+    with pytest.raises(ValueError, match="param_dtype=torch.bfloat16"):
+        w.chunk(2)[0].fsdp_pre_all_gather(_Mesh(2), torch.Size((64, 96)), None, None, _Policy())
+
+    _, gw = _unsharded((64, 96), 2, rng)
+    x = torch.randn(4, 96, generator=rng)
+    with pytest.raises(Exception, match="eager mode only"):
+        torch.compile(lambda x: F.linear(x, gw), backend="eager", fullgraph=True)(x)
+
+
+def test_uneven_shard_error_names_the_parameter():
+    model = nn.Sequential(nn.Linear(64, 96, bias=False))
+    quantize_weights_(model, CFG)
+    model[0].weight = nn.Parameter(model[0].weight.chunk(2)[0])  # the module holds the shard, as under fully_shard
+    with pytest.raises(ValueError, match="Linear.weight"):
+        model[0].weight.fsdp_pre_all_gather(_Mesh(2), torch.Size((96, 64)), None, model[0], None)

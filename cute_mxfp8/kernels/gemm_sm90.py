@@ -68,12 +68,12 @@ class MXGemmSm90:
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
                  block_k: int = 32, max_ctas: int = 132):
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
+        if type(block_k) is not int or block_k not in (32, 128):
+            raise ValueError(f"block_k must be 32 (MX blocks) or 128 (the Hopper fast mode's shared scales), got "
+                             f"{block_k!r}")
         if n_tile not in ((128, 192) if block_k == 128 else (128,)):
             raise ValueError(f"n_tile must be 128, or 192 with block_k=128 (the fast mode's one partial per stage "
                              f"leaves the registers), got {n_tile}")
-        if block_k not in (32, 128):
-            raise ValueError(f"block_k must be 32 (MX blocks) or 128 (the Hopper fast mode's shared scales), got "
-                             f"{block_k}")
         if max_ctas < 1:
             raise ValueError(f"max_ctas must be >= 1, got {max_ctas}")
         self.n_tile, self.block_k, self.max_ctas = n_tile, block_k, max_ctas

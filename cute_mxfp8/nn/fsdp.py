@@ -160,6 +160,9 @@ class MXFP8GatheredWeight(Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         call = match_call(cls, func, args, kwargs)
+        if call is not None and torch.compiler.is_compiling():
+            raise NotImplementedError("cute_mxfp8: the FSDP2 MXFP8 all-gather (MXFP8Config(fsdp_mxfp8_all_gather="
+                                      "True)) runs in eager mode only; compile with fsdp_mxfp8_all_gather=False")
         if call is not None and call[2]._is_weight():
             kind, x, w, extra = call
             run = mxfp8_linear if kind == "linear" else mxfp8_grouped_mm
@@ -183,17 +186,32 @@ class MXFP8GatheredWeight(Tensor):
             "it out of quantize_weights_ (filter_fn) or wrap it with fsdp_mxfp8_all_gather=False")
 
 
-def pre_all_gather(weight, inner: Tensor, mesh, outer_size):
+def _param_name(module, weight) -> str:
+    for name, p in (module.named_parameters(recurse=False) if module is not None else ()):
+        if getattr(p, "_local_tensor", p) is weight:
+            return f"{type(module).__name__}.{name} "
+    return ""
+
+
+def pre_all_gather(weight, inner: Tensor, mesh, outer_size, module=None):
     """``fsdp_pre_all_gather`` of an MXFP8TrainingWeight shard in this mode: ``((data, scales), metadata)``.
 
     ``inner`` is the shard already in ``param_dtype``.  Raises ValueError when the sharding cannot carry MXFP8
-    blocks (:func:`mxfp8_all_gather_reason`)."""
+    blocks (:func:`mxfp8_all_gather_reason`, or a placement other than FSDP's default ``Shard(0)``) and
+    NotImplementedError under torch.compile (this mode is eager only)."""
+    if torch.compiler.is_compiling():
+        raise NotImplementedError("cute_mxfp8: the FSDP2 MXFP8 all-gather (MXFP8Config(fsdp_mxfp8_all_gather="
+                                  "True)) runs in eager mode only; compile with fsdp_mxfp8_all_gather=False")
     dim = mesh.ndim - 1  # the shard dim (HSDP meshes are (replicate, shard))
     world = mesh.size(dim)
+    what = f"the MXFP8 all-gather of {_param_name(module, weight)}(shape {tuple(outer_size)})"
+    if tuple(inner.shape[1:]) != tuple(outer_size)[1:]:
+        raise ValueError(f"cute_mxfp8: {what}: the shard {tuple(inner.shape)} is not a block of rows; the MXFP8 "
+                         "all-gather needs FSDP's default Shard(0) placement (no shard_placement_fn for it)")
     why = mxfp8_all_gather_reason(tuple(outer_size), world)
     if why is not None:
-        raise ValueError(f"cute_mxfp8: the MXFP8 all-gather of a weight of shape {tuple(outer_size)}: {why}. Use "
-                         "MXFP8Config(fsdp_mxfp8_all_gather=False) for it (quantize_weights_ filter_fn), or pad")
+        raise ValueError(f"cute_mxfp8: {what}: {why}. Use MXFP8Config(fsdp_mxfp8_all_gather=False) for it "
+                         "(quantize_weights_ filter_fn), or pad")
     # inside the autograd engine = FSDP's pre-backward unshard (or its backward prefetch): the dgrad operand
     kind = "col" if torch._C._current_graph_task_id() != -1 else "row"
     parts = _shard_operands(inner, kind, weight.config)

@@ -147,10 +147,13 @@ class MXFP8TrainingWeight(Tensor):
         """FSDP2 hook: all-gather this shard's inner tensor (cast to the mixed-precision param dtype, if any)."""
         inner = self._inner
         param_dtype = getattr(mp_policy, "param_dtype", None)
+        if param_dtype is not None and param_dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"cute_mxfp8: MixedPrecisionPolicy(param_dtype={param_dtype}) for an MXFP8 weight: the "
+                             "MXFP8 layers take bfloat16 or float32 weights; use param_dtype=torch.bfloat16")
         if param_dtype is not None and inner.dtype != param_dtype:
             inner = inner.to(param_dtype)
         if self.config.fsdp_mxfp8_all_gather:  # MXFP8 data + scales travel instead (cute_mxfp8.nn.fsdp)
-            return fsdp.pre_all_gather(self, inner, mesh, outer_size)
+            return fsdp.pre_all_gather(self, inner, mesh, outer_size, module)
         return (inner,), None
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
@@ -209,6 +212,7 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
         The fully qualified names of the wrapped parameters.
     Raises:
         TypeError: ``config`` is not an MXFP8Config.
+        ValueError: the model's parameters are already sharded (DTensors): wrap before ``fully_shard``.
 
     The model's ``state_dict()`` keeps plain tensors (a state-dict hook unwraps them), so checkpoints interchange
     with the unconverted model; ``load_state_dict`` copies into the wrapped weights in place (with ``assign=True``
@@ -219,6 +223,10 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
     """
     config = resolve_config(config)
     choose = filter_fn or _default_filter
+    for name, param in model.named_parameters():
+        if type(param).__name__ == "DTensor" or hasattr(param, "_local_tensor"):
+            raise ValueError(f"quantize_weights_: parameter {name!r} is already sharded (a DTensor): call "
+                             "quantize_weights_ before fully_shard / parallelize (FSDP2 then shards the wrappers)")
     # every place each parameter object sits (tied weights: one parameter, several modules)
     places: dict[int, list] = {}
     for mod_name, module in model.named_modules(remove_duplicate=False):
