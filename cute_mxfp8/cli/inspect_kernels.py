@@ -79,9 +79,10 @@ FAMILIES = [
            {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["dequant", "promote"]},
            archs=("sm_90a",)),
     # the Hopper fast mode's GEMM (issue 16): one promotion per 128 of K, n_tile 128 / 192
-    Family("gemm_sm90_fast_mode", functools.partial(jit.compile_gemm_sm90, mainloop="promote", block_k=128),
-           {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "n_tile": [128, 192]},
-           archs=("sm_90a",)),
+    *(Family(f"gemm_sm90_fast_mode_n{nt}", functools.partial(jit.compile_gemm_sm90, block_k=128, n_tile=nt),
+             {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["promote"]},
+             archs=("sm_90a",))
+      for nt in (128, 192)),
     *(Family(f"gemm_sm90_grouped_{g}", functools.partial(jit.compile_gemm_sm90, grouping=g),
              {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["dequant"]},
              archs=("sm_90a",))
