@@ -166,6 +166,11 @@ def _quantize_blocks(xb: torch.Tensor, scale_mode: str, elem_dtype: torch.dtype,
 SCALE_BLOCKS = (32, 128)
 
 
+def _check_scale_block(scale_block) -> None:
+    if type(scale_block) is not int or scale_block not in SCALE_BLOCKS:
+        raise ValueError(f"scale_block must be one of {SCALE_BLOCKS}, got {scale_block!r}")
+
+
 def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
                    elem_dtype: torch.dtype = torch.float8_e4m3fn,
                    scale_block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,8 +199,7 @@ def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
         ValueError: unsupported dtype, scale mode, element dtype or scale block, or ``x.shape[dim]`` not a multiple
         of 32.
     """
-    if type(scale_block) is not int or scale_block not in SCALE_BLOCKS:
-        raise ValueError(f"scale_block must be one of {SCALE_BLOCKS}, got {scale_block!r}")
+    _check_scale_block(scale_block)
     _check_scale_mode(scale_mode)
     _check_elem_dtype(elem_dtype)
     if x.dtype not in (torch.bfloat16, torch.float32):
@@ -379,11 +383,14 @@ def from_blocked_scales_grouped_m(blocked: torch.Tensor, offs: torch.Tensor, row
 
 
 def quantize_mxfp8_grouped_k(x: torch.Tensor, offs: torch.Tensor, *, scale_mode: str = "rceil",
-                             elem_dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[torch.Tensor, torch.Tensor]:
+                             elem_dtype: torch.dtype = torch.float8_e4m3fn,
+                             scale_block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x`` (M, N) along dim 0 (the token dim of a 2d-2d wgrad operand) per token group.
 
     Blocks of 32 rows start at each group's first row and never cross a group end: a group's last partial block
     is quantized as if zero-padded.  Any group size works, including 0 and sizes not divisible by 32.
+    ``scale_block=128`` (the Hopper fast mode, :func:`quantize_mxfp8`): runs of 4 blocks from each group's first
+    row share the largest of their scales; a group's last run may be shorter, and no run crosses a group end.
 
     Returns ``(data, scales)``: ``data`` (M, N) ``elem_dtype``, zero at rows >= offs[-1]; ``scales`` plain and
     *aligned*: shape (4 * grouped_scale_tiles(M, G), N) ``float8_e8m0fnu``, where the blocks of group g occupy rows
@@ -391,6 +398,7 @@ def quantize_mxfp8_grouped_k(x: torch.Tensor, offs: torch.Tensor, *, scale_mode:
     scale matrix is ``scales.t()`` (N rows, block columns), whose group columns start on multiples of 4; the
     kernels take it blocked per group, :func:`to_blocked_scales_grouped_k` (``scales.t(), offs``).
     """
+    _check_scale_block(scale_block)
     if x.dim() != 2:
         raise ValueError(f"quantize_mxfp8_grouped_k takes a 2-D (M, N) tensor, got shape {tuple(x.shape)}")
     m, n = x.shape
@@ -404,7 +412,7 @@ def quantize_mxfp8_grouped_k(x: torch.Tensor, offs: torch.Tensor, *, scale_mode:
         size = e - s
         padded = x.new_zeros(_ceil_div(size, BLOCK_SIZE) * BLOCK_SIZE, n)
         padded[:size] = x[s:e]
-        d, sc = quantize_mxfp8(padded, dim=0, scale_mode=scale_mode, elem_dtype=elem_dtype)
+        d, sc = quantize_mxfp8(padded, dim=0, scale_mode=scale_mode, elem_dtype=elem_dtype, scale_block=scale_block)
         data[s:e] = d[:size]
         scales[4 * t: 4 * t + sc.shape[0]] = sc.view(torch.uint8)
     return data, scales.view(torch.float8_e8m0fnu)

@@ -1224,3 +1224,27 @@ def test_scale_block_128_poisons_the_whole_run_and_rejects_other_sizes():
 def test_scale_block_must_be_an_int():
     with pytest.raises(ValueError, match="scale_block"):
         F.quantize_mxfp8(torch.ones(2, 128), scale_block=128.0)
+
+
+@pytest.mark.parametrize("sizes", [[0, 1, 33, 129, 300, 0], [256], [100, 28]])
+def test_grouped_k_scale_block_128_runs_start_at_each_group(sizes, rng):
+    """Per group: the 128-runs of the zero-padded group quantized on their own (scale_block=128), so no run
+    crosses a group end and a group's last run may be shorter; the scale rows follow the 32-block layout."""
+    m, n = sum(sizes) + 7, 64  # rows past offs[-1] belong to no group
+    x = (torch.randn(m, n, generator=rng) * 2.0 ** torch.randint(-8, 9, (m, 1), generator=rng)).to(torch.bfloat16)
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32)
+    data, scales = F.quantize_mxfp8_grouped_k(x, offs, scale_block=128)
+    starts = F.group_tile_starts(offs).tolist()
+    for (s, e), t in zip(F.group_bounds(offs), starts):
+        if e == s:
+            continue
+        padded = torch.zeros((e - s + 31) // 32 * 32, n, dtype=x.dtype)
+        padded[: e - s] = x[s:e]
+        want_d, want_s = F.quantize_mxfp8(padded, dim=0, scale_block=128)
+        assert torch.equal(data[s:e].view(torch.uint8), want_d[: e - s].view(torch.uint8))
+        got_s = scales[4 * t: 4 * t + want_s.shape[0]].view(torch.uint8)
+        assert torch.equal(got_s, want_s.view(torch.uint8))
+        runs = got_s.int().split(4)  # each run of 4 block rows shares one scale per column
+        assert all(bool((r == r[:1]).all()) for r in runs)
+    with pytest.raises(ValueError, match="scale_block"):
+        F.quantize_mxfp8_grouped_k(x, torch.tensor([0], dtype=torch.int32), scale_block=64)
