@@ -80,8 +80,10 @@ def _compile(kernel, args, arch: str, keep_ptx: bool):
                 kernel, *args, make_fake_stream())
         fn.launch_smem = tuple(smem) if smem else (None,)
         return fn
-    return cute.compile[cute.GPUArch(arch)](kernel, *args, make_fake_stream(use_tvm_ffi_env_stream=True),
-                                            options="--enable-tvm-ffi")
+    # an options string replaces the bracketed options, so the arch goes into it too (else the DSL's default
+    # arch, CUTE_DSL_ARCH or the local GPU's, silently wins)
+    return cute.compile(kernel, *args, make_fake_stream(use_tvm_ffi_env_stream=True),
+                        options=f"--enable-tvm-ffi --gpu-arch {arch}")
 
 
 @contextlib.contextmanager

@@ -361,3 +361,18 @@ def test_kernel_launches_from_disk_in_a_fresh_process(cache, tmp_path):
                              timeout=300)
         assert res.returncode == 0, f"{step}: {res.stderr[-3000:]}"
     assert "bit-exact from disk: Function" in res.stdout
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100f"])
+def test_launchable_build_targets_the_arch_it_is_given(arch, monkeypatch):
+    """The TVM-FFI build's options string carries the arch: without it the DSL's default (CUTE_DSL_ARCH, or the
+    local GPU's) would replace the ``arch`` argument."""
+    import re
+
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is a dependency; install the package")
+    from cute_mxfp8 import jit
+
+    monkeypatch.delenv("CUTE_DSL_ARCH", raising=False)
+    build = jit.compile_quant.__wrapped__.__wrapped__  # past the in-memory and disk caches
+    fn = build("rowwise", "bfloat16", "e4m3", "rceil", True, arch)
+    assert set(re.findall(r"sm_\d+[af]?", str(fn.ir_module))) == {arch}
