@@ -85,17 +85,27 @@ def _assemble(kind: str, parts, shape, world: int, elem_dtype):
     return d, to_blocked_scales(s)
 
 
+def _refuse_compile() -> None:
+    if torch.compiler.is_compiling():
+        raise NotImplementedError("cute_mxfp8: the FSDP2 MXFP8 all-gather (MXFP8Config(fsdp_mxfp8_all_gather="
+                                  "True)) runs in eager mode only; compile with fsdp_mxfp8_all_gather=False")
+
+
 class _GatheredOperands:
     """What the latest all-gather of one parameter brought (``kind`` "row" or "col" and its parts, views of FSDP's
     all-gather buffers), and what is needed to all-gather the other kind on demand."""
 
-    def __init__(self, shard, group, world: int, shape, param_dtype, config):
-        self.kind, self.parts = None, None
-        self.shard, self.group, self.world = shard, group, world
-        self.shape, self.param_dtype, self.config = tuple(shape), param_dtype, config
+    def __init__(self, group, world: int, shape, param_dtype):
+        self.kind = self.parts = self.shard = None  # set by update()
+        self.group, self.world, self.shape, self.param_dtype = group, world, tuple(shape), param_dtype
 
     def update(self, kind: str, parts, shard) -> None:
+        """What an all-gather brought (``parts``) and the rank's shard (an MXFP8TrainingWeight) it came from."""
         self.kind, self.parts, self.shard = kind, tuple(parts), shard
+
+    @property
+    def config(self):
+        return self.shard.config
 
     def rowwise(self):
         return self._operand("row")
@@ -160,9 +170,8 @@ class MXFP8GatheredWeight(Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         call = match_call(cls, func, args, kwargs)
-        if call is not None and torch.compiler.is_compiling():
-            raise NotImplementedError("cute_mxfp8: the FSDP2 MXFP8 all-gather (MXFP8Config(fsdp_mxfp8_all_gather="
-                                      "True)) runs in eager mode only; compile with fsdp_mxfp8_all_gather=False")
+        if call is not None:
+            _refuse_compile()
         if call is not None and call[2]._is_weight():
             kind, x, w, extra = call
             run = mxfp8_linear if kind == "linear" else mxfp8_grouped_mm
@@ -199,9 +208,7 @@ def pre_all_gather(weight, inner: Tensor, mesh, outer_size, module=None):
     ``inner`` is the shard already in ``param_dtype``.  Raises ValueError when the sharding cannot carry MXFP8
     blocks (:func:`mxfp8_all_gather_reason`, or a placement other than FSDP's default ``Shard(0)``) and
     NotImplementedError under torch.compile (this mode is eager only)."""
-    if torch.compiler.is_compiling():
-        raise NotImplementedError("cute_mxfp8: the FSDP2 MXFP8 all-gather (MXFP8Config(fsdp_mxfp8_all_gather="
-                                  "True)) runs in eager mode only; compile with fsdp_mxfp8_all_gather=False")
+    _refuse_compile()
     dim = mesh.ndim - 1  # the shard dim (HSDP meshes are (replicate, shard))
     world = mesh.size(dim)
     what = f"the MXFP8 all-gather of {_param_name(module, weight)}(shape {tuple(outer_size)})"
@@ -236,7 +243,7 @@ def post_all_gather(weight, outputs, metadata, param_dtype, out=None):
     if out is not None:
         out._operands.update(kind, _unpack(outputs, packed), weight)
         return None
-    operands = _GatheredOperands(weight, group, world, shape, param_dtype, weight.config)
+    operands = _GatheredOperands(group, world, shape, param_dtype)
     operands.update(kind, _unpack(outputs, packed), weight)
     stride = torch.empty(shape, device="meta").stride()
     return MXFP8GatheredWeight(operands, shape, stride, param_dtype, weight.device), tuple(outputs)

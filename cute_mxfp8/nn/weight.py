@@ -65,7 +65,6 @@ class _Unwrap(torch.autograd.Function):
         return g
 
 
-
 class MXFP8TrainingWeight(Tensor):
     """A bf16/fp32 weight whose ``F.linear`` and 2d-3d ``torch._grouped_mm`` run in MXFP8 (module docstring).
 

@@ -113,6 +113,11 @@ def _weight_forward(weight, operands, scale_mode, elem_dtype, backend):
     return (*operands.rowwise(), None, None)
 
 
+def _weight_dgrad(operands, w_col, w_col_s):
+    """The weight's dgrad operand: the saved colwise one, or ``operands.colwise()`` when ``operands`` is given."""
+    return (w_col, w_col_s) if operands is None else operands.colwise()
+
+
 class _LinearFn(torch.autograd.Function):
     @staticmethod
     @_no_autocast
@@ -140,8 +145,7 @@ class _LinearFn(torch.autograd.Function):
         dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, None, need_w and not hp)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            if ctx.operands is not None:
-                w_col, w_col_s = ctx.operands.colwise()
+            w_col, w_col_s = _weight_dgrad(ctx.operands, w_col, w_col_s)
             dx = api.mm(dy_row, dy_row_s, w_col, w_col_s, out_dtype=x_dtype, backend=backend).reshape(x_shape)
         if need_w:
             dw = _hp_wgrad(dy2, x_saved, None) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s, None, backend)
@@ -175,8 +179,7 @@ class _GroupedMMFn(torch.autograd.Function):
         dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy, gdt, scale_mode, backend, offs, need_w and not hp)
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            if ctx.operands is not None:
-                w_col, w_col_s = ctx.operands.colwise()
+            w_col, w_col_s = _weight_dgrad(ctx.operands, w_col, w_col_s)
             dx = api.grouped_mm(dy_row, dy_row_s, w_col, w_col_s, offs, out_dtype=x_dtype, backend=backend)
         if need_w:
             dw = _hp_wgrad(dy, x_saved, offs) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s, offs, backend)
