@@ -286,7 +286,7 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
                       arch: str = "sm_90a", keep_ptx: bool = False, transform_warps: int = 8,
                       grouping: str = "none", epilogue: str = "plain", cast_elem: str = "e4m3",
                       scale_mode: str = "rceil", emit_hp: bool = False, max_ctas: int = 132, block_k: int = 32,
-                      n_tile: int = 128):
+                      n_tile: int = 128, cluster_mn: tuple = (1, 1), pingpong: bool = True):
     """Compiled SM90 MXFP8 GEMM.  ``mainloop``: ``"dequant"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90Dequant`, bf16 WGMMA on scaled operands) or ``"promote"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`, fp8 WGMMA per block, dense only).
@@ -294,7 +294,8 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     * ``"promote"``: ``fn(a, b, sfa, sfb, d)``, a (M, K) and b (N, K) fp8 K-major, sfa / sfb their 1-D blocked
       E8M0 scale buffers (uint8 view, 16-byte aligned), d (M, N) ``out_dtype`` row-major.  ``block_k=128``: the
       Hopper fast mode, one promotion per 128 of K (the operands' scales shared by each 128-block); ``n_tile``:
-      the output tile's N, 128 or (fast mode) 192.
+      the output tile's N, 128 or (fast mode) 192; ``cluster_mn``: CTAs per cluster along (M, N), the A tile
+      multicast across the N extent and the B tile across the M extent (``MXGemmSm90.CLUSTERS``).
     * ``"dequant"``: ``fn(a, b, sfa, sfb, d, offs, sched)`` with the operands of ``grouping`` as
       ``MXGemmSm90Dequant.__call__`` lists them (``"none"`` dense, ``"m"`` 2d-3d, ``"k"`` 2d-2d); offs (G,) and
       sched (2, G) int32 (placeholders for dense).
@@ -309,9 +310,11 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
         raise ValueError(f"the WGMMA GEMM needs arch sm_90a, got {arch!r}")
     if mainloop not in ("dequant", "promote"):
         raise ValueError(f"mainloop must be 'dequant' or 'promote', got {mainloop!r}")
-    if (block_k != 32 or n_tile != 128) and mainloop != "promote":
-        raise ValueError(f"block_k={block_k!r} / n_tile={n_tile!r} are options of mainloop='promote' (the dequantize "
-                         f"mainloop has block_k 32 and n_tile 128), got mainloop={mainloop!r}")
+    cluster_mn = tuple(cluster_mn)
+    if (block_k != 32 or n_tile != 128 or cluster_mn != (1, 1)) and mainloop != "promote":
+        raise ValueError(f"block_k={block_k!r} / n_tile={n_tile!r} / cluster_mn={cluster_mn} are options of "
+                         f"mainloop='promote' (the dequantize mainloop has block_k 32, n_tile 128 and no cluster), "
+                         f"got mainloop={mainloop!r}")
     if mainloop == "promote" and grouping != "none":
         raise ValueError(f"the promote mainloop is dense only, got grouping={grouping!r}")
     cutlass, _ = _cutlass()
@@ -321,7 +324,8 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
         raise ValueError(f"the promote mainloop has the plain epilogue only, got {epilogue!r}")
     kernel = MXGemmSm90Dequant(a_elem, b_elem, out_dtype, transform_warps, grouping, epilogue, cast_elem,
                                scale_mode, emit_hp, max_ctas) if mainloop == "dequant" else \
-        MXGemmSm90(a_elem, b_elem, out_dtype, n_tile, block_k=block_k, max_ctas=max_ctas)
+        MXGemmSm90(a_elem, b_elem, out_dtype, n_tile, block_k=block_k, max_ctas=max_ctas, cluster_mn=cluster_mn,
+                   pingpong=pingpong)
     fake, sym = _fake, _sym
     scales = [fake(cutlass.Uint8, (sym(),), align=16) for _ in range(2)]
     kdiv = 16 if grouping == "k" else 32  # 2d-2d: K is the token count, a multiple of 16 (TMA's row pitch)

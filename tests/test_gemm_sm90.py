@@ -605,3 +605,40 @@ def test_fast_mode_gemm_random_data_within_the_accumulation_bound(m, n, k, n_til
     ratio = (err / mag.clamp_min(1e-300)).max().item()
     print(f"fast mode: max |error| / sum |a||b| = {ratio:.3g}")
     assert bool((err <= bound).all()), f"max error / sum|a||b| {ratio:.3g}"
+
+
+@needs_sass
+@pytest.mark.parametrize("cluster", [(2, 1), (1, 2), (2, 2)])
+def test_fast_mode_gemm_clusters_multicast_the_shared_tile(cluster):
+    from cute_mxfp8.jit import compile_gemm_sm90
+
+    fn = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, block_k=128, cluster_mn=cluster)
+    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
+    counts = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
+    assert res["local_frame"] == 0 and counts.get("LDL", 0) == counts.get("STL", 0) == 0
+    # one TMA load per operand; the shared one (A across the cluster's N CTAs, B across its M CTAs) multicast
+    assert counts.get("UTMALDG.2D.MULTICAST", 0) == (cluster[0] > 1) + (cluster[1] > 1)
+    assert counts.get("UTMALDG.2D.MULTICAST", 0) + counts.get("UTMALDG.2D", 0) == 2
+    with pytest.raises(ValueError, match="cluster_mn"):
+        compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", block_k=128, cluster_mn=(4, 1))
+    with pytest.raises(ValueError, match="cluster_mn"):
+        compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "dequant", cluster_mn=cluster)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("cluster", [(2, 1), (1, 2), (2, 2)])
+@pytest.mark.parametrize("m,n,k", [(257, 129, 416), (640, 384, 2048), (130, 260, 384), (384, 640, 256)])
+def test_fast_mode_gemm_clusters_are_bit_exact(cluster, m, n, k, rng):
+    """Clusters whose CTAs fall past the output's last tile row / column (257 x 129 is 3 x 2 tiles: with 2 x 2
+    clusters, two CTAs have no output) still load and release their slices of the multicast tiles."""
+    from cute_mxfp8.jit import compile_gemm_sm90
+
+    a, a_s = _fast_integer_operand(m, k, "e4m3", rng)
+    b, b_s = _fast_integer_operand(n, k, "e4m3", rng)
+    for out in (torch.bfloat16, torch.float32):
+        got = torch.empty(m, n, dtype=out, device="cuda")
+        fn = compile_gemm_sm90("e4m3", "e4m3", str(out).split(".")[1], "promote", block_k=128, cluster_mn=cluster)
+        fn(a, b, a_s.view(torch.uint8), b_s.view(torch.uint8), got)
+        want = ops.mm(a, a_s, b, b_s, out_dtype=out, backend="reference")
+        assert torch.equal(got, want), f"{(got != want).sum().item()} of {m * n} differ"

@@ -22,11 +22,17 @@ def fast_operand(x):
     return q, F.to_blocked_scales(s)
 
 
-def check(m, n, k, gen):
+VARIANTS = {"no pingpong": {"pingpong": False}, "n_tile 192": {"n_tile": 192},
+            "n_tile 192 no pingpong": {"n_tile": 192, "pingpong": False},
+            "cluster 2x1": {"cluster_mn": (2, 1)}, "cluster 1x2": {"cluster_mn": (1, 2)},
+            "n_tile 192 cluster 2x1": {"n_tile": 192, "cluster_mn": (2, 1)}}
+
+
+def check(m, n, k, gen, **kw):
     x = torch.randn(m, k, generator=gen).cuda() * torch.logspace(-3, 3, k, device="cuda")
     w = torch.randn(n, k, generator=gen).cuda()
     (a, a_s), (b, b_s) = fast_operand(x), fast_operand(w)
-    fn = compile_gemm_sm90("e4m3", "e4m3", "float32", "promote", block_k=128)
+    fn = compile_gemm_sm90("e4m3", "e4m3", "float32", "promote", block_k=128, **kw)
     got = torch.empty(m, n, device="cuda")
     fn(a, b, a_s.view(torch.uint8), b_s.view(torch.uint8), got)
     da = F.dequantize_mxfp8(a, F.from_blocked_scales(a_s, m, k // 32)).double()
@@ -40,10 +46,26 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", nargs="*", default=None, help="time only the GEMMs whose names contain one of these")
+    ap.add_argument("--profile", default=None, metavar="VARIANT",
+                    help="launch only this fast-mode variant ('default' or a VARIANTS name) once at 8192^3 between "
+                         "cudaProfilerStart/Stop (for ncu --profile-from-start off), then exit")
     args = ap.parse_args()
+    if args.profile:
+        kw = {} if args.profile == "default" else VARIANTS[args.profile]
+        a, a_s = ops.quantize_rowwise(torch.randn(8192, 8192, device="cuda"))
+        fn = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", block_k=128, **kw)
+        d = torch.empty(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        fn(a, a, a_s.view(torch.uint8), a_s.view(torch.uint8), d)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        fn(a, a, a_s.view(torch.uint8), a_s.view(torch.uint8), d)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        return
     gen = torch.Generator().manual_seed(0)
-    report = {"max_error_over_sum_abs": {f"{m}x{n}x{k}": check(m, n, k, gen)
-                                         for m, n, k in [(512, 384, 1024), (1000, 130, 4128), (257, 129, 416)]}}
+    report = {"max_error_over_sum_abs": {f"{m}x{n}x{k} {name}": check(m, n, k, gen, **kw)
+                                         for m, n, k in [(512, 384, 1024), (1000, 130, 4128), (257, 129, 416)]
+                                         for name, kw in {"default": {}, **VARIANTS}.items()}}
     print(report)
     report["tflops"] = {}
     for m, n, k in [(8192, 8192, 8192), (16384, 7168, 2048), (16384, 2048, 7168)]:
@@ -52,11 +74,12 @@ def main():
         a, a_s = ops.quantize_rowwise(x)
         b, b_s = ops.quantize_rowwise(w)
         skipped = {}
-        wide = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", block_k=128, n_tile=192)
         d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         fns = {"ours default (sm90 dequant)": lambda: ops.mm(a, a_s, b, b_s, backend="sm90"),
-               **sm90_dense_baselines(a, a_s, b, b_s, skipped),
-               "sm90 fast mode n_tile 192": lambda: wide(a, b, a_s.view(torch.uint8), b_s.view(torch.uint8), d)}
+               **sm90_dense_baselines(a, a_s, b, b_s, skipped)}
+        for name, kw in VARIANTS.items():
+            fn = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", block_k=128, **kw)
+            fns[f"sm90 fast mode {name}"] = lambda fn=fn: fn(a, b, a_s.view(torch.uint8), b_s.view(torch.uint8), d)
         if args.only:
             fns = {name: fn for name, fn in fns.items() if any(o in name for o in args.only)}
         row = {name: 2 * m * n * k / (_time_ms(fn, a.device, 2.0) * 1e-3) / 1e12 for name, fn in fns.items()}

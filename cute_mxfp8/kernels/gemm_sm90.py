@@ -24,13 +24,17 @@ from .mx_math import (BLOCK, MXCastParams, dequant_pair_bf16, e8m0_bf16x2, e8m0_
 _K_MAJOR = utils.LayoutEnum.ROW_MAJOR  # A (M, K) and B (N, K) with K contiguous
 
 
-def _tma_atoms(a: cute.Tensor, b: cute.Tensor, a_smem, b_smem, tile_m: int, tile_n: int, k_stage: int):
+def _tma_atoms(a: cute.Tensor, b: cute.Tensor, a_smem, b_smem, tile_m: int, tile_n: int, k_stage: int,
+               mcast: tuple = (1, 1)):
     """TMA load atoms (and the coordinate tensors) of the A (``tile_m`` x ``k_stage``) and B (``tile_n`` x
-    ``k_stage``) stage tiles, for the stage layouts ``a_smem`` / ``b_smem``."""
-    op = cpasync.CopyBulkTensorTileG2SOp()
-    tma_a, ga = cpasync.make_tiled_tma_atom(op, a, cute.slice_(a_smem, (None, None, 0)), (tile_m, k_stage))
-    tma_b, gb = cpasync.make_tiled_tma_atom(op, b, cute.slice_(b_smem, (None, None, 0)), (tile_n, k_stage))
-    return tma_a, ga, tma_b, gb
+    ``k_stage``) stage tiles, for the stage layouts ``a_smem`` / ``b_smem``; ``mcast`` = the CTAs each A / B tile
+    is multicast to (a cluster's N and M extents)."""
+    def atom(x, smem, tile, count):
+        op = cpasync.CopyBulkTensorTileG2SMulticastOp() if count > 1 else cpasync.CopyBulkTensorTileG2SOp()
+        return cpasync.make_tiled_tma_atom(op, x, cute.slice_(smem, (None, None, 0)), (tile, k_stage),
+                                           num_multicast=count)
+
+    return (*atom(a, a_smem, tile_m, mcast[0]), *atom(b, b_smem, tile_n, mcast[1]))
 
 
 class MXGemmSm90:
@@ -65,9 +69,18 @@ class MXGemmSm90:
     CONSUMERS = 2
     THREADS = 128 * (1 + CONSUMERS)
 
+    CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2))
+
+    TOKEN = (3, 4)  # named barriers passing the WGMMA issue token to warpgroup 1 / 2 (ids 1, 2: the scale decode)
+
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
-                 block_k: int = 32, max_ctas: int = 132):
+                 block_k: int = 32, max_ctas: int = 132, cluster_mn: tuple = (1, 1), pingpong: bool = True):
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
+        cluster_mn = tuple(cluster_mn)
+        if cluster_mn not in self.CLUSTERS:
+            raise ValueError(f"cluster_mn must be one of {self.CLUSTERS}, got {cluster_mn}")
+        self.cluster_mn = cluster_mn
+        self.pingpong = bool(pingpong) and block_k == 128
         if type(block_k) is not int or block_k not in (32, 128):
             raise ValueError(f"block_k must be 32 (MX blocks) or 128 (the Hopper fast mode's shared scales), got "
                              f"{block_k!r}")
@@ -100,6 +113,8 @@ class MXGemmSm90:
         self.stages = min(8, (capacity - 4096 - dec_bytes) // self.stage_bytes)
         self.a_smem = sm90.make_smem_layout_a(_K_MAJOR, self.tiler, self.a_dtype, self.stages)
         self.b_smem = sm90.make_smem_layout_b(_K_MAJOR, self.tiler, self.b_dtype, self.stages)
+        self.cluster = cute.make_layout((*self.cluster_mn, 1))
+        self.mcast_a, self.mcast_b = self.cluster_mn[1], self.cluster_mn[0]  # CTAs sharing an A / a B tile
 
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor,
@@ -109,7 +124,8 @@ class MXGemmSm90:
         self._configure()
         m, k = a.shape
         n = b.shape[0]
-        tma_a, ga, tma_b, gb = _tma_atoms(a, b, self.a_smem, self.b_smem, self.TILE_M, self.n_tile, self.K_STAGE)
+        tma_a, ga, tma_b, gb = _tma_atoms(a, b, self.a_smem, self.b_smem, self.TILE_M, self.n_tile, self.K_STAGE,
+                                          (self.mcast_a, self.mcast_b))
         # the blocked scales as 32-bit words: word (tile * 128 + (r % 32) * 4 + (r % 128) // 32) holds the 4 block
         # scales of row r in 128-deep K tile ``tile % k_tiles``
         sfa_w = cute.make_tensor(cute.recast_ptr(sfa.iterator, dtype=cutlass.Uint32),
@@ -128,52 +144,65 @@ class MXGemmSm90:
         self.shared = Shared
         m_tiles = (m + self.TILE_M - 1) // self.TILE_M
         n_tiles = (n + self.n_tile - 1) // self.n_tile
-        grid = (1, 1, grid_clusters(m_tiles, n_tiles, (1, 1), self.max_ctas))
+        grid = (*self.cluster_mn, grid_clusters(m_tiles, n_tiles, self.cluster_mn, self.max_ctas))
         self.kernel(self.tiled_mma, tma_a, ga, tma_b, gb, sfa_w, sfb_w, d, m, n, k_tiles, m_tiles, n_tiles,
-                    self.a_smem, self.b_smem).launch(grid=grid, block=[self.THREADS, 1, 1],
-                                                     smem=Shared.size_in_bytes(), stream=stream)
+                    self.a_smem, self.b_smem, self.cluster).launch(
+            grid=grid, block=[self.THREADS, 1, 1], cluster=(*self.cluster_mn, 1), smem=Shared.size_in_bytes(),
+            stream=stream)
 
     @cute.kernel
     def kernel(self, mma: cute.TiledMma, tma_a: cute.CopyAtom, ga: cute.Tensor, tma_b: cute.CopyAtom,
                gb: cute.Tensor, sfa_w: cute.Tensor, sfb_w: cute.Tensor, d: cute.Tensor, rows: cutlass.Int32,
                cols: cutlass.Int32, k_tiles: cutlass.Int32, m_tiles: cutlass.Int32, n_tiles: cutlass.Int32,
-               a_smem: cute.ComposedLayout, b_smem: cute.ComposedLayout):
+               a_smem: cute.ComposedLayout, b_smem: cute.ComposedLayout, cluster: cute.Layout):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
         if warp == 0:
             cpasync.prefetch_descriptor(tma_a)
             cpasync.prefetch_descriptor(tma_b)
+        crd = cluster.get_flat_coord(cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster()))
 
         st = cutlass.memory.SmemAllocator().allocate(self.shared)
+        # a stage is free once every consumer warp of every CTA that multicasts into it has released it
         pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=st.bars.data_ptr(), num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.CONSUMERS * 4),  # one per warp
-            tx_count=self.stage_bytes)
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                     (self.mcast_a + self.mcast_b - 1) * self.CONSUMERS * 4),
+            tx_count=self.stage_bytes, cta_layout_vmnk=cute.make_layout((1, *cluster.shape)), defer_sync=True)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster_mn, is_relaxed=True)
         sa = st.sa.get_tensor(a_smem.outer, swizzle=a_smem.inner)
         sb = st.sb.get_tensor(b_smem.outer, swizzle=b_smem.inner)
         # persistent CTAs walk the shared tile order (kernels/tile_scheduler.py); every role the same tiles, the
         # pipeline state running on across them so a tile's first loads overlap the previous tile's epilogue
-        tiles = PersistentTiles(m_tiles, n_tiles, (1, 1))
+        tiles = PersistentTiles(m_tiles, n_tiles, self.cluster_mn)
         linear = tiles.first()
+        pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
         if wg == 0:
             cute.arch.warpgroup_reg_dealloc(40)
             if warp == 0:  # TMA producer
+                # A tiles go to the cluster's CTAs of this M row (mode 1), B tiles to those of this N column;
+                # each CTA loads its slice of the shared tile and multicasts it.  A CTA past the output's last
+                # row or column still loads (TMA zero-fills) and releases: the others wait on its slices.
+                mask_a = cute.make_layout_image_mask(cluster, crd, mode=1) if self.mcast_a > 1 else 0
+                mask_b = cute.make_layout_image_mask(cluster, crd, mode=0) if self.mcast_b > 1 else 0
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 while tiles.valid(linear):
                     bm, bn = tiles.tile(linear)
                     gak = cute.local_tile(ga, (self.TILE_M, self.K_STAGE), (bm, None))
                     gbk = cute.local_tile(gb, (self.n_tile, self.K_STAGE), (bn, None))
-                    tas, tag = cpasync.tma_partition(tma_a, 0, cute.make_layout(1), cute.group_modes(sa, 0, 2),
-                                                     cute.group_modes(gak, 0, 2))
-                    tbs, tbg = cpasync.tma_partition(tma_b, 0, cute.make_layout(1), cute.group_modes(sb, 0, 2),
-                                                     cute.group_modes(gbk, 0, 2))
+                    tas, tag = cpasync.tma_partition(tma_a, crd[1], cute.make_layout(self.mcast_a),
+                                                     cute.group_modes(sa, 0, 2), cute.group_modes(gak, 0, 2))
+                    tbs, tbg = cpasync.tma_partition(tma_b, crd[0], cute.make_layout(self.mcast_b),
+                                                     cute.group_modes(sb, 0, 2), cute.group_modes(gbk, 0, 2))
                     for kt in cutlass.range(k_tiles, unroll=1):
                         pipe.producer_acquire(state)
                         bar = pipe.producer_get_barrier(state)
-                        cute.copy(tma_a, tag[(None, kt)], tas[(None, state.index)], tma_bar_ptr=bar)
-                        cute.copy(tma_b, tbg[(None, kt)], tbs[(None, state.index)], tma_bar_ptr=bar)
+                        cute.copy(tma_a, tag[(None, kt)], tas[(None, state.index)], tma_bar_ptr=bar,
+                                  mcast_mask=mask_a)
+                        cute.copy(tma_b, tbg[(None, kt)], tbs[(None, state.index)], tma_bar_ptr=bar,
+                                  mcast_mask=mask_b)
                         pipe.producer_commit(state)
                         state.advance()
                     linear = tiles.next(linear)
@@ -182,11 +211,17 @@ class MXGemmSm90:
             cute.arch.warpgroup_reg_alloc(232)
             sdec = st.sdec.get_tensor(cute.make_layout(2 * self.CONSUMERS * self.DEC_WORDS))
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            if cutlass.const_expr(self.pingpong):
+                if wg == 2:  # the issue token starts with warpgroup 1 (see consume)
+                    cute.arch.barrier_arrive(barrier_id=self.TOKEN[0], number_of_threads=256)
             while tiles.valid(linear):
                 bm, bn = tiles.tile(linear)
                 state = self.consume(mma, pipe, state, sa, sb, sdec, sfa_w, sfb_w, d, rows, cols, k_tiles,
                                      tidx - 128, bm, bn)
                 linear = tiles.next(linear)
+            if cutlass.const_expr(self.pingpong):
+                if wg == 1:  # the token warpgroup 2 passed after its last stage
+                    cute.arch.barrier(barrier_id=self.TOKEN[0], number_of_threads=256)
 
     @cute.jit
     def consume(self, mma: cute.TiledMma, pipe, state, sa: cute.Tensor, sb: cute.Tensor, sdec: cute.Tensor,
@@ -221,7 +256,9 @@ class MXGemmSm90:
         # latency hides behind the previous stage's WGMMAs and promotion
         b_at = self._scale_word(bn * self.n_tile + t, k_tiles)
         a_at = (bm * k_tiles) * 128 + (ra % 32) * 4 + ra // 32
-        a_ok = t < 64
+        # a cluster's CTA past the output's last row / column tile has no blocked scale rows: it reads none
+        a_ok = t < 64 and bm * self.TILE_M < rows
+        b_ok = bn * self.n_tile < cols
         wide = self.n_tile > 128  # n_tile 192: thread t < 64 also decodes column t + 128
         b2_ok = t < self.n_tile - 128 and bn * self.n_tile + t + 128 < cols  # (past N: no blocked scale rows)
         b2_at = self._scale_word(bn * self.n_tile + t + 128, k_tiles)
@@ -229,7 +266,8 @@ class MXGemmSm90:
         aw = cutlass.Int32(0)
         bw2 = cutlass.Int32(0)
         if k_tiles > 0:
-            bw = cutlass.Int32(sfb_w[b_at])
+            if b_ok:
+                bw = cutlass.Int32(sfb_w[b_at])
             if a_ok:
                 aw = cutlass.Int32(sfa_w[a_at])
             if cutlass.const_expr(wide):
@@ -249,7 +287,8 @@ class MXGemmSm90:
                 if t < self.n_tile - 128:
                     sdec[base + 64 + 128 + t] = e8m0_to_f32(cutlass.Int32(bw2 & 0xFF))
             if kt + 1 < k_tiles:
-                bw = cutlass.Int32(sfb_w[b_at + (kt + 1) * 128])
+                if b_ok:
+                    bw = cutlass.Int32(sfb_w[b_at + (kt + 1) * 128])
                 if a_ok:
                     aw = cutlass.Int32(sfa_w[a_at + (kt + 1) * 128])
                 if cutlass.const_expr(wide):
@@ -258,12 +297,16 @@ class MXGemmSm90:
             cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)
             pipe.consumer_wait(state)
             if cutlass.const_expr(self.block_k == 128):
+                if cutlass.const_expr(self.pingpong):  # wait for the token: the other warpgroup's WGMMAs are queued
+                    cute.arch.barrier(barrier_id=self.TOKEN[0] + wgi, number_of_threads=256)
                 warpgroup.fence()
                 for blk in cutlass.range_constexpr(self.BLOCKS):
                     mma.set(warpgroup.Field.ACCUMULATE, blk != 0)
                     cute.gemm(mma, parts[0], fa[(None, None, blk, state.index)], fb[(None, None, blk, state.index)],
                               parts[0])
                 warpgroup.commit_group()
+                if cutlass.const_expr(self.pingpong):  # pass it on
+                    cute.arch.barrier_arrive(barrier_id=self.TOKEN[1] - wgi, number_of_threads=256)
                 warpgroup.wait_group(0)
                 pipe.consumer_release(state)
                 self._promote(acc, parts[0], sdec, base, base + 64, rl, lane)
@@ -289,12 +332,24 @@ class MXGemmSm90:
             state.advance()
 
         row0 = bm * self.TILE_M + wgi * 64 + rl
-        for q in cutlass.range_constexpr(ncol):
-            col = bn * self.n_tile + 8 * (q // 2) + 2 * (lane % 4) + q % 2
-            for rs in cutlass.range_constexpr(2):
-                row = row0 + 8 * rs
-                if row < rows and col < cols:
-                    d[row, col] = acc[q % 2 + 2 * rs + 4 * (q // 2)].to(self.d_dtype)
+        col0 = bn * self.n_tile + 2 * (lane % 4)
+        paired = cutlass.const_expr(self.d_dtype == cutlass.BFloat16)
+        if paired and cols % 2 == 0:  # a thread's two adjacent columns as one 32-bit store
+            d2 = cute.make_tensor(cute.recast_ptr(d.iterator, dtype=cutlass.Uint32),
+                                  cute.make_layout((rows, cols // 2), stride=(cols // 2, 1)))
+            for p in cutlass.range_constexpr(ncol // 2):
+                col = col0 + 8 * p
+                for rs in cutlass.range_constexpr(2):
+                    row = row0 + 8 * rs
+                    if row < rows and col < cols:
+                        d2[row, col // 2] = pack_bf16x2(acc[2 * rs + 4 * p], acc[1 + 2 * rs + 4 * p])
+        else:
+            for q in cutlass.range_constexpr(ncol):
+                col = col0 + 8 * (q // 2) + q % 2
+                for rs in cutlass.range_constexpr(2):
+                    row = row0 + 8 * rs
+                    if row < rows and col < cols:
+                        d[row, col] = acc[q % 2 + 2 * rs + 4 * (q // 2)].to(self.d_dtype)
         return state
 
     @cute.jit
