@@ -36,6 +36,17 @@ class MXFP8Config:
             Needs each rank's shard of dim 0 to be a whole number of 32-row blocks (2-D weights) or of experts
             (3-D) under FSDP's default ``Shard(0)`` placement; the first all-gather raises ValueError otherwise.
             Eager mode only (torch.compile raises NotImplementedError).  Default False (modules ignore it).
+        hopper_block_k: 32 (default: MXFP8 everywhere) or 128, the Hopper fast mode: every GEMM operand is
+            quantized along its K dim with one E8M0 scale per 128 elements (the largest of the four MX scales;
+            stored as MXFP8, the 4 scales repeated; a token group's runs start at the group's start), and the
+            ``sm90`` backend runs the dense GEMMs with fp8 WGMMA and one promotion per 128 of K.  The elements equal
+            MXFP8's shifted by the scale ratio, except those that fall into the element type's subnormal range
+            (rounded there; ~1e-5 to 4e-4 of elements on typical data) and, in floor mode, elements MXFP8 saturated.
+            The ``reference`` backend computes the same numerics; the ``sm100`` backend ignores the option (plain
+            MXFP8: Blackwell's MMA applies every scale).  With it the SwiGLU MLP runs unfused (the GEMM-fused
+            epilogues emit 32-blocks; ``fused_epilogues=True`` raises ValueError) and needs I % 128 == 0; the
+            grouped GEMMs take the 128-block operands on the exact kernels (no speed-up there yet).  Not combined
+            with ``fsdp_mxfp8_all_gather`` (ValueError).
     """
 
     scale_mode: str = "rceil"
@@ -45,8 +56,15 @@ class MXFP8Config:
     backend: str | None = None
     fused_epilogues: bool | None = None
     fsdp_mxfp8_all_gather: bool = False
+    hopper_block_k: int = 32
 
     def __post_init__(self):
+        if type(self.hopper_block_k) is not int or self.hopper_block_k not in (32, 128):
+            raise ValueError(f"hopper_block_k must be 32 (MXFP8) or 128 (the Hopper fast mode), got "
+                             f"{self.hopper_block_k!r}")
+        if self.hopper_block_k == 128 and self.fsdp_mxfp8_all_gather:
+            raise ValueError("hopper_block_k=128 does not combine with fsdp_mxfp8_all_gather=True yet (the gathered "
+                             "shards are quantized in 32-blocks); use one of the two")
         if self.scale_mode not in SCALE_MODES:
             raise ValueError(f"scale_mode must be one of {SCALE_MODES}, got {self.scale_mode!r}")
         if not isinstance(self.wgrad_with_hp, bool):

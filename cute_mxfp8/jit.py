@@ -113,7 +113,8 @@ def _recording_launch_smem():
 @functools.lru_cache(maxsize=None)
 @disk_cached(skip_if="keep_ptx")
 def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
-                  keep_ptx: bool = False, grouped: bool = False, batched: bool = False):
+                  keep_ptx: bool = False, grouped: bool = False, batched: bool = False, scale_block: int = 32,
+                  phase: str = "cast"):
     """Compiled MXFP8 cast for ``arch`` (e.g. ``"sm_90a"``).  ``direction``: ``"rowwise"``, ``"colwise"`` or
     ``"dual"``; ``grouped``: token groups along M (``offs``); ``batched``: rowwise of 3-D (E, N, K) weights.
 
@@ -129,7 +130,10 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
       groups along M, E = 1): qt (1, K, M) and st (1, K, 4 * (M // 128 + G)) plain or (1, blocked numel of that),
       zero-filled; rowwise blocked scales in the grouped-M layout.  Unused outputs take placeholders of the right
       rank, dtype and divisibility.  ``batched`` only selects the tile kernel for rowwise (colwise and dual
-      always run on it), and takes no groups.
+      always run on it), and takes no groups.  Then ``amax_rows``, ``amax_cols``: int32 (E, M, ceil(K/128)) and
+      (E, ceil(blocks/4), K) for ``scale_block=128`` (zero-filled, shared by the ``phase="amax"`` launch and the
+      ``"apply"`` launch after it), placeholders otherwise.
+    * ``scale_block=128`` always runs the tile kernel (rowwise too, grouped or not), in two phases.
 
     With ``keep_ptx`` the function is built for inspection only (its ``__ptx__`` holds the PTX).
     """
@@ -143,7 +147,7 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
     i32 = fake(cutlass.Int32, (sym(),))
 
     k = cute.sym_int(divisibility=32)
-    if direction == "rowwise" and not batched:
+    if direction == "rowwise" and not batched and scale_block == 32:
         from .kernels.quantize import GroupedRowwiseQuantKernel, RowwiseQuantKernel
 
         if grouped and not blocked:
@@ -160,27 +164,35 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
     if batched and grouped:
         raise ValueError("3-D (batched) inputs take no token groups")
     kernel = TileQuantKernel(elem, scale_mode, blocked, rowwise=direction != "colwise",
-                             colwise=direction != "rowwise", grouped=grouped)
+                             colwise=direction != "rowwise", grouped=grouped, scale_block=scale_block, phase=phase)
     # Every tensor gets its own symbols: the kernel takes its shapes from x, and an unused output slot may hold
     # another tensor (TVM-FFI checks that tensors sharing a symbol agree in that dimension).
     x = fake(x_dtype, (sym(), sym(), k))
     q = fake(kernel.elem_dtype, (sym(), sym(), sym(32)))
     qt = fake(kernel.elem_dtype, (sym(), sym(32), sym(1 if grouped else 32)))
     return _compile(kernel.launch, (x, q, _tile_scales(blocked), qt, _tile_scales(blocked), i32,
-                                    fake(cutlass.Int32, (sym(),))), arch, keep_ptx)
+                                    fake(cutlass.Int32, (sym(),)), *_amax_buffers()), arch, keep_ptx)
+
+
+def _amax_buffers():
+    """Fake (amax_rows, amax_cols) of the tile kernels: int32 (E, rows, cols) each."""
+    cutlass, _ = _cutlass()
+    return tuple(_fake(cutlass.Int32, (_sym(), _sym(), _sym())) for _ in range(2))
 
 
 @functools.lru_cache(maxsize=None)
 @disk_cached(skip_if="keep_ptx")
 def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
-                         keep_ptx: bool = False, grouped: bool = False, emit_hp: bool = False):
+                         keep_ptx: bool = False, grouped: bool = False, emit_hp: bool = False,
+                         scale_block: int = 32, phase: str = "cast"):
     """Compiled fused SwiGLU + dual MXFP8 cast (:class:`~cute_mxfp8.kernels.quantize_tile.SwiGLUQuantKernel`).
 
     ``direction="fwd"``: ``fn(h13, q, s, qt, st, hp, offs, tile_starts)`` with h13 (1, M, 2I) ``in_dtype``,
     q (1, M, I) fp8, qt (1, I, Mp) fp8 (grouped: (1, I, M)), hp (1, M, I) ``in_dtype`` (``emit_hp``; else a
     placeholder).
     ``direction="bwd"``: ``fn(dh, h13, q, s, qt, st, hp, offs, tile_starts)`` with dh (1, M, I), h13 (1, M, 2I),
-    q (1, M, 2I), qt (1, 2I, Mp), hp (1, M, 2I).  Scales and groups as :func:`compile_quant`'s tile kernels.
+    q (1, M, 2I), qt (1, 2I, Mp), hp (1, M, 2I).  Scales, groups and the trailing ``amax_rows``, ``amax_cols``
+    (``scale_block=128``'s two phases) as :func:`compile_quant`'s tile kernels.
     """
     if in_dtype not in _IN_DTYPES:
         raise ValueError(f"in_dtype must be one of {_IN_DTYPES}, got {in_dtype!r}")
@@ -191,7 +203,7 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
     from .kernels.quantize_tile import SwiGLUQuantKernel
 
     kernel = SwiGLUQuantKernel("swiglu" if direction == "fwd" else "dswiglu", elem, scale_mode, blocked, grouped,
-                               emit_hp)
+                               emit_hp, scale_block=scale_block, phase=phase)
     x_dtype = cutlass.BFloat16 if in_dtype == "bfloat16" else cutlass.Float32
 
     fake, sym = _fake, _sym
@@ -202,9 +214,11 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
     hp = fake(x_dtype, (sym(), sym(), sym(32)))
     groups = (fake(cutlass.Int32, (sym(),)), fake(cutlass.Int32, (sym(),)))
     if direction == "fwd":
-        return _compile(kernel.launch_fwd, (h13, q, scales(), qt, scales(), hp, *groups), arch, keep_ptx)
+        return _compile(kernel.launch_fwd, (h13, q, scales(), qt, scales(), hp, *groups, *_amax_buffers()), arch,
+                        keep_ptx)
     dh = fake(x_dtype, (sym(), sym(), sym(32)))
-    return _compile(kernel.launch_bwd, (dh, h13, q, scales(), qt, scales(), hp, *groups), arch, keep_ptx)
+    return _compile(kernel.launch_bwd, (dh, h13, q, scales(), qt, scales(), hp, *groups, *_amax_buffers()), arch,
+                    keep_ptx)
 
 
 def _fused_outputs(cutlass, h13_dtype, q_dtype, grouped: bool) -> tuple:

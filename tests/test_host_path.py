@@ -37,14 +37,14 @@ def test_planned_casts_equal_the_full_path(shape, blocked, rng):
                 want = impl(x, "rceil", elem, blocked, None, "")
                 for g, w in zip(_bytes(got), _bytes(want)):
                     assert g.shape == w.shape and torch.equal(g, w), (name, elem, i)
-            key = (name, x.shape, x.dtype, x.device, "rceil", elem, blocked, None, None)
+            key = (name, x.shape, x.dtype, x.device, "rceil", elem, blocked, None, 32, None)
             assert B.PLANS.get(key) is not None, name  # the plan ran
 
 
 def test_reference_backend_keeps_no_plan_and_keys_see_the_backend_variable(monkeypatch, rng):
     x = torch.randn(64, 64, generator=rng)
     a = ops.quantize_rowwise(x)
-    key = ("quantize_rowwise", x.shape, x.dtype, x.device, "rceil", torch.float8_e4m3fn, True, None, None)
+    key = ("quantize_rowwise", x.shape, x.dtype, x.device, "rceil", torch.float8_e4m3fn, True, None, 32, None)
     assert key in B.PLANS and B.PLANS[key] is None  # CPU: the reference, no plan, the full path every call
     b = ops.quantize_rowwise(x)
     assert all(torch.equal(p.view(torch.uint8), q.view(torch.uint8)) for p, q in zip(a, b))
@@ -85,12 +85,12 @@ def test_a_backend_plan_runs_from_the_second_call_on(rng):
     ref = B._BACKENDS["reference"]
     calls = []
 
-    def plan(x, scale_mode, elem_dtype, blocked, offs=None):
+    def plan(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
         impl = ref.ops["quantize_rowwise"]
 
         def run(x):
             calls.append(x.shape)
-            return impl(x, scale_mode, elem_dtype, blocked, None)
+            return impl(x, scale_mode, elem_dtype, blocked, None, scale_block)
         return run
 
     B.register_backend(B.Backend("probe", 100, lambda d: None, ops=dict(ref.ops), plans={"quantize_rowwise": plan}))

@@ -391,7 +391,10 @@ def main(args) -> int:
     if "mlp" in groups:
         from cute_mxfp8.cli.bench_mlp import mlp_rows
 
-        mlp = mlp_rows(device, _time_ms, profile=getattr(args, "profile", 0) or 0)
+        from cute_mxfp8 import MXFP8Config
+
+        config = MXFP8Config(hopper_block_k=getattr(args, "hopper_block_k", 32) or 32)
+        mlp = mlp_rows(device, _time_ms, profile=getattr(args, "profile", 0) or 0, config=config)
         print(tabulate([[w, s, f"{b:.2f}", f"{q:.2f}", f"{r:.2f}x", "" if pb is None else f"{pb:.0f}",
                          "" if pq is None else f"{pq:.0f}"] for w, s, b, q, r, pb, pq in mlp],
                        headers=["fwd+bwd step", "shape", "bf16 ms", "MXFP8 ms", "MXFP8 / bf16", "bf16 peak MiB",

@@ -17,10 +17,10 @@ GPU_CASES = [("SwiGLU MLP", dict(m=16384, d=4096, i=14336)), ("SwiGLU MLP", dict
 CPU_CASES = [("SwiGLU MLP", dict(m=256, d=256, i=512)), ("grouped experts", dict(m=512, d=256, i=256, e=4))]
 
 
-def _dense(dev, m, d, i):
+def _dense(dev, config, m, d, i):
     from cute_mxfp8.nn import MXFP8SwiGLUMLP
 
-    mx = MXFP8SwiGLUMLP(d, i, device=dev, dtype=torch.bfloat16)
+    mx = MXFP8SwiGLUMLP(d, i, device=dev, dtype=torch.bfloat16, config=config)
     w1, w2, w3 = (lin.weight for lin in (mx.w1, mx.w2, mx.w3))
 
     def bf16(x):
@@ -29,10 +29,10 @@ def _dense(dev, m, d, i):
     return bf16, mx, (m, d), None
 
 
-def _grouped(dev, m, d, i, e):
+def _grouped(dev, config, m, d, i, e):
     from cute_mxfp8.nn import MXFP8GroupedExperts
 
-    mx = MXFP8GroupedExperts(d, i, e, device=dev, dtype=torch.bfloat16)
+    mx = MXFP8GroupedExperts(d, i, e, device=dev, dtype=torch.bfloat16, config=config)
     counts = torch.full((e,), m // e, dtype=torch.int64, device=dev)
     offs = torch.cumsum(counts, 0).to(torch.int32)
 
@@ -78,10 +78,11 @@ def kernel_breakdown(step, device: torch.device, top: int, steps: int = 3) -> li
             for e in kernels[:top]]
 
 
-def mlp_rows(device: torch.device, time_ms, profile: int = 0) -> list[list]:
+def mlp_rows(device: torch.device, time_ms, profile: int = 0, config=None) -> list[list]:
     """One row per workload: [workload, shape, bf16 ms, MXFP8 ms, ratio, bf16 peak MiB, MXFP8 peak MiB].
 
-    ``profile`` > 0 (CUDA only) also prints, per workload, that many of the MXFP8 step's GPU kernels by time."""
+    ``profile`` > 0 (CUDA only) also prints, per workload, that many of the MXFP8 step's GPU kernels by time.
+    ``config``: the MXFP8 modules' :class:`~cute_mxfp8.MXFP8Config` (default one if None)."""
     rows = []
     if profile > 0 and device.type != "cuda":
         print("bench mlp: --profile needs a CUDA device (torch.profiler's GPU kernel times); ignored on the CPU")
@@ -90,7 +91,7 @@ def mlp_rows(device: torch.device, time_ms, profile: int = 0) -> list[list]:
         if make is _grouped and (device.type != "cuda" or not hasattr(torch, "_grouped_mm")):
             print(f"bench mlp: {name} skipped (its bf16 baseline, torch._grouped_mm, needs CUDA)")
             continue
-        bf16, mx, xshape, counts = make(device, **shape)
+        bf16, mx, xshape, counts = make(device, config, **shape)
         x = torch.randn(*xshape, device=device, dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(*xshape, device=device, dtype=torch.bfloat16)
         mxfp8 = mx if counts is None else (lambda x, mx=mx, counts=counts: mx(x, counts))

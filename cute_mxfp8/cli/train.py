@@ -50,6 +50,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--moe", action="store_true", help="use a top-k routed MoE FFN instead of a dense one")
     m.add_argument("--experts", type=int, default=4, help="MoE experts (default: %(default)s)")
     m.add_argument("--top-k", type=int, default=2, help="experts per token (default: %(default)s)")
+    m.add_argument("--hopper-block-k", type=int, choices=[32, 128], default=32,
+                   help="MXFP8Config(hopper_block_k=...) of the mxfp8 run: 128 is the Hopper fast mode (1x128 shared "
+                        "scales, needs --hidden %% 128 == 0; the sm100 backend ignores it) (default: %(default)s)")
     o = parser.add_argument_group("eval and output")
     o.add_argument("--eval-batches", type=int, default=8, help="fixed held-out batches per eval (default: %(default)s)")
     o.add_argument("--eval-every", type=int, default=None, help="steps between evals, plus one at the end (default: 4 evenly spaced evals)")
@@ -131,6 +134,8 @@ def validate_args(args: argparse.Namespace) -> str | None:
             errors.append(f"argument --heads: --dim {args.dim} is not divisible by --heads {args.heads}")
         elif (args.dim // args.heads) % 2:
             errors.append(f"argument --heads: head dim --dim/--heads = {args.dim // args.heads} must be even for RoPE")
+    if getattr(args, "hopper_block_k", 32) == 128 and isinstance(args.hidden, int) and args.hidden % 128:
+        errors.append(f"argument --hopper-block-k: 128 needs --hidden to be a multiple of 128, got {args.hidden}")
     experts_ok = positive("--experts", args.experts)
     if positive("--top-k", args.top_k) and experts_ok and args.moe and args.top_k > args.experts:
         errors.append(f"argument --top-k: must be in [1, --experts {args.experts}], got {args.top_k}")
@@ -323,14 +328,15 @@ def run(args: argparse.Namespace) -> int:
     hp = _Run("high precision", "high_precision", base.to(device))
     mx = _Run("mxfp8", "mxfp8", copy.deepcopy(hp.model))
     n_params = sum(p.numel() for p in hp.model.parameters())
-    report = convert_to_mxfp8(mx.model, config=MXFP8Config())
+    mx_config = MXFP8Config(hopper_block_k=getattr(args, "hopper_block_k", 32))
+    report = convert_to_mxfp8(mx.model, config=mx_config)
     # which backend runs each kind of op (kernels may cover some ops before others)
     op_backends = {kind: str(resolve_backend(device, op=op))
                    for kind, op in (("quantize", "quantize_dual"), ("swiglu", "swiglu_quant"), ("gemm", "mm"))}
     backend = ", ".join(f"{kind}={name}" for kind, name in op_backends.items())
     if len(set(op_backends.values())) == 1:
         backend = op_backends["gemm"]
-    swiglu = ("fused into the GEMM epilogues" if fused_epilogues_enabled(MXFP8Config(), device, cfg.hidden, cfg.moe)
+    swiglu = ("fused into the GEMM epilogues" if fused_epilogues_enabled(mx_config, device, cfg.hidden, cfg.moe)
               else "GEMM, then the fused SwiGLU cast")
     converted, skipped = _report_lists(report)
     nothing_converted = not converted

@@ -70,6 +70,14 @@ class TileQuantKernel(MXCastParams):
     caller's zero-filled buffer).  Blocked colwise scales go to the grouped-K layout (each group's tiles blocked
     on their own, ``formats.to_blocked_scales_grouped_k``).  Rows at or past ``offs[-1]`` are not touched (the caller fills them).
 
+    ``scale_block=128`` (the Hopper fast mode's shared scales, ``formats.quantize_mxfp8(..., scale_block=128)``):
+    every run of 4 blocks along the scaled dim, counted from its start (a token group's start with groups),
+    takes the scale of the run's amax, so the 4 stored scales are equal.  Two launches of the same tile walk:
+    ``phase="amax"`` reduces each lane's row and column amaxes as above and ``atomicMax``-es the fp32 bit patterns
+    (non-negative, so integer order; NaN above Inf) into ``amax_rows`` (E, M, ceil(K/128)) and ``amax_cols``
+    (E, ceil(blocks/4), K) int32, zero-filled by the caller, and stores nothing else; ``phase="apply"`` reads them
+    back in place of its own amaxes and casts.  The input is read twice (the pre-pass computes the prologue too).
+
     Constraints (checked by the ops layer): K % 32 == 0; x contiguous, 16-byte aligned; fewer than 2**31
     elements; K / 128 and E at most 65535 (grid y and z).
     """
@@ -77,25 +85,33 @@ class TileQuantKernel(MXCastParams):
     prologue = "cast"
 
     def __init__(self, elem: str, scale_mode: str, blocked: bool, rowwise: bool, colwise: bool,
-                 grouped: bool = False, emit_hp: bool = False, row_tiles: int = 1):
+                 grouped: bool = False, emit_hp: bool = False, row_tiles: int = 1, scale_block: int = 32,
+                 phase: str = "cast"):
         super().__init__(elem, scale_mode, blocked)
-        if not (rowwise or colwise) or (grouped and not colwise):
-            raise ValueError("TileQuantKernel needs colwise output, or rowwise without groups")
+        if not (rowwise or colwise) or (grouped and not colwise and scale_block == 32):
+            raise ValueError("TileQuantKernel needs colwise output, or rowwise without groups (with groups: "
+                             "scale_block=128 only)")
         if not isinstance(row_tiles, int) or row_tiles < 1:
             raise ValueError(f"row_tiles must be a positive int, got {row_tiles!r}")
+        if (scale_block, phase) not in ((32, "cast"), (128, "amax"), (128, "apply")):
+            raise ValueError(f"scale_block 32 casts in one pass (phase 'cast'), scale_block 128 in two (phases "
+                             f"'amax', 'apply'); got scale_block={scale_block!r}, phase={phase!r}")
         self.rowwise, self.colwise, self.grouped, self.emit_hp = rowwise, colwise, grouped, emit_hp
+        self.scale_block, self.phase = scale_block, phase
         self.row_tiles = 1 if grouped else row_tiles  # token groups: one (virtual) row block per CTA
 
     @cute.jit
     def launch(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
-               offs: cute.Tensor, tile_starts: cute.Tensor, stream: cuda.CUstream):
-        """The cast: ``x (E, M, K)`` -> the outputs above (unused ones take placeholders)."""
-        self._launch(x, x, q, s, qt, st, q, offs, tile_starts, x.shape[2], stream)
+               offs: cute.Tensor, tile_starts: cute.Tensor, amax_rows: cute.Tensor, amax_cols: cute.Tensor,
+               stream: cuda.CUstream):
+        """The cast: ``x (E, M, K)`` -> the outputs above (unused ones take placeholders); ``amax_rows`` /
+        ``amax_cols`` the 128-block amaxes of ``scale_block=128`` (placeholders otherwise)."""
+        self._launch(x, x, q, s, qt, st, q, offs, tile_starts, amax_rows, amax_cols, x.shape[2], stream)
 
     @cute.jit
     def _launch(self, x: cute.Tensor, y: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor,
-                st: cute.Tensor, hp: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor, k: cutlass.Int32,
-                stream: cuda.CUstream):
+                st: cute.Tensor, hp: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor,
+                amax_rows: cute.Tensor, amax_cols: cute.Tensor, k: cutlass.Int32, stream: cuda.CUstream):
         """``k``: the input columns each lane walks (the cast width; I for the SwiGLU prologues)."""
         e, m = x.shape[0], x.shape[1]
         if cutlass.const_expr(self.grouped):  # the aligned grouped-K scale columns: 4 * (M // 128 + G)
@@ -109,7 +125,7 @@ class TileQuantKernel(MXCastParams):
             gqt = cute.zipped_divide(qt, (1, 1, LANE_ROWS))  # unused
         self.kernel(cute.zipped_divide(x, (1, 1, VEC)), cute.zipped_divide(y, (1, 1, VEC)),
                     cute.zipped_divide(q, (1, 1, VEC)), s, gqt, st, cute.zipped_divide(hp, (1, 1, VEC)), offs,
-                    tile_starts, vblocks, k // VEC).launch(
+                    tile_starts, amax_rows, amax_cols, vblocks, k // VEC).launch(
             grid=(cute.ceil_div(vblocks, self.row_tiles), cute.ceil_div(k, CTA_COLS), e), block=(32 * WARPS, 1, 1),
             stream=stream, smem=self._staging_bytes(x.element_type), **self._launch_bounds())
 
@@ -143,8 +159,8 @@ class TileQuantKernel(MXCastParams):
 
     @cute.kernel
     def kernel(self, gx: cute.Tensor, gy: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor,
-               st: cute.Tensor, ghp: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor,
-               vblocks: cutlass.Int32, kv: cutlass.Int32):
+               st: cute.Tensor, ghp: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor, ra: cute.Tensor,
+               ca: cute.Tensor, vblocks: cutlass.Int32, kv: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
         vb, bk, e = cute.arch.block_idx()  # vb: this CTA's (virtual) 32-row block
         warp = tidx // 32
@@ -159,7 +175,7 @@ class TileQuantKernel(MXCastParams):
                 gx.element_type, cute.make_layout((VEC, 32, LANE_ROWS, nops, 2, WARPS)), 16)
             if cb * COL_LANES < kv:
                 self._staged(gx, gy, gq, s, gqt, st, ghp, tile_starts, staging, vblocks, kv, cb * COL_LANES + cg,
-                             e, warp, lane, rg, cg, vb)
+                             e, warp, lane, rg, cg, vb, ra, ca)
         elif cb * COL_LANES < kv:
             cv = cb * COL_LANES + cg
             r0 = vb * BLOCK
@@ -176,7 +192,7 @@ class TileQuantKernel(MXCastParams):
                 rl = r0 + rg * LANE_ROWS  # this lane's first row
                 full = r0 + BLOCK <= end
                 t = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
-                pos = _Pos(e, r0, rl, lane, rg, cg, end, start, g, vb, vblocks)
+                pos = _Pos(e, r0, rl, lane, rg, cg, end, start, g, vb, vblocks, ra, ca)
                 if cutlass.const_expr(self.prologue == "cast"):
                     _load_tile(t, gx, e, rl, end, full, cv)
                     self._emit(t, pos, cv, gq, s, gqt, st, ghp, tile_starts)
@@ -222,7 +238,7 @@ class TileQuantKernel(MXCastParams):
     @cute.jit
     def _staged(self, gx: cute.Tensor, gy: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor,
                 st: cute.Tensor, ghp: cute.Tensor, tile_starts: cute.Tensor, staging: cute.Tensor, vblocks, kv, cv,
-                e, warp, lane, rg, cg, vb0):
+                e, warp, lane, rg, cg, vb0, ra: cute.Tensor, ca: cute.Tensor):
         """Row blocks ``vb0, vb0 + gridDim.x, ...`` of this warp's column block with the next block's loads in
         flight while the current one is computed: cp.async into a lane-private double buffer in shared memory
         (no registers held by the prefetch; the loop itself needs 160-220 registers, so 2-3 CTAs per SM where the
@@ -248,7 +264,7 @@ class TileQuantKernel(MXCastParams):
                     tiles[k][(i, None)].store(staging[(None, lane, i, k, buf, warp)].load().to(cutlass.Float32))
             r0 = vb * BLOCK
             pos = _Pos(e, r0, r0 + rg * LANE_ROWS, lane, rg, cg, m, cutlass.Int32(0), cutlass.Int32(0), vb,
-                       vblocks)
+                       vblocks, ra, ca)
             self._prologue_and_emit(tiles, pos, cv, kv, gq, s, gqt, st, ghp, tile_starts)
             buf = 1 - buf
 
@@ -276,7 +292,7 @@ class TileQuantKernel(MXCastParams):
             for i in cutlass.range_constexpr(LANE_ROWS):
                 if pos.rl + i >= pos.end:
                     t[(i, None)].store(cute.full_like(t[(i, None)].load(), 0.0))
-        if cutlass.const_expr(self.emit_hp):
+        if cutlass.const_expr(self.emit_hp and self.phase != "amax"):
             for i in cutlass.range_constexpr(LANE_ROWS):
                 if pos.rl + i < pos.end:
                     ghp[(None, (pos.e, pos.rl + i, cv))].store(t[(i, None)].load().to(ghp.element_type))
@@ -285,21 +301,33 @@ class TileQuantKernel(MXCastParams):
         if cutlass.const_expr(self.rowwise):
             kb = cute.size(gq, mode=[1, 2]) // COL_LANES  # rowwise blocks per output row
             self._rowwise(t, mag, gq, s, pos.e, pos.rl, pos.lane, pos.cg, pos.end, pos.start, pos.g, tile_starts,
-                          cv, kb)
+                          cv, kb, pos.ra)
         if cutlass.const_expr(self.colwise):
             self._colwise(t, mag, gqt, st, pos.e, pos.r0, pos.rl, pos.lane, pos.rg, pos.cg, pos.end, pos.start,
-                          pos.vb, pos.vblocks, cv)
+                          pos.vb, pos.vblocks, cv, pos.ca)
 
     @cute.jit
     def _rowwise(self, t: cute.Tensor, mag: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, e, rl, lane, cg, end,
-                 start, g, tile_starts: cute.Tensor, cv, kb):
+                 start, g, tile_starts: cute.Tensor, cv, kb, ra: cute.Tensor):
         a = cute.make_rmem_tensor((LANE_ROWS,), cutlass.Int32)
         for i in cutlass.range_constexpr(LANE_ROWS):
             a[i] = _row_max(mag, i)
         reduce_scatter_max(a, LANE_ROWS, 0, lane)  # lane cg: amax of its row group's row cg
-        byte, factor = block_scale(a[0], self.emax, self.rceil)
         cb = cv // COL_LANES
         r = rl + cg
+        if cutlass.const_expr(self.phase == "amax"):  # the 128-block amax: 4 warps' 32-blocks of the row meet
+            if r < end:
+                cute.arch.atomic_max(ra.iterator + cute.crd2idx((e, r, cb // 4), ra.layout), a[0])
+        else:
+            self._rowwise_cast(t, a, gq, s, e, rl, lane, cg, end, start, g, tile_starts, cv, kb, ra, cb, r)
+
+    @cute.jit
+    def _rowwise_cast(self, t: cute.Tensor, a: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, e, rl, lane, cg, end,
+                      start, g, tile_starts: cute.Tensor, cv, kb, ra: cute.Tensor, cb, r):
+        if cutlass.const_expr(self.phase == "apply"):
+            if r < end:
+                a[0] = ra[e, r, cb // 4]
+        byte, factor = block_scale(a[0], self.emax, self.rceil)
         if r < end:
             if cutlass.const_expr(self.blocked):
                 srow = r
@@ -316,11 +344,23 @@ class TileQuantKernel(MXCastParams):
 
     @cute.jit
     def _colwise(self, t: cute.Tensor, mag: cute.Tensor, gqt: cute.Tensor, st: cute.Tensor, e, r0, rl, lane, rg,
-                 cg, end, start, vb, vblocks, cv):
+                 cg, end, start, vb, vblocks, cv, ca: cute.Tensor):
         a = cute.make_rmem_tensor((VEC,), cutlass.Int32)
         for j in cutlass.range_constexpr(VEC):
             a[j] = _col_max(mag, j)
         reduce_scatter_max(a, VEC, 3, lane)  # lane rg: amax of its column rg
+        # 128-block amaxes: (virtual) row blocks 4 b .. 4 b + 3 of the column (a group's blocks start on a multiple
+        # of 4, so they never reach into the next group)
+        if cutlass.const_expr(self.phase == "amax"):
+            cute.arch.atomic_max(ca.iterator + cute.crd2idx((e, vb // 4, cv * VEC + rg), ca.layout), a[0])
+        else:
+            self._colwise_cast(t, a, gqt, st, e, r0, rl, lane, rg, cg, end, start, vb, vblocks, cv, ca)
+
+    @cute.jit
+    def _colwise_cast(self, t: cute.Tensor, a: cute.Tensor, gqt: cute.Tensor, st: cute.Tensor, e, r0, rl, lane,
+                      rg, cg, end, start, vb, vblocks, cv, ca: cute.Tensor):
+        if cutlass.const_expr(self.phase == "apply"):
+            a[0] = ca[e, vb // 4, cv * VEC + rg]
         byte, factor = block_scale(a[0], self.emax, self.rceil)
         if cutlass.const_expr(self.blocked and self.grouped):  # grouped-K: the group's tiles blocked on their own
             tile0 = vb // 4 - (r0 - start) // (4 * BLOCK)  # the group's first scale tile
@@ -363,9 +403,10 @@ def _col_max(mag: cute.Tensor, j: cutlass.Constexpr[int]):
 class _Pos:
     """Where a lane's tile sits (plain Python holder of DSL values, passed to the emit helpers)."""
 
-    def __init__(self, e, r0, rl, lane, rg, cg, end, start, g, vb, vblocks):
+    def __init__(self, e, r0, rl, lane, rg, cg, end, start, g, vb, vblocks, ra, ca):
         self.e, self.r0, self.rl, self.lane, self.rg, self.cg = e, r0, rl, lane, rg, cg
         self.end, self.start, self.g, self.vb, self.vblocks = end, start, g, vb, vblocks
+        self.ra, self.ca = ra, ca  # the 128-block amaxes (scale_block=128): (E, M, K/128), (E, blocks/4, K)
 
 
 @cute.jit
@@ -402,21 +443,22 @@ class SwiGLUQuantKernel(TileQuantKernel):
     ROW_TILES = 8  # row blocks per CTA of the staged (cp.async double-buffered) loop
 
     def __init__(self, prologue: str, elem: str, scale_mode: str, blocked: bool, grouped: bool = False,
-                 emit_hp: bool = False, row_tiles: int | None = None):
+                 emit_hp: bool = False, row_tiles: int | None = None, scale_block: int = 32, phase: str = "cast"):
         if prologue not in ("swiglu", "dswiglu"):
             raise ValueError(f"prologue must be 'swiglu' or 'dswiglu', got {prologue!r}")
         if row_tiles is None:  # the backward with its high-precision store would spill in the staged loop
             row_tiles = 1 if prologue == "dswiglu" and emit_hp else self.ROW_TILES
-        super().__init__(elem, scale_mode, blocked, True, True, grouped, emit_hp, row_tiles)
+        super().__init__(elem, scale_mode, blocked, True, True, grouped, emit_hp, row_tiles, scale_block, phase)
         self.prologue = prologue
 
     @cute.jit
     def launch_fwd(self, h13: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
-                   hp: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor, stream: cuda.CUstream):
-        self._launch(h13, h13, q, s, qt, st, hp, offs, tile_starts, h13.shape[2] // 2, stream)
+                   hp: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor, amax_rows: cute.Tensor,
+                   amax_cols: cute.Tensor, stream: cuda.CUstream):
+        self._launch(h13, h13, q, s, qt, st, hp, offs, tile_starts, amax_rows, amax_cols, h13.shape[2] // 2, stream)
 
     @cute.jit
     def launch_bwd(self, dh: cute.Tensor, h13: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor,
                    st: cute.Tensor, hp: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor,
-                   stream: cuda.CUstream):
-        self._launch(dh, h13, q, s, qt, st, hp, offs, tile_starts, dh.shape[2], stream)
+                   amax_rows: cute.Tensor, amax_cols: cute.Tensor, stream: cuda.CUstream):
+        self._launch(dh, h13, q, s, qt, st, hp, offs, tile_starts, amax_rows, amax_cols, dh.shape[2], stream)

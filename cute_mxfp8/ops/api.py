@@ -47,7 +47,7 @@ def _direct(*tensors) -> bool:
             and not torch._C._is_torch_function_mode_enabled() and _get_current_dispatch_mode() is None)
 
 
-def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend):
+def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend, scale_block):
     """One eager cast call, with a launch plan (:attr:`~cute_mxfp8.ops.backends.Backend.plans`) for repeats.
 
     The first call of a key (op, shape, dtypes, flags, device, backend request) runs the full path (checks,
@@ -56,7 +56,7 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
     Everything a plan skips is fixed by the key, so results are the same bytes; only host time differs."""
     key = None
     if not torch.compiler.is_compiling() and offs is None and type(x) is Tensor and type(blocked) is bool:
-        key = (name, x.shape, x.dtype, x.device, scale_mode, elem_dtype, blocked, backend,
+        key = (name, x.shape, x.dtype, x.device, scale_mode, elem_dtype, blocked, backend, scale_block,
                os.environ.get(B.ENV_VAR))
         try:
             run = B.PLANS.get(key)
@@ -69,10 +69,11 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
             return run(x)
     _check_types(blocked, offs=offs, x=x)
     direct = _direct(x, offs)
-    out = (impl if direct else op)(x, scale_mode, elem_dtype, blocked, offs, backend or "")
+    out = (impl if direct else op)(x, scale_mode, elem_dtype, blocked, offs, backend or "", scale_block)
     if (key is not None and direct and key not in B.PLANS and x.is_contiguous() and x.layout == torch.strided
             and not torch._C._functorch.is_functorch_wrapped_tensor(x) and not x.data_ptr() % 16):
-        B.remember_plan(key, B.make_plan(name, x.device, backend, (x, scale_mode, elem_dtype, blocked, None)))
+        B.remember_plan(key, B.make_plan(name, x.device, backend,
+                                         (x, scale_mode, elem_dtype, blocked, None, scale_block)))
     return out
 
 
@@ -101,23 +102,29 @@ def _check_types(blocked, emit_hp=False, offs=None, **tensors) -> None:
 
 
 def quantize_rowwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
-                     blocked: bool = True, offs: Tensor | None = None, backend: str | None = None):
+                     blocked: bool = True, offs: Tensor | None = None, backend: str | None = None,
+                     scale_block: int = 32):
     """Rowwise ("dim0", 1x32) MXFP8 quantization: blocks along the last dim.
 
     Args:
         x: (M, K) activations or (E, N, K) expert weights, bf16/fp32, ``K % 32 == 0``.
         offs: token groups of a 2-D ``x`` (2d-3d GEMM operand): with ``blocked=True`` each group's scales start
             on a fresh 128-row tile (:func:`cute_mxfp8.formats.to_blocked_scales_grouped_m`).
+        scale_block: 32 (MXFP8, OCP MX v1.0) or 128, the Hopper fast mode's shared scales: every run of 4 blocks
+            along the scaled dim takes the largest of their 4 scales (:func:`cute_mxfp8.formats.quantize_mxfp8`);
+            same layouts, the 4 stored scales equal.  Here and in the other casts the kernels read the input twice
+            for it (an amax pass, then the cast).
     Returns:
         ``(data, scales)``: data of ``x``'s shape; scales plain (M, K/32) / (E, N, K/32), or blocked: 1-D
         ``blocked_scales_numel(M, K/32)`` (grouped: ``(M // 128 + G) * 128 * ceil4(K/32)``) / (E, numel).
     """
     return _cast("quantize_rowwise", L.quantize_rowwise_impl, L._quantize_rowwise, x, scale_mode, elem_dtype, blocked,
-                 offs, backend)
+                 offs, backend, scale_block)
 
 
 def quantize_colwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
-                     blocked: bool = True, offs: Tensor | None = None, backend: str | None = None):
+                     blocked: bool = True, offs: Tensor | None = None, backend: str | None = None,
+                     scale_block: int = 32):
     """Colwise ("dim1", 32x1) MXFP8 quantization: blocks along dim -2, data stored transposed.
 
     The result is the K-major operand of the transposed product (``xᵀ`` as the ``a`` or ``b`` of
@@ -127,6 +134,8 @@ def quantize_colwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
         x: (M, K) activations (bf16/fp32, any M) or (E, N, K) expert weights (``N % 32 == 0``).
         offs: token groups along M (2d-2d wgrad operand): blocks never cross a group end, a group's last partial
             block is quantized as if zero-padded (:func:`cute_mxfp8.formats.quantize_mxfp8_grouped_k`).
+        scale_block: 32 or 128 (as :func:`quantize_rowwise`; with ``offs`` the runs of 4 start at each group's
+            first token).
     Returns:
         ``(data_t, scales)``:
         * 2-D, no offs: data_t (K, Mp) with Mp = ceil(M/32)*32, columns >= M are zero (padding written by the
@@ -138,19 +147,22 @@ def quantize_colwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
         * 3-D (E, N, K): data_t (E, K, N); scales (E, K, N/32) or (E, blocked numel).
     """
     return _cast("quantize_colwise", L.quantize_colwise_impl, L._quantize_colwise, x, scale_mode, elem_dtype, blocked,
-                 offs, backend)
+                 offs, backend, scale_block)
 
 
 def quantize_dual(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
-                  blocked: bool = True, offs: Tensor | None = None, backend: str | None = None):
+                  blocked: bool = True, offs: Tensor | None = None, backend: str | None = None,
+                  scale_block: int = 32):
     """Rowwise and colwise quantization from one read of ``x``: ``(row_data, row_scales, col_data, col_scales)``,
-    each exactly as :func:`quantize_rowwise` and :func:`quantize_colwise` return them (``K % 32 == 0``)."""
+    each exactly as :func:`quantize_rowwise` and :func:`quantize_colwise` return them (``K % 32 == 0``;
+    ``scale_block`` as there)."""
     return _cast("quantize_dual", L.quantize_dual_impl, L._quantize_dual, x, scale_mode, elem_dtype, blocked,
-                 offs, backend)
+                 offs, backend, scale_block)
 
 
 def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
-                     blocked: bool = True, gate_up_tile: int = 0, backend: str | None = None):
+                     blocked: bool = True, gate_up_tile: int = 0, backend: str | None = None,
+                     scale_block: int = 32):
     """Quantize the gate (``w1``) and up (``w3``) projections straight into the fused W13 layout
     (:mod:`cute_mxfp8.swiglu`), with no high-precision copy of W13.
 
@@ -158,15 +170,17 @@ def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_
         w1, w3: (I, D) or (E, I, D), bf16/fp32, ``I % 32 == 0`` and ``D % 32 == 0``.
         gate_up_tile: 0 for the concatenated ``[w1; w3]`` layout; T (a multiple of 32 dividing I; the SM100
             fused epilogues use :data:`cute_mxfp8.swiglu.GATE_UP_TILE`) for runs of T gate then T up features.
+        scale_block: 32 or 128 (:func:`quantize_rowwise`); 128 needs ``I % 128 == 0`` and ``gate_up_tile`` 0 or
+            a multiple of 128, so that no 128-block of W13 along 2I mixes gate and up features (ValueError).
     Returns:
         ``(row, row_scales, col, col_scales)``: ``row`` (2I, D) / (E, 2I, D) blocked along D (GEMM1's ``b``);
         ``col`` (D, 2I) / (E, D, 2I) blocked along 2I (the w13 dgrad ``b``); scales as :func:`quantize_dual`.
     """
-    return L._quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend or "")
+    return L._quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend or "", scale_block)
 
 
 def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
-       bias: Tensor | None = None, backend: str | None = None) -> Tensor:
+       bias: Tensor | None = None, backend: str | None = None, scale_block: int = 32) -> Tensor:
     """MXFP8 GEMM ``out = a · bᵀ (+ bias)`` with fp32 accumulation.
 
     Args:
@@ -175,13 +189,18 @@ def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: t
         out_dtype: bf16 (default) or fp32.
         bias: optional (N,) bf16/fp32, added in fp32 to the fp32 accumulator before the one rounding to
             ``out_dtype`` (never rounded on its own first), as cuBLAS's bias epilogue does.
+        scale_block: 128 states that both operands were quantized with ``scale_block=128`` (their 4 scales of
+            every 128-run along K are equal): the ``sm90`` backend then runs the Hopper fast mode's GEMM (fp8
+            WGMMA, one promotion per 128 of K), which reads only the first scale of each run, so operands that
+            break the promise give wrong results there.  The result is the same exact product either way; other
+            backends ignore it.
     Returns: (M, N) in ``out_dtype``, contiguous.
     """
-    return L._mm(a, a_scales, b, b_scales, out_dtype, backend or "", bias)
+    return L._mm(a, a_scales, b, b_scales, out_dtype, backend or "", bias, scale_block)
 
 
 def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, *,
-               out_dtype: torch.dtype = torch.bfloat16, backend: str | None = None) -> Tensor:
+               out_dtype: torch.dtype = torch.bfloat16, backend: str | None = None, scale_block: int = 32) -> Tensor:
     """2d-3d grouped MXFP8 GEMM (MoE forward and dgrad): ``out[rows of group g] = a[rows of g] · b[g]ᵀ``.
 
     Args:
@@ -192,13 +211,15 @@ def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: T
     ``offs`` must be the offsets ``a`` was quantized with: the scales' layout depends on them, and other offsets
     with the same group count give wrong results that no check can see.  The reference backend validates the
     values (``ValueError``); the kernel backends read them only on the device (no sync) and stay in bounds.
+    ``scale_block``: the hint of :func:`mm` (no grouped kernel uses it yet: the result is the same either way).
     """
     _check_offs(offs, required=True)
-    return L._grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, backend or "")
+    return L._grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block)
 
 
 def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, *,
-                     out_dtype: torch.dtype = torch.float32, backend: str | None = None) -> Tensor:
+                     out_dtype: torch.dtype = torch.float32, backend: str | None = None,
+                     scale_block: int = 32) -> Tensor:
     """2d-2d grouped MXFP8 GEMM (MoE wgrad): ``out[g] = a[:, tokens of g] · b[:, tokens of g]ᵀ``.
 
     Args:
@@ -209,13 +230,15 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
     ``offs`` must be the offsets ``a`` and ``b`` were quantized with (their scale layout depends on them; other
     offsets with the same group count give wrong results no check can see).  The reference backend validates the
     values (``ValueError``); the kernel backends read them only on the device (no sync) and stay in bounds.
+    ``scale_block``: the hint of :func:`mm` (no grouped kernel uses it yet: the result is the same either way).
     """
     _check_offs(offs, required=True)
-    return L._grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, backend or "")
+    return L._grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block)
 
 
 def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3, blocked: bool = True,
-                 emit_hp: bool = False, offs: Tensor | None = None, backend: str | None = None):
+                 emit_hp: bool = False, offs: Tensor | None = None, backend: str | None = None,
+                 scale_block: int = 32):
     """Fused SwiGLU + dual MXFP8 quantization (forward): ``h = silu(g) · u`` in fp32 from ``h13 = [g | u]``.
 
     Args:
@@ -223,30 +246,32 @@ def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dt
         emit_hp: also return ``h`` in ``h13.dtype``; otherwise the last output is an empty (0,) tensor.
         offs: token groups (grouped experts): colwise blocks never cross a group end.  Unlike the quantize ops,
             rows at or past ``offs[-1]`` (padding tokens) are zero in every output, rowwise and ``h`` included.
+        scale_block: 32 or 128, h's casts as :func:`quantize_dual`.
     Returns:
         ``(h_row, h_row_scales, h_col, h_col_scales, h_hp)`` with the layouts of :func:`quantize_dual` for an
         (M, I) tensor.
     """
     _check_types(blocked, emit_hp, offs, h13=h13)
     op = L.swiglu_quant_impl if _direct(h13, offs) else L._swiglu_quant
-    return op(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "")
+    return op(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block)
 
 
 def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
                   blocked: bool = True, emit_hp: bool = False, offs: Tensor | None = None,
-                  backend: str | None = None):
+                  backend: str | None = None, scale_block: int = 32):
     """Fused SwiGLU backward + dual MXFP8 quantization: ``dg = dh·u·silu'(g)``, ``du = dh·silu(g)`` in fp32.
 
     Args:
         dh: (M, I) upstream gradient of ``h``; h13: (M, 2I) saved pre-activation ``[g | u]``.
         emit_hp: also return ``dh13 = [dg | du]`` in ``dh.dtype``; otherwise an empty (0,) tensor.
         offs: token groups, as for :func:`swiglu_quant` (rows at or past ``offs[-1]`` are zero in every output).
+        scale_block: 32 or 128, dh13's casts as :func:`quantize_dual` (128-blocks along 2I may hold dg and du).
     Returns:
         ``(dh13_row, row_scales, dh13_col, col_scales, dh13_hp)``, layouts of :func:`quantize_dual` for (M, 2I).
     """
     _check_types(blocked, emit_hp, offs, dh=dh, h13=h13)
     op = L.dswiglu_quant_impl if _direct(dh, h13, offs) else L._dswiglu_quant
-    return op(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "")
+    return op(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block)
 
 
 def _check_gate_up_tile(gate_up_tile) -> None:

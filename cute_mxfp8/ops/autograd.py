@@ -31,23 +31,25 @@ from ..formats import group_bounds
 from ..swiglu import GATE_UP_TILE, split_gate_up
 from . import api
 from .amp import autocast_input, autocast_off
-from .backends import fuses_mlp
+from .backends import fuses_mlp, resolve_backend
 from .shapes import mxfp8_dims_reason
 
 __all__ = ["mxfp8_linear", "mxfp8_grouped_mm", "mxfp8_swiglu_mlp"]
 
 
-def _gemm(a, a_s, b, b_s, offs, out_dtype, backend):
+def _gemm(a, a_s, b, b_s, offs, out_dtype, backend, scale_block):
+    kw = dict(out_dtype=out_dtype, backend=backend, scale_block=scale_block)
     if offs is None:
-        return api.mm(a, a_s, b, b_s, out_dtype=out_dtype, backend=backend)
-    return api.grouped_mm(a, a_s, b, b_s, offs, out_dtype=out_dtype, backend=backend)
+        return api.mm(a, a_s, b, b_s, **kw)
+    return api.grouped_mm(a, a_s, b, b_s, offs, **kw)
 
 
-def _wgrad(a_col, a_s, b_col, b_s, offs, backend):
+def _wgrad(a_col, a_s, b_col, b_s, offs, backend, scale_block):
     """fp32 ``aᵀ·b`` over the token dim from two colwise-quantized operands (dense or 2d-2d grouped)."""
+    kw = dict(out_dtype=torch.float32, backend=backend, scale_block=scale_block)
     if offs is None:
-        return api.mm(a_col, a_s, b_col, b_s, out_dtype=torch.float32, backend=backend)
-    return api.grouped_mm_wgrad(a_col, a_s, b_col, b_s, offs, out_dtype=torch.float32, backend=backend)
+        return api.mm(a_col, a_s, b_col, b_s, **kw)
+    return api.grouped_mm_wgrad(a_col, a_s, b_col, b_s, offs, **kw)
 
 
 def _hp_wgrad(a: Tensor, b: Tensor, offs: Tensor | None) -> Tensor:
@@ -97,19 +99,21 @@ def _rows(t: Tensor) -> Tensor:
     return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
 
 
-def _quant(x, dtype, scale_mode, backend, offs, need_col):
+def _quant(x, dtype, scale_mode, backend, offs, need_col, scale_block):
     """Rowwise (and, if ``need_col``, colwise) quantization: returns (row, row_s, col, col_s)."""
-    kw = dict(scale_mode=scale_mode, elem_dtype=dtype, offs=offs, backend=backend)
+    kw = dict(scale_mode=scale_mode, elem_dtype=dtype, offs=offs, backend=backend, scale_block=scale_block)
     if need_col:
         return api.quantize_dual(x, **kw)
     return (*api.quantize_rowwise(x, **kw), None, None)
 
 
-def _weight_forward(weight, operands, scale_mode, elem_dtype, backend):
+def _weight_forward(weight, operands, scale_mode, elem_dtype, backend, scale_block):
     """The weight's forward operand (rowwise) and, unless ``operands`` supplies them in backward, its colwise one:
-    ``(row, row_s, col, col_s)``, col None when ``operands`` is given."""
+    ``(row, row_s, col, col_s)``, col None when ``operands`` is given (always 32-blocks: the config refuses the
+    fast mode with the MXFP8 all-gather)."""
     if operands is None:
-        return api.quantize_dual(weight, scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend)
+        return api.quantize_dual(weight, scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend,
+                                 scale_block=scale_block)
     return (*operands.rowwise(), None, None)
 
 
@@ -121,15 +125,16 @@ def _weight_dgrad(operands, w_col, w_col_s):
 class _LinearFn(torch.autograd.Function):
     @staticmethod
     @_no_autocast
-    def forward(ctx, x, weight, bias, operands, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend):
+    def forward(ctx, x, weight, bias, operands, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend,
+                sb):
         x2 = _rows(x)
-        x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, None, not wgrad_with_hp)
-        w_row, w_row_s, w_col, w_col_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend)
+        x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, None, not wgrad_with_hp, sb)
+        w_row, w_row_s, w_col, w_col_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend, sb)
         # the bias joins the fp32 accumulator inside the GEMM op: one rounding to x.dtype, as F.linear
-        y = api.mm(x_row, x_row_s, w_row, w_row_s, out_dtype=x.dtype, bias=bias, backend=backend)
+        y = api.mm(x_row, x_row_s, w_row, w_row_s, out_dtype=x.dtype, bias=bias, backend=backend, scale_block=sb)
         ctx.save_for_backward(x2 if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s)
         ctx.operands = operands
-        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend)
+        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, sb)
         ctx.meta = (x.shape, x.dtype, weight.dtype, bias is not None and bias.dtype)
         return _output(y, (*x.shape[:-1], weight.shape[0]))
 
@@ -138,33 +143,36 @@ class _LinearFn(torch.autograd.Function):
     def backward(ctx, dy):
         _first_order_only("mxfp8_linear")
         x_saved, x_col_s, w_col, w_col_s = ctx.saved_tensors
-        scale_mode, gdt, hp, backend = ctx.cfg
+        scale_mode, gdt, hp, backend, sb = ctx.cfg
         x_shape, x_dtype, w_dtype, b_dtype = ctx.meta
         dy2 = _rows(dy)
         need_w = ctx.needs_input_grad[1]
-        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, None, need_w and not hp)
+        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, None, need_w and not hp, sb)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             w_col, w_col_s = _weight_dgrad(ctx.operands, w_col, w_col_s)
-            dx = api.mm(dy_row, dy_row_s, w_col, w_col_s, out_dtype=x_dtype, backend=backend).reshape(x_shape)
+            dx = api.mm(dy_row, dy_row_s, w_col, w_col_s, out_dtype=x_dtype, backend=backend,
+                        scale_block=sb).reshape(x_shape)
         if need_w:
-            dw = _hp_wgrad(dy2, x_saved, None) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s, None, backend)
+            dw = _hp_wgrad(dy2, x_saved, None) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s, None, backend,
+                                                                 sb)
             dw = dw.to(w_dtype)
         if b_dtype is not False and ctx.needs_input_grad[2]:
             db = dy2.float().contiguous().sum(0).to(b_dtype)  # one summation order whatever dy's layout
-        return dx, dw, db, None, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None, None
 
 
 class _GroupedMMFn(torch.autograd.Function):
     @staticmethod
     @_no_autocast
-    def forward(ctx, x, weight, offs, operands, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend):
-        x_row, x_row_s, x_col, x_col_s = _quant(x, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp)
-        w_row, w_row_s, w_col, w_col_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend)
-        y = api.grouped_mm(x_row, x_row_s, w_row, w_row_s, offs, out_dtype=x.dtype, backend=backend)
+    def forward(ctx, x, weight, offs, operands, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend,
+                sb):
+        x_row, x_row_s, x_col, x_col_s = _quant(x, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp, sb)
+        w_row, w_row_s, w_col, w_col_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend, sb)
+        y = _gemm(x_row, x_row_s, w_row, w_row_s, offs, x.dtype, backend, sb)
         ctx.save_for_backward(x if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s, offs)
         ctx.operands = operands
-        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend)
+        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, sb)
         ctx.meta = (x.dtype, weight.dtype)
         return y
 
@@ -173,42 +181,46 @@ class _GroupedMMFn(torch.autograd.Function):
     def backward(ctx, dy):
         _first_order_only("mxfp8_grouped_mm")
         x_saved, x_col_s, w_col, w_col_s, offs = ctx.saved_tensors
-        scale_mode, gdt, hp, backend = ctx.cfg
+        scale_mode, gdt, hp, backend, sb = ctx.cfg
         x_dtype, w_dtype = ctx.meta
         need_w = ctx.needs_input_grad[1]
-        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy, gdt, scale_mode, backend, offs, need_w and not hp)
+        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy, gdt, scale_mode, backend, offs, need_w and not hp, sb)
         dx = dw = None
         if ctx.needs_input_grad[0]:
             w_col, w_col_s = _weight_dgrad(ctx.operands, w_col, w_col_s)
-            dx = api.grouped_mm(dy_row, dy_row_s, w_col, w_col_s, offs, out_dtype=x_dtype, backend=backend)
+            dx = _gemm(dy_row, dy_row_s, w_col, w_col_s, offs, x_dtype, backend, sb)
         if need_w:
-            dw = _hp_wgrad(dy, x_saved, offs) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s, offs, backend)
+            dw = _hp_wgrad(dy, x_saved, offs) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s, offs, backend,
+                                                                sb)
             dw = dw.to(w_dtype)
-        return dx, dw, None, None, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None, None, None
 
 
 class _SwiGLUMLPFn(torch.autograd.Function):
     @staticmethod
     @_no_autocast
-    def forward(ctx, x, w1, w2, w3, offs, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, fused):
+    def forward(ctx, x, w1, w2, w3, offs, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, sb,
+                fused):
         x2 = _rows(x)
         qw = dict(scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend)
         tile = GATE_UP_TILE if fused else None  # the fused epilogues want W13 (and so h13, dh13) interleaved
-        x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp)
-        w13_row, w13_row_s, w13_col, w13_col_s = api.quantize_gate_up(w1, w3, gate_up_tile=tile or 0, **qw)
-        w2_row, w2_row_s, w2_col, w2_col_s = api.quantize_dual(w2, **qw)
-        if fused:  # GEMM1 with the SwiGLU + dual-quant epilogue
+        x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp, sb)
+        w13_row, w13_row_s, w13_col, w13_col_s = api.quantize_gate_up(w1, w3, gate_up_tile=tile or 0, scale_block=sb,
+                                                                      **qw)
+        w2_row, w2_row_s, w2_col, w2_col_s = api.quantize_dual(w2, scale_block=sb, **qw)
+        if fused:  # GEMM1 with the SwiGLU + dual-quant epilogue (32-blocks only: fused is off when sb is 128)
             h13, h_row, h_row_s, h_col, h_col_s, h_hp = api.mm_swiglu_quant(
                 x_row, x_row_s, w13_row, w13_row_s, gate_up_tile=tile, emit_hp=wgrad_with_hp, out_dtype=x.dtype,
                 offs=offs, **qw)
         else:  # GEMM1 -> fp32 accumulator; h13 is saved in the activation dtype, h comes from the accumulator
-            acc = _gemm(x_row, x_row_s, w13_row, w13_row_s, offs, torch.float32, backend)
+            acc = _gemm(x_row, x_row_s, w13_row, w13_row_s, offs, torch.float32, backend, sb)
             h13 = acc.to(x.dtype)
-            h_row, h_row_s, h_col, h_col_s, h_hp = api.swiglu_quant(acc, emit_hp=wgrad_with_hp, offs=offs, **qw)
-        y = _gemm(h_row, h_row_s, w2_row, w2_row_s, offs, x.dtype, backend)
+            h_row, h_row_s, h_col, h_col_s, h_hp = api.swiglu_quant(acc, emit_hp=wgrad_with_hp, offs=offs,
+                                                                    scale_block=sb, **qw)
+        y = _gemm(h_row, h_row_s, w2_row, w2_row_s, offs, x.dtype, backend, sb)
         ctx.save_for_backward(x2 if wgrad_with_hp else x_col, x_col_s, h13, h_hp if wgrad_with_hp else h_col,
                               h_col_s, w13_col, w13_col_s, w2_col, w2_col_s, offs)
-        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, tile)
+        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, tile, sb)
         ctx.meta = (x.shape, x.dtype, w1.dtype, w2.dtype)
         return _output(y, x.shape)
 
@@ -217,45 +229,60 @@ class _SwiGLUMLPFn(torch.autograd.Function):
     def backward(ctx, dy):
         _first_order_only("mxfp8_swiglu_mlp")
         x_saved, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s, w2_col, w2_col_s, offs = ctx.saved_tensors
-        scale_mode, gdt, hp, backend, tile = ctx.cfg
+        scale_mode, gdt, hp, backend, tile, sb = ctx.cfg
         x_shape, x_dtype, w13_dtype, w2_dtype = ctx.meta
         dy2 = _rows(dy)
         need_w = any(ctx.needs_input_grad[1:4])
-        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, offs, need_w and not hp)
+        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, offs, need_w and not hp, sb)
         qg = dict(scale_mode=scale_mode, elem_dtype=gdt, emit_hp=hp, backend=backend)
         if tile:  # w2 dgrad with the dSwiGLU + dual-quant epilogue
             dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.mm_dswiglu_quant(
                 dy_row, dy_row_s, w2_col, w2_col_s, h13, gate_up_tile=tile, offs=offs, **qg)
         else:
-            dh = _gemm(dy_row, dy_row_s, w2_col, w2_col_s, offs, torch.float32, backend)  # w2 dgrad, (M, I)
+            dh = _gemm(dy_row, dy_row_s, w2_col, w2_col_s, offs, torch.float32, backend, sb)  # w2 dgrad, (M, I)
             # the fused kernels take dh and h13 of one dtype: h13 in fp32 (exact), else the sm90 / sm100 backend
             # would pass this op to the reference
             dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.dswiglu_quant(dh, h13.float(), offs=offs,
-                                                                                    **qg)
+                                                                                    scale_block=sb, **qg)
         dx = dw1 = dw2 = dw3 = None
         if ctx.needs_input_grad[0]:
-            dx = _gemm(dh13_row, dh13_row_s, w13_col, w13_col_s, offs, x_dtype, backend).reshape(x_shape)
+            dx = _gemm(dh13_row, dh13_row_s, w13_col, w13_col_s, offs, x_dtype, backend, sb).reshape(x_shape)
         if need_w:
             if hp:
                 dw2 = _hp_wgrad(dy2, h_saved, offs)
                 dw13 = _hp_wgrad(dh13_hp, x_saved, offs)
             else:
-                dw2 = _wgrad(dy_col, dy_col_s, h_saved, h_col_s, offs, backend)
-                dw13 = _wgrad(dh13_col, dh13_col_s, x_saved, x_col_s, offs, backend)
+                dw2 = _wgrad(dy_col, dy_col_s, h_saved, h_col_s, offs, backend, sb)
+                dw13 = _wgrad(dh13_col, dh13_col_s, x_saved, x_col_s, offs, backend, sb)
             dw1, dw3 = (t.to(w13_dtype) for t in split_gate_up(dw13, dim=-2, tile=tile))
             dw2 = dw2.to(w2_dtype)
-        return dx, dw1, dw2, dw3, None, None, None, None, None, None, None
+        return dx, dw1, dw2, dw3, None, None, None, None, None, None, None, None
 
 
-def _cfg_args(config):
+def _cfg_args(config, device):
     c = resolve_config(config)
-    return c.scale_mode, c.elem_dtype, c.grad_elem_dtype, c.wgrad_with_hp, c.backend
+    return c.scale_mode, c.elem_dtype, c.grad_elem_dtype, c.wgrad_with_hp, c.backend, scale_block(c, device)
+
+
+def scale_block(config, device) -> int:
+    """The block of the GEMM operands' shared scales for layers on ``device``: 128 with
+    ``MXFP8Config(hopper_block_k=128)`` unless the ``sm100`` backend runs the GEMMs there (the tcgen05 MMA applies
+    every MX scale, so Blackwell keeps plain MXFP8), else 32."""
+    c = resolve_config(config)
+    if c.hopper_block_k == 32:
+        return 32
+    return 32 if resolve_backend(device, c.backend, "mm") == "sm100" else 128
 
 
 def fused_epilogues_enabled(config, device, i: int, grouped: bool) -> bool:
     """Whether :func:`mxfp8_swiglu_mlp` with hidden size ``i`` on ``device`` runs with the GEMM-fused epilogues
     (:attr:`MXFP8Config.fused_epilogues`).  Raises ValueError where ``fused_epilogues=True`` cannot hold."""
     c = resolve_config(config)
+    if scale_block(c, device) == 128:  # the fused epilogues cast h / dh13 in 32-blocks
+        if c.fused_epilogues:
+            raise ValueError("fused_epilogues=True does not combine with hopper_block_k=128 on this backend yet: "
+                             "the GEMM-fused epilogues emit 32-element blocks; pass fused_epilogues=None or False")
+        return False
     if c.fused_epilogues is None:
         return i % GATE_UP_TILE == 0 and fuses_mlp(device, c.backend, grouped)
     if c.fused_epilogues and i % GATE_UP_TILE:
@@ -309,7 +336,7 @@ def mxfp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, config=N
     _check_dims32(**{"in_features K": k, "out_features N": n})
     if bias is not None:
         _check_weight("bias", bias, (n,))
-    return _LinearFn.apply(autocast_input(x), weight, bias, weight_operands, *_cfg_args(config))
+    return _LinearFn.apply(autocast_input(x), weight, bias, weight_operands, *_cfg_args(config, x.device))
 
 
 def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None, *, weight_operands=None) -> Tensor:
@@ -331,7 +358,7 @@ def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None, *, we
     _check_weight("weight", weight, tuple(weight.shape))
     _check_input(x, weight.shape[2], rank2=True)
     _check_dims32(K=weight.shape[2], N=weight.shape[1])
-    return _GroupedMMFn.apply(autocast_input(x), weight, offs, weight_operands, *_cfg_args(config))
+    return _GroupedMMFn.apply(autocast_input(x), weight, offs, weight_operands, *_cfg_args(config, x.device))
 
 
 def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor | None = None,
@@ -357,5 +384,9 @@ def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor
     _check_weight("w2", w2, (*e, d, i))
     _check_input(x, d, rank2=grouped)
     _check_dims32(D=d, I=i)
-    return _SwiGLUMLPFn.apply(autocast_input(x), w1, w2, w3, offs, *_cfg_args(config),
+    if i % 128 and scale_block(config, x.device) == 128:
+        raise ValueError(f"hopper_block_k=128 needs I % 128 == 0 (W13's 128-blocks along 2I must not mix gate and up "
+                         f"features), got I = {i}: pad w1 and w3 EACH (and w2's columns) to a multiple of 128, or "
+                         f"use hopper_block_k=32")
+    return _SwiGLUMLPFn.apply(autocast_input(x), w1, w2, w3, offs, *_cfg_args(config, x.device),
                               fused_epilogues_enabled(config, x.device, i, grouped))

@@ -71,7 +71,7 @@ def _unavailable(name: str):
     return reason
 
 
-def _limits(x, scale_mode, elem_dtype, blocked, offs=None):
+def _limits(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
     if not x.is_contiguous() or x.data_ptr() % 16:
         return "x must be contiguous with a 16-byte aligned data pointer (call .contiguous())"
     if x.shape[-1] % 32:
@@ -152,58 +152,91 @@ def _tile_starts(offs):
     return derived(offs, "tile_starts", lambda: F.group_tile_starts(offs))
 
 
+@functools.lru_cache(maxsize=None)
+def _no_amax(device: torch.device) -> tuple:
+    """The tile kernels' (amax_rows, amax_cols) arguments of a ``scale_block=32`` build (read by no thread)."""
+    none = torch.zeros(1, 1, 1, dtype=torch.int32, device=device)
+    return none, none
+
+
+def _amax_buffers(device: torch.device, shape: tuple, offs, width: int | None = None) -> tuple:
+    """Zeroed int32 (amax_rows, amax_cols) of a ``scale_block=128`` tile cast of a tensor of ``shape`` (output width
+    ``width`` when a SwiGLU prologue changes it): (E, M, ceil(K/128)) and (E, ceil(row blocks / 4), K), row blocks
+    the kernel's (virtual, with token groups) 32-row blocks."""
+    *lead, m, k = shape
+    k = shape[-1] if width is None else width
+    e = lead[0] if lead else 1
+    blocks = 4 * (m // 128 + offs.numel()) if offs is not None else -(-m // 32)
+    return (torch.zeros(e, m, -(-k // 128), dtype=torch.int32, device=device),
+            torch.zeros(e, -(-blocks // 4), k, dtype=torch.int32, device=device))
+
+
 def _e8m0(*ts):
     return tuple(t.view(torch.float8_e8m0fnu) if t.dtype == torch.uint8 else t for t in ts)
 
 
 def _ops(arch: str) -> dict:
-    def kernel(direction, x, scale_mode, elem_dtype, blocked, grouped=False, batched=False):
+    def kernel(direction, x, scale_mode, elem_dtype, blocked, grouped=False, batched=False, scale_block=32,
+               phase="cast"):
         return compile_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False,
-                             grouped, batched)
+                             grouped, batched, scale_block, phase)
 
-    def tile(direction, x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs=None):
-        """Launch the tile kernel (colwise / dual / 3-D rowwise); unused output slots take placeholders."""
+    def tile(direction, x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs=None, scale_block=32):
+        """Launch the tile kernel (colwise / dual / 3-D rowwise; every cast with ``scale_block=128``: its amax
+        pass, then its cast pass); unused output slots take placeholders."""
         three_d = x.dim() == 3
         unused = _unused_outputs(x.device, elem_dtype, blocked)
         q, s, qt, st = (_batch(t, three_d) if t is not None else unused[i % 2] for i, t in enumerate((q, s, qt, st)))
-        kernel(direction, x, scale_mode, elem_dtype, blocked, offs is not None, three_d and direction == "rowwise")(
-            _batch(x, three_d), q, s, qt, st, *_group_args(x.device, offs))
+        args = (_batch(x, three_d), q, s, qt, st, *_group_args(x.device, offs))
+        flags = (offs is not None, three_d and direction == "rowwise")
+        if scale_block == 32:
+            kernel(direction, x, scale_mode, elem_dtype, blocked, *flags)(*args, *_no_amax(x.device))
+            return
+        amax = _amax_buffers(x.device, x.shape, offs)
+        for phase in ("amax", "apply"):
+            kernel(direction, x, scale_mode, elem_dtype, blocked, *flags, 128, phase)(*args, *amax)
 
-    def rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked):
+    def rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked, scale_block=32):
         """Rows at or past offs[-1] belong to no group: their rowwise data (and plain scales) still exist."""
         if end < x.shape[0]:
             tail_s = s[end:] if not blocked else torch.empty(x.shape[0] - end, x.shape[1] // 32,
                                                               dtype=torch.uint8, device=x.device)
-            kernel("rowwise", x, scale_mode, elem_dtype, False)(x[end:], q[end:], tail_s)
+            if scale_block == 32:
+                kernel("rowwise", x, scale_mode, elem_dtype, False)(x[end:], q[end:], tail_s)
+            else:
+                tile("rowwise", x[end:], scale_mode, elem_dtype, False, q[end:], tail_s, None, None, None, 128)
 
-    def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None):
+    def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
         grouped = offs is not None and blocked  # plain rowwise scales do not depend on the groups
         if offs is not None:
             end = F.validate_offsets(offs, x.shape[0])  # validated either way
         q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, offs.shape[0] if grouped else None)
         if x.numel() == 0:
             return _e8m0(q, s)
-        if x.dim() == 3:
-            tile("rowwise", x, scale_mode, elem_dtype, blocked, q, s, None, None)
+        if x.dim() == 3 or (scale_block == 128 and not grouped):
+            tile("rowwise", x, scale_mode, elem_dtype, blocked, q, s, None, None, None, scale_block)
         elif grouped:
             if end > 0:
-                kernel("rowwise", x, scale_mode, elem_dtype, True, True)(x, q, s, offs, _tile_starts(offs))
-            rows_past_groups(x, scale_mode, elem_dtype, q, s, end, True)
+                if scale_block == 32:
+                    kernel("rowwise", x, scale_mode, elem_dtype, True, True)(x, q, s, offs, _tile_starts(offs))
+                else:
+                    tile("rowwise", x, scale_mode, elem_dtype, True, q, s, None, None, offs, 128)
+            rows_past_groups(x, scale_mode, elem_dtype, q, s, end, True, scale_block)
         else:
             kernel("rowwise", x, scale_mode, elem_dtype, blocked)(x, q, s)
         return _e8m0(q, s)
 
-    def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None):
+    def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
         if offs is not None:
             end = F.validate_offsets(offs, x.shape[0])
         qt, st = _outputs(colwise_shapes, x, elem_dtype, blocked, None if offs is None else offs.shape[0])
         if offs is not None:
             qt[:, end:] = 0  # rows past offs[-1] belong to no group
         if x.numel() > 0 and (offs is None or end > 0):
-            tile("colwise", x, scale_mode, elem_dtype, blocked, None, None, qt, st, offs)
+            tile("colwise", x, scale_mode, elem_dtype, blocked, None, None, qt, st, offs, scale_block)
         return _e8m0(qt, st)
 
-    def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None):
+    def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
         g = None if offs is None else offs.shape[0]
         if offs is not None:
             end = F.validate_offsets(offs, x.shape[0])
@@ -212,17 +245,17 @@ def _ops(arch: str) -> dict:
         if x.numel() == 0:
             return _e8m0(q, s, qt, st)
         if offs is None:
-            tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st)
+            tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, None, scale_block)
             return _e8m0(q, s, qt, st)
         qt[:, end:] = 0
         if end > 0:
-            tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs)
-        rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked)
+            tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs, scale_block)
+        rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked, scale_block)
         return _e8m0(q, s, qt, st)
 
-    def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0):
+    def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32):
         """Each projection through the dual-cast kernel (plain scales), then packed (and blocked) as W13."""
-        casts = [quantize_dual(w, scale_mode, elem_dtype, False) for w in (w1, w3)]
+        casts = [quantize_dual(w, scale_mode, elem_dtype, False, None, scale_block) for w in (w1, w3)]
         return pack_gate_up_casts(*casts, blocked, gate_up_tile or None)
 
     return {"quantize_rowwise": quantize_rowwise, "quantize_colwise": quantize_colwise,
@@ -234,8 +267,8 @@ def _plans(arch: str) -> dict:
     output allocation, fixed once per (shape, dtypes, flags); the op's checks already passed for that key."""
     e8m0 = torch.float8_e8m0fnu
 
-    def rowwise(x, scale_mode, elem_dtype, blocked, offs=None):
-        if offs is not None or x.dim() != 2 or x.numel() == 0:
+    def rowwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
+        if offs is not None or x.dim() != 2 or x.numel() == 0 or scale_block != 32:
             return None
         fn = compile_quant("rowwise", _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False,
                            False)
@@ -249,15 +282,15 @@ def _plans(arch: str) -> dict:
         return run
 
     def tiled(direction, shapes):
-        def plan(x, scale_mode, elem_dtype, blocked, offs=None):
-            if offs is not None or x.dim() != 2 or x.numel() == 0:
+        def plan(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
+            if offs is not None or x.dim() != 2 or x.numel() == 0 or scale_block != 32:
                 return None
             fn = compile_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False,
                                False)
             dev = x.device
             specs = [_output_spec(sh, tuple(x.shape), blocked) for sh in shapes]
             unused = _unused_outputs(dev, elem_dtype, blocked)
-            group_args = _group_args(dev, None)
+            group_args = (*_group_args(dev, None), *_no_amax(dev))
 
             def run(x):
                 outs = []
@@ -276,6 +309,8 @@ def _plans(arch: str) -> dict:
 
 def _swiglu_limits(first, *rest):
     """Limits of the fused SwiGLU kernels (``first`` is h13 forward, dh backward)."""
+    if rest and type(rest[-1]) is int:  # the trailing scale_block: any is taken
+        rest = rest[:-1]
     tensors = [first] + [t for t in rest[:1] if isinstance(t, torch.Tensor)]
     if len({t.dtype for t in tensors}) > 1:
         return "dh and h13 must share a dtype for the fused kernel"
@@ -301,7 +336,7 @@ def _swiglu_ops(arch: str) -> dict:
     """``swiglu_quant`` / ``dswiglu_quant`` on the fused kernel (:class:`SwiGLUQuantKernel`), same signature and
     outputs as the reference implementations (inputs already checked by the op)."""
 
-    def run(direction, inputs, width, scale_mode, elem_dtype, blocked, emit_hp, offs):
+    def run(direction, inputs, width, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block):
         x = inputs[0]
         m, dev = x.shape[0], x.device
         g = None if offs is None else offs.shape[0]
@@ -319,23 +354,26 @@ def _swiglu_ops(arch: str) -> dict:
             if emit_hp:
                 hp[end:] = 0
         if m > 0 and end > 0 and width > 0:  # I == 0: nothing to compute (and no grid to launch)
-            fn = compile_swiglu_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False,
-                                      offs is not None, emit_hp)
             hp_arg = hp.unsqueeze(0) if emit_hp else _placeholder(dev, x.dtype, (1, 32, 32))
-            fn(*(t.unsqueeze(0) for t in inputs), q.unsqueeze(0), _batch(s, False), qt.unsqueeze(0),
-               _batch(st, False), hp_arg, *_group_args(dev, offs))
+            args = (*(t.unsqueeze(0) for t in inputs), q.unsqueeze(0), _batch(s, False), qt.unsqueeze(0),
+                    _batch(st, False), hp_arg, *_group_args(dev, offs))
+            phases = [("cast", _no_amax(dev))] if scale_block == 32 else \
+                [(p, amax) for amax in [_amax_buffers(dev, (m, width), offs)] for p in ("amax", "apply")]
+            for phase, amax in phases:
+                compile_swiglu_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False,
+                                     offs is not None, emit_hp, scale_block, phase)(*args, *amax)
         return (*_e8m0(q, s, qt, st), hp)
 
-    def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None):
-        return run("fwd", (h13,), h13.shape[1] // 2, scale_mode, elem_dtype, blocked, emit_hp, offs)
+    def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32):
+        return run("fwd", (h13,), h13.shape[1] // 2, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block)
 
-    def dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None):
-        return run("bwd", (dh, h13), h13.shape[1], scale_mode, elem_dtype, blocked, emit_hp, offs)
+    def dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32):
+        return run("bwd", (dh, h13), h13.shape[1], scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block)
 
     return {"swiglu_quant": swiglu_quant, "dswiglu_quant": dswiglu_quant}
 
 
-def _gate_up_limits(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0):
+def _gate_up_limits(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32):
     return _limits(w1, scale_mode, elem_dtype, False) or _limits(w3, scale_mode, elem_dtype, False)
 
 

@@ -31,6 +31,7 @@ from .token_layout import run_wgrad, wgrad_limits
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 MAINLOOP = "dequant"
+FAST_N_TILE = 192  # the fast mode's output tile N (128 x 192, two warpgroups in pingpong; measured fastest)
 _TILE_M = 256  # MXGemmSm90Dequant.TILE_M: the 2d-3d schedule counts each group's M tiles of this many rows
 _MAX_GRID = 65535  # CUDA's grid y / z limit (N tiles; 2d-2d groups)
 ALIGN = 16  # the 2d-2d kernel's token alignment of group starts (TMA; it masks past a group's end itself)
@@ -47,17 +48,22 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _device(a: torch.Tensor) -> torch.device:
+    return a.device if a.device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
 def _persistent(a: torch.Tensor) -> dict:
-    """The compile argument of the persistent plain-epilogue kernels: one CTA per SM of ``a``'s GPU (the promote
-    mainloop is not persistent)."""
-    if MAINLOOP == "promote":
-        return {}
-    dev = a.device if a.device.index is not None else torch.device("cuda", torch.cuda.current_device())
-    return {"max_ctas": _sm_count(dev)}
+    """The compile argument of the persistent plain-epilogue kernels: one CTA per SM of ``a``'s GPU."""
+    return {"max_ctas": _sm_count(_device(a))}
 
 
-def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
+def mm(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32):
     def run(d):
+        if scale_block == 128:  # the fast mode: fp8 WGMMA, one promotion per 128 of K
+            fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[d.dtype], "promote", block_k=128,
+                                   n_tile=FAST_N_TILE, max_ctas=_sm_count(_device(a)))
+            fn(a, b, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d)
+            return
         fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[d.dtype], MAINLOOP, **_persistent(a))
         if MAINLOOP == "promote":
             fn(a, b, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d)
@@ -67,7 +73,7 @@ def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
     return mm_with_bias(run, a, b, out_dtype, bias)
 
 
-def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
+def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
     """2d-3d: ``out[rows of group g] = a[rows of g] · b[g]ᵀ``; rows at or past ``offs[-1]`` are zero."""
     kernel = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="m",
                                **_persistent(a))
@@ -79,7 +85,7 @@ def _schedule_m(offs, t):
     return schedule_m(offs, t, _TILE_M)
 
 
-def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
+def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
     """2d-2d: ``out[g] = a[:, tokens of g] · b[:, tokens of g]ᵀ`` (G, N, K); an empty group's slice is zero.
 
     The token-major operands are first gathered so that every group starts on a 16-aligned column
@@ -120,7 +126,7 @@ def _fused_kernel(a, b, out_dtype, epilogue, elem_dtype, scale_mode, emit_hp, gr
                              scale_mode=scale_mode, emit_hp=emit_hp)
 
 
-def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None):
+def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32):
     from ..kernels.gemm_sm90 import MXGemmSm90
 
     why = operand_limits(a, a_scales, b, b_scales)
@@ -131,7 +137,7 @@ def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None):
     return why
 
 
-def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype):
+def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
     why = offs_limits(offs) or operand_limits(a, a_scales, b, b_scales)
     t, n = a.shape[0], b.shape[1]
     if why is None and t * n > MAX_ELEMENTS:
@@ -141,7 +147,7 @@ def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype):
     return why
 
 
-def _grouped_mm_wgrad_limits(a, a_scales, b, b_scales, offs, out_dtype):
+def _grouped_mm_wgrad_limits(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
     why = wgrad_limits(a, a_scales, b, b_scales, offs, ALIGN)
     g, k = offs.shape[0], b.shape[0]
     if why is None and (g > _MAX_GRID or (k + 127) // 128 > _MAX_GRID):

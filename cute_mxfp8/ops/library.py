@@ -69,46 +69,46 @@ def _hp_shape(emit_hp: bool, shape):
 # ---- quantize -------------------------------------------------------------------------------------------
 
 def quantize_rowwise_impl(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
-                          offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
-    S.check_quant_args(scale_mode, elem_dtype)
+                          offs: Optional[Tensor], backend: str, scale_block: int = 32) -> tuple[Tensor, Tensor]:
+    S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_quantize_input(x, offs, colwise=False, rowwise=True)
-    return _call("quantize_rowwise", x.device, backend, x, scale_mode, elem_dtype, blocked, offs)
+    return _call("quantize_rowwise", x.device, backend, x, scale_mode, elem_dtype, blocked, offs, scale_block)
 
 
 _quantize_rowwise = torch.library.custom_op(f"{_NS}::quantize_rowwise", quantize_rowwise_impl, mutates_args=())
 
 
 @_quantize_rowwise.register_fake
-def _(x, scale_mode, elem_dtype, blocked, offs, backend):
-    S.check_quant_args(scale_mode, elem_dtype)
+def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32):
+    S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_quantize_input(x, offs, colwise=False, rowwise=True)
     d, s = S.rowwise_shapes(tuple(x.shape), blocked, _num_groups(offs))
     return _empty(x, d, elem_dtype), _empty(x, s, _E8M0)
 
 
 def quantize_colwise_impl(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
-                          offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor]:
-    S.check_quant_args(scale_mode, elem_dtype)
+                          offs: Optional[Tensor], backend: str, scale_block: int = 32) -> tuple[Tensor, Tensor]:
+    S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_quantize_input(x, offs, colwise=True, rowwise=False)
-    return _call("quantize_colwise", x.device, backend, x, scale_mode, elem_dtype, blocked, offs)
+    return _call("quantize_colwise", x.device, backend, x, scale_mode, elem_dtype, blocked, offs, scale_block)
 
 
 _quantize_colwise = torch.library.custom_op(f"{_NS}::quantize_colwise", quantize_colwise_impl, mutates_args=())
 
 
 @_quantize_colwise.register_fake
-def _(x, scale_mode, elem_dtype, blocked, offs, backend):
-    S.check_quant_args(scale_mode, elem_dtype)
+def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32):
+    S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_quantize_input(x, offs, colwise=True, rowwise=False)
     d, s = S.colwise_shapes(tuple(x.shape), blocked, _num_groups(offs))
     return _empty(x, d, elem_dtype), _empty(x, s, _E8M0)
 
 
 def quantize_dual_impl(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
-                       offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    S.check_quant_args(scale_mode, elem_dtype)
+                       offs: Optional[Tensor], backend: str, scale_block: int = 32) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_quantize_input(x, offs, colwise=True, rowwise=True)
-    return _call("quantize_dual", x.device, backend, x, scale_mode, elem_dtype, blocked, offs)
+    return _call("quantize_dual", x.device, backend, x, scale_mode, elem_dtype, blocked, offs, scale_block)
 
 
 _quantize_dual = torch.library.custom_op(f"{_NS}::quantize_dual", quantize_dual_impl, mutates_args=())
@@ -122,13 +122,13 @@ def _dual_fake(x_shape, like, elem_dtype, blocked, g):
 
 
 @_quantize_dual.register_fake
-def _(x, scale_mode, elem_dtype, blocked, offs, backend):
-    S.check_quant_args(scale_mode, elem_dtype)
+def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32):
+    S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_quantize_input(x, offs, colwise=True, rowwise=True)
     return _dual_fake(tuple(x.shape), x, elem_dtype, blocked, _num_groups(offs))
 
 
-def _check_gate_up(w1: Tensor, w3: Tensor, gate_up_tile: int = 0) -> tuple:
+def _check_gate_up(w1: Tensor, w3: Tensor, gate_up_tile: int = 0, scale_block: int = 32) -> tuple:
     S.check_hp("w1", w1, ranks=(2, 3))
     S.check_hp("w3", w3, ranks=(2, 3))
     if w1.shape != w3.shape or w1.dtype != w3.dtype:
@@ -142,6 +142,11 @@ def _check_gate_up(w1: Tensor, w3: Tensor, gate_up_tile: int = 0) -> tuple:
     if gate_up_tile and (gate_up_tile % 32 or w1.shape[-2] % gate_up_tile):
         raise ValueError(f"gate_up_tile = {gate_up_tile} must be a multiple of 32 dividing I = {w1.shape[-2]} "
                          f"(pad w1/w3 to a multiple of {gate_up_tile} rows, or pass gate_up_tile=0)")
+    if scale_block == 128 and (w1.shape[-2] % 128 or gate_up_tile % 128):
+        # W13's colwise 128-blocks run along 2I: each must hold features of one projection only
+        raise ValueError(f"scale_block=128 needs I % 128 == 0 and gate_up_tile 0 or a multiple of 128 (a 128-block "
+                         f"of W13 along 2I must not mix gate and up features), got I = {w1.shape[-2]}, gate_up_tile "
+                         f"= {gate_up_tile}; pad I or use scale_block=32")
     packed = list(w1.shape)
     packed[-2] *= 2
     return tuple(packed)
@@ -149,71 +154,80 @@ def _check_gate_up(w1: Tensor, w3: Tensor, gate_up_tile: int = 0) -> tuple:
 
 @torch.library.custom_op(f"{_NS}::quantize_gate_up", mutates_args=())
 def _quantize_gate_up(w1: Tensor, w3: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
-                      gate_up_tile: int, backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    S.check_quant_args(scale_mode, elem_dtype)
-    _check_gate_up(w1, w3, gate_up_tile)
-    return _call("quantize_gate_up", w1.device, backend, w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile)
+                      gate_up_tile: int, backend: str, scale_block: int = 32) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    S.check_quant_args(scale_mode, elem_dtype, scale_block)
+    _check_gate_up(w1, w3, gate_up_tile, scale_block)
+    return _call("quantize_gate_up", w1.device, backend, w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile,
+                 scale_block)
 
 
 @_quantize_gate_up.register_fake
-def _(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend):
-    S.check_quant_args(scale_mode, elem_dtype)
-    return _dual_fake(_check_gate_up(w1, w3, gate_up_tile), w1, elem_dtype, blocked, None)
+def _(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend, scale_block=32):
+    S.check_quant_args(scale_mode, elem_dtype, scale_block)
+    return _dual_fake(_check_gate_up(w1, w3, gate_up_tile, scale_block), w1, elem_dtype, blocked, None)
 
 
 # ---- GEMMs ----------------------------------------------------------------------------------------------
 
 @torch.library.custom_op(f"{_NS}::mm", mutates_args=())
 def _mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, out_dtype: torch.dtype, backend: str,
-        bias: Optional[Tensor] = None) -> Tensor:
+        bias: Optional[Tensor] = None, scale_block: int = 32) -> Tensor:
     S.check_mm(a, a_scales, b, b_scales, out_dtype, bias)
-    return _call("mm", a.device, backend, a, a_scales, b, b_scales, out_dtype, bias)
+    S.check_scale_block(scale_block)
+    return _call("mm", a.device, backend, a, a_scales, b, b_scales, out_dtype, bias, scale_block)
 
 
 @_mm.register_fake
-def _(a, a_scales, b, b_scales, out_dtype, backend, bias=None):
+def _(a, a_scales, b, b_scales, out_dtype, backend, bias=None, scale_block=32):
+    S.check_scale_block(scale_block)
     return _empty(a, S.check_mm(a, a_scales, b, b_scales, out_dtype, bias), out_dtype)
 
 
 @torch.library.custom_op(f"{_NS}::grouped_mm", mutates_args=())
 def _grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, out_dtype: torch.dtype,
-                backend: str) -> Tensor:
+                backend: str, scale_block: int = 32) -> Tensor:
     S.check_grouped_mm(a, a_scales, b, b_scales, offs, out_dtype)
-    return _call("grouped_mm", a.device, backend, a, a_scales, b, b_scales, offs, out_dtype)
+    S.check_scale_block(scale_block)
+    return _call("grouped_mm", a.device, backend, a, a_scales, b, b_scales, offs, out_dtype, scale_block)
 
 
 @_grouped_mm.register_fake
-def _(a, a_scales, b, b_scales, offs, out_dtype, backend):
+def _(a, a_scales, b, b_scales, offs, out_dtype, backend, scale_block=32):
+    S.check_scale_block(scale_block)
     return _empty(a, S.check_grouped_mm(a, a_scales, b, b_scales, offs, out_dtype), out_dtype)
 
 
 @torch.library.custom_op(f"{_NS}::grouped_mm_wgrad", mutates_args=())
 def _grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor,
-                      out_dtype: torch.dtype, backend: str) -> Tensor:
+                      out_dtype: torch.dtype, backend: str, scale_block: int = 32) -> Tensor:
     S.check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype)
-    return _call("grouped_mm_wgrad", a.device, backend, a, a_scales, b, b_scales, offs, out_dtype)
+    S.check_scale_block(scale_block)
+    return _call("grouped_mm_wgrad", a.device, backend, a, a_scales, b, b_scales, offs, out_dtype, scale_block)
 
 
 @_grouped_mm_wgrad.register_fake
-def _(a, a_scales, b, b_scales, offs, out_dtype, backend):
+def _(a, a_scales, b, b_scales, offs, out_dtype, backend, scale_block=32):
+    S.check_scale_block(scale_block)
     return _empty(a, S.check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype), out_dtype)
 
 
 # ---- SwiGLU + dual quantization -------------------------------------------------------------------------
 
 def swiglu_quant_impl(h13: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool, emit_hp: bool,
-                      offs: Optional[Tensor], backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    S.check_quant_args(scale_mode, elem_dtype)
+                      offs: Optional[Tensor], backend: str,
+                      scale_block: int = 32) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_swiglu(h13, offs)
-    return _call("swiglu_quant", h13.device, backend, h13, scale_mode, elem_dtype, blocked, emit_hp, offs)
+    return _call("swiglu_quant", h13.device, backend, h13, scale_mode, elem_dtype, blocked, emit_hp, offs,
+                 scale_block)
 
 
 _swiglu_quant = torch.library.custom_op(f"{_NS}::swiglu_quant", swiglu_quant_impl, mutates_args=())
 
 
 @_swiglu_quant.register_fake
-def _(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend):
-    S.check_quant_args(scale_mode, elem_dtype)
+def _(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend, scale_block=32):
+    S.check_quant_args(scale_mode, elem_dtype, scale_block)
     i = S.check_swiglu(h13, offs)
     m = h13.shape[0]
     return (*_dual_fake((m, i), h13, elem_dtype, blocked, _num_groups(offs)),
@@ -221,19 +235,20 @@ def _(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend):
 
 
 def dswiglu_quant_impl(dh: Tensor, h13: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
-                       emit_hp: bool, offs: Optional[Tensor],
-                       backend: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    S.check_quant_args(scale_mode, elem_dtype)
+                       emit_hp: bool, offs: Optional[Tensor], backend: str,
+                       scale_block: int = 32) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_swiglu(h13, offs, dh)
-    return _call("dswiglu_quant", dh.device, backend, dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs)
+    return _call("dswiglu_quant", dh.device, backend, dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs,
+                 scale_block)
 
 
 _dswiglu_quant = torch.library.custom_op(f"{_NS}::dswiglu_quant", dswiglu_quant_impl, mutates_args=())
 
 
 @_dswiglu_quant.register_fake
-def _(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend):
-    S.check_quant_args(scale_mode, elem_dtype)
+def _(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend, scale_block=32):
+    S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_swiglu(h13, offs, dh)
     shape = tuple(h13.shape)
     return (*_dual_fake(shape, h13, elem_dtype, blocked, _num_groups(offs)),

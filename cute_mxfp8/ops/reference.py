@@ -24,41 +24,45 @@ def _block(scales: torch.Tensor, blocked: bool) -> torch.Tensor:
     return F.to_blocked_scales(scales) if blocked else scales
 
 
-def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None):
+def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
     if offs is not None:  # checked even where plain scales do not depend on the groups
         F.validate_offsets(offs, x.shape[0])
-    data, scales = F.quantize_mxfp8(x, dim=-1, scale_mode=scale_mode, elem_dtype=elem_dtype)
+    data, scales = F.quantize_mxfp8(x, dim=-1, scale_mode=scale_mode, elem_dtype=elem_dtype, scale_block=scale_block)
     if blocked and offs is not None:
         return data, F.to_blocked_scales_grouped_m(scales, offs)
     return data, _block(scales, blocked)
 
 
-def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None):
+def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
+    kw = {"scale_mode": scale_mode, "elem_dtype": elem_dtype, "scale_block": scale_block}
     if x.dim() == 3:
-        data, scales = F.quantize_mxfp8(x, dim=1, scale_mode=scale_mode, elem_dtype=elem_dtype)
+        data, scales = F.quantize_mxfp8(x, dim=1, **kw)
         return data.transpose(1, 2).contiguous(), _block(scales.transpose(1, 2).contiguous(), blocked)
     m, k = x.shape
     if offs is None:
         mp = ceil_div(m, _B) * _B
         xp = x if mp == m else torch.cat([x, x.new_zeros(mp - m, k)])
-        data, scales = F.quantize_mxfp8(xp, dim=0, scale_mode=scale_mode, elem_dtype=elem_dtype)
+        data, scales = F.quantize_mxfp8(xp, dim=0, **kw)
     else:
         F.validate_offsets(offs, m)
-        data, scales = F.quantize_mxfp8_grouped_k(x, offs, scale_mode=scale_mode, elem_dtype=elem_dtype)
+        data, scales = F.quantize_mxfp8_grouped_k(x, offs, **kw)
     if blocked and offs is not None:
         return data.t().contiguous(), F.to_blocked_scales_grouped_k(scales.t().contiguous(), offs)
     return data.t().contiguous(), _block(scales.t().contiguous(), blocked)
 
 
-def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None):
-    return (*quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs),
-            *quantize_colwise(x, scale_mode, elem_dtype, blocked, offs))
+def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
+    return (*quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs, scale_block),
+            *quantize_colwise(x, scale_mode, elem_dtype, blocked, offs, scale_block))
 
 
-def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0):
+def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32):
+    """Each projection cast on its own, then packed: with scale_block=128 the op requires I % 128 == 0 and a
+    gate_up_tile of 0 or a multiple of 128, so W13's 128-blocks along 2I are those of one projection."""
     def casts(w):
-        r, rs = F.quantize_mxfp8(w, dim=-1, scale_mode=scale_mode, elem_dtype=elem_dtype)
-        c, cs = F.quantize_mxfp8(w, dim=-2, scale_mode=scale_mode, elem_dtype=elem_dtype)
+        kw = {"scale_mode": scale_mode, "elem_dtype": elem_dtype, "scale_block": scale_block}
+        r, rs = F.quantize_mxfp8(w, dim=-1, **kw)
+        c, cs = F.quantize_mxfp8(w, dim=-2, **kw)
         return r, rs, c.transpose(-1, -2), cs.transpose(-1, -2)
 
     return pack_gate_up_casts(casts(w1), casts(w3), blocked, gate_up_tile or None)
@@ -71,14 +75,15 @@ def _deq_rowwise(data: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
     return F.dequantize_mxfp8(data, F.from_blocked_scales(blocked, r, k // _B))
 
 
-def mm(a, a_scales, b, b_scales, out_dtype, bias=None):
+def mm(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32):
+    """The exact product of any MXFP8 operands: ``scale_block`` (a hint for the kernels) changes nothing here."""
     acc = _deq_rowwise(a, a_scales) @ _deq_rowwise(b, b_scales).t()
     if bias is not None:  # added to the fp32 accumulator: one rounding to out_dtype, as cuBLAS's bias epilogue
         acc = acc + bias.float()
     return acc.to(out_dtype)
 
 
-def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
+def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
     m, k = a.shape
     F.validate_offsets(offs, m)
     a_plain = F.from_blocked_scales_grouped_m(a_scales, offs, m, k // _B)
@@ -90,7 +95,7 @@ def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     return out.to(out_dtype)
 
 
-def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
+def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
     (n, m), k = a.shape, b.shape[0]
     F.validate_offsets(offs, m)
     cols = 4 * F.grouped_scale_tiles(m, offs.numel())
@@ -109,21 +114,22 @@ def _hp_out(t: torch.Tensor, dtype: torch.dtype, emit_hp: bool) -> torch.Tensor:
     return t.to(dtype) if emit_hp else t.new_empty(0, dtype=dtype)
 
 
-def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None):
+def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32):
     g, u = split_gate_up(h13)
     h = swiglu(g, u)  # fp32, never rounded to bf16 before quantization
     if offs is not None:
         h = _zero_rows_past_end(h, offs)
-    return (*quantize_dual(h, scale_mode, elem_dtype, blocked, offs), _hp_out(h, h13.dtype, emit_hp))
+    return (*quantize_dual(h, scale_mode, elem_dtype, blocked, offs, scale_block), _hp_out(h, h13.dtype, emit_hp))
 
 
-def dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None):
+def dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32):
     g, u = split_gate_up(h13)
     dg, du = dswiglu(dh, g, u)
     dh13 = pack_gate_up(dg, du)
     if offs is not None:
         dh13 = _zero_rows_past_end(dh13, offs)
-    return (*quantize_dual(dh13, scale_mode, elem_dtype, blocked, offs), _hp_out(dh13, dh.dtype, emit_hp))
+    return (*quantize_dual(dh13, scale_mode, elem_dtype, blocked, offs, scale_block),
+            _hp_out(dh13, dh.dtype, emit_hp))
 
 
 # ---- GEMM + fused SwiGLU epilogues (what the SM100 GEMM's epilogues compute) ----------------------------------

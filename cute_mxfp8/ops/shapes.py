@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import BLOCK_SIZE, ELEM_DTYPES, SCALE_MODES, blocked_scales_numel, grouped_scale_tiles
+from ..formats import BLOCK_SIZE, ELEM_DTYPES, SCALE_BLOCKS, SCALE_MODES, blocked_scales_numel, grouped_scale_tiles
 from ..swiglu import GATE_UP_TILE
 
 _HP_DTYPES = (torch.bfloat16, torch.float32)
@@ -20,7 +20,14 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def check_quant_args(scale_mode: str, elem_dtype: torch.dtype) -> None:
+def check_scale_block(scale_block) -> None:
+    if type(scale_block) is not int or scale_block not in SCALE_BLOCKS:
+        raise ValueError(f"scale_block must be 32 (MXFP8) or 128 (the Hopper fast mode's shared scales, "
+                         f"formats.quantize_mxfp8(..., scale_block=128)), got {scale_block!r}")
+
+
+def check_quant_args(scale_mode: str, elem_dtype: torch.dtype, scale_block: int = 32) -> None:
+    check_scale_block(scale_block)
     if scale_mode not in SCALE_MODES:
         raise ValueError(f"scale_mode must be one of {SCALE_MODES}, got {scale_mode!r}")
     if elem_dtype not in ELEM_DTYPES:

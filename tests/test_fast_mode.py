@@ -1,0 +1,315 @@
+"""The Hopper fast mode (issue 16) through the ops and the autograd functions: ``scale_block=128`` casts (every
+run of 4 MX blocks along the scaled dim takes the largest of their scales), the GEMM ops' ``scale_block`` hint,
+and ``MXFP8Config(hopper_block_k=128)``.  The formats-level numerics (exponent-shifted MXFP8 bytes except the
+subnormal range) are tested in ``test_formats.py``; here the reference backend is the oracle on the CPU and the
+``sm90`` kernels must equal it bit for bit on the H200 (``-m gpu``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.library import opcheck
+
+from cute_mxfp8 import MXFP8Config, ops
+from cute_mxfp8 import formats as F
+from cute_mxfp8.ops import autograd as AG
+from cute_mxfp8.ops import library as L
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+FAST = MXFP8Config(hopper_block_k=128)
+
+
+def _u8(t):
+    return t.view(torch.uint8)
+
+
+def _equal(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert torch.equal(_u8(g).cpu(), _u8(w).cpu()), f"{(_u8(g).cpu() != _u8(w).cpu()).sum().item()} bytes differ"
+
+
+def _runs_equal(scales: torch.Tensor, dim: int) -> bool:
+    """Every run of 4 plain scales along ``dim`` (from index 0) holds one value."""
+    s = _u8(scales).movedim(dim, -1)
+    n = s.shape[-1]
+    padded = torch.nn.functional.pad(s.float(), (0, -n % 4), value=-1)  # a partial last run: its real scales equal
+    runs = padded.reshape(*padded.shape[:-1], -1, 4)
+    real = runs >= 0
+    first = runs[..., :1].expand_as(runs)
+    return bool(((runs == first) | ~real).all())
+
+
+def _sqnr(ref, x):
+    ref, x = ref.double(), x.double()
+    return (10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum())).item()
+
+
+# ---- the ops -----------------------------------------------------------------------------------------------------
+
+def test_scale_block_is_checked_by_every_op(rng):
+    x = torch.randn(64, 256, generator=rng)
+    q, s = ops.quantize_rowwise(x)
+    for call in (lambda: ops.quantize_rowwise(x, scale_block=64), lambda: ops.quantize_colwise(x, scale_block=0),
+                 lambda: ops.quantize_dual(x, scale_block=True), lambda: ops.swiglu_quant(x, scale_block=16),
+                 lambda: ops.mm(q, s, q, s, scale_block=256),
+                 lambda: ops.quantize_gate_up(x[:32], x[32:], scale_block=33)):
+        with pytest.raises(ValueError, match="scale_block"):
+            call()
+
+
+@pytest.mark.parametrize("name", ["quantize_rowwise", "quantize_colwise", "quantize_dual"])
+def test_fast_mode_casts_pass_opcheck(name, rng):
+    x = torch.randn(200, 160, generator=rng)
+    op = getattr(L, f"_{name}")
+    opcheck(op, (x, "rceil", E4M3, True, None, "", 128))
+    opcheck(op, (x, "floor", E5M2, False, torch.tensor([5, 5, 130], dtype=torch.int32), "", 128))
+
+
+@pytest.mark.parametrize("shape,offs", [((127, 96), None), ((300, 416), None), ((3, 64, 256), None),
+                                        ((200, 160), [5, 5, 42, 170]), ((170, 32), [0, 0, 170])])
+def test_reference_casts_are_the_formats_128_block_quantization(shape, offs, rng):
+    """Rowwise scales repeat in runs of 4 along K, colwise along the tokens (from each group's start), and the
+    data is ``formats.quantize_mxfp8(..., scale_block=128)``'s."""
+    x = torch.randn(*shape, generator=rng) * torch.logspace(-6, 6, shape[-1])
+    o = None if offs is None else torch.tensor(offs, dtype=torch.int32)
+    q, s, qt, st = ops.quantize_dual(x, blocked=False, offs=o, scale_block=128)
+    want_q, want_s = F.quantize_mxfp8(x, scale_block=128)
+    assert torch.equal(_u8(q), _u8(want_q)) and torch.equal(_u8(s), _u8(want_s)) and _runs_equal(s, -1)
+    if o is None and x.dim() == 2:
+        xp = torch.cat([x, x.new_zeros(-x.shape[0] % 32, x.shape[1])])
+        want_qt, want_st = F.quantize_mxfp8(xp, dim=0, scale_block=128)
+        assert torch.equal(_u8(qt), _u8(want_qt.t())) and torch.equal(_u8(st), _u8(want_st.t()))
+        assert _runs_equal(st, -1)
+    elif o is not None:
+        want_qt, want_st = F.quantize_mxfp8_grouped_k(x, o, scale_block=128)
+        assert torch.equal(_u8(qt), _u8(want_qt.t())) and torch.equal(_u8(st), _u8(want_st.t()))
+    # the 32-block casts of the same tensor differ where a run's blocks have different scales (K > 32)
+    if shape[-1] > 32:
+        assert not torch.equal(_u8(s), _u8(ops.quantize_rowwise(x, blocked=False, offs=o)[1]))
+
+
+def test_gate_up_128_blocks_hold_one_projection(rng):
+    w1, w3 = (torch.randn(256, 64, generator=rng) * torch.logspace(-4, 4, 256)[:, None] for _ in range(2))
+    row, row_s, col, col_s = ops.quantize_gate_up(w1, w3, blocked=False, scale_block=128)
+    # W13 = [w1; w3] quantized whole: the same bytes (I % 128 == 0, so no 128-block mixes the two)
+    w13 = torch.cat([w1, w3])
+    for got, want in zip((row, row_s, col, col_s), ops.quantize_dual(w13, blocked=False, scale_block=128)):
+        assert torch.equal(_u8(got), _u8(want))
+    with pytest.raises(ValueError, match="I % 128 == 0"):
+        ops.quantize_gate_up(w1[:96], w3[:96], scale_block=128)
+    with pytest.raises(ValueError, match="gate_up_tile"):
+        ops.quantize_gate_up(w1, w3, gate_up_tile=64, scale_block=128)
+
+
+def test_gemm_hint_leaves_the_reference_product_unchanged(rng):
+    (a, a_s), (b, b_s) = (ops.quantize_rowwise(torch.randn(r, 256, generator=rng), scale_block=128)
+                          for r in (96, 160))
+    assert torch.equal(ops.mm(a, a_s, b, b_s, scale_block=128), ops.mm(a, a_s, b, b_s))
+
+
+# ---- the config and the autograd functions -------------------------------------------------------------------
+
+def test_config_rules():
+    with pytest.raises(ValueError, match="hopper_block_k"):
+        MXFP8Config(hopper_block_k=64)
+    with pytest.raises(ValueError, match="fsdp_mxfp8_all_gather"):
+        MXFP8Config(hopper_block_k=128, fsdp_mxfp8_all_gather=True)
+    cpu = torch.device("cpu")
+    assert AG.scale_block(FAST, cpu) == 128 and AG.scale_block(MXFP8Config(), cpu) == 32
+    x, w1, w3, w2 = torch.randn(64, 64), torch.randn(96, 64), torch.randn(96, 64), torch.randn(64, 96)
+    with pytest.raises(ValueError, match="I % 128 == 0"):
+        ops.mxfp8_swiglu_mlp(x, w1, w2, w3, config=FAST)
+    w1, w3, w2 = torch.randn(128, 64), torch.randn(128, 64), torch.randn(64, 128)
+    with pytest.raises(ValueError, match="fused_epilogues=True"):
+        ops.mxfp8_swiglu_mlp(x, w1, w2, w3, config=MXFP8Config(hopper_block_k=128, fused_epilogues=True))
+
+
+def test_sm100_keeps_mx_blocks(monkeypatch):
+    monkeypatch.setattr(AG, "resolve_backend", lambda device, backend, op: "sm100")
+    assert AG.scale_block(FAST, torch.device("cpu")) == 32
+
+
+def _deq(q, s):
+    return F.dequantize_mxfp8(q, s)
+
+
+def test_fast_mode_linear_is_the_product_of_128_block_operands(rng):
+    x = torch.randn(48, 256, generator=rng) * torch.logspace(-3, 3, 256)
+    w = (torch.randn(96, 256, generator=rng) * 0.05).requires_grad_()
+    xr = x.clone().requires_grad_()
+    y = ops.mxfp8_linear(xr, w, config=FAST)
+    xq, wq = F.quantize_mxfp8(x, scale_block=128), F.quantize_mxfp8(w.detach(), scale_block=128)
+    assert torch.equal(y, (_deq(*xq) @ _deq(*wq).t()).to(y.dtype))
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    dyq = F.quantize_mxfp8(dy, scale_block=128)  # rowwise along N
+    wtq = F.quantize_mxfp8(w.detach().t().contiguous(), scale_block=128)  # W colwise along N = Wᵀ rowwise
+    assert torch.equal(xr.grad, _deq(*dyq) @ _deq(*wtq).t())
+    # differs from the MXFP8 result (the operands' scales changed), close to it
+    y32 = ops.mxfp8_linear(x, w.detach())
+    assert not torch.equal(y.detach(), y32) and _sqnr(y32, y.detach()) > 25
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_fast_mode_mlp_matches_bf16_as_closely_as_mxfp8(grouped, rng):
+    e, d, i = (4, 128, 256) if grouped else (None, 128, 256)
+    lead = (e,) if grouped else ()
+    x = torch.randn(300, d, generator=rng)
+    w1, w3 = (torch.randn(*lead, i, d, generator=rng) / d ** 0.5 for _ in range(2))
+    w2 = torch.randn(*lead, d, i, generator=rng) / i ** 0.5
+    offs = torch.tensor([50, 50, 170, 290], dtype=torch.int32) if grouped else None
+    dy = torch.randn(300, d, generator=rng)
+
+    def run(config):
+        leaves = [t.clone().requires_grad_() for t in (x, w1, w2, w3)]
+        if config is None:  # the high-precision MLP
+            if grouped:
+                y = torch.zeros_like(x)
+                for g, (s, t) in enumerate(F.group_bounds(offs)):
+                    h = torch.nn.functional.silu(leaves[0][s:t] @ leaves[1][g].t()) * (leaves[0][s:t] @ leaves[3][g].t())
+                    y[s:t] = h @ leaves[2][g].t()
+            else:
+                h = torch.nn.functional.silu(leaves[0] @ leaves[1].t()) * (leaves[0] @ leaves[3].t())
+                y = h @ leaves[2].t()
+        else:
+            y = ops.mxfp8_swiglu_mlp(*leaves, offs=offs, config=config)
+        y.backward(dy)
+        return [y.detach()] + [t.grad for t in leaves]
+
+    ref, fast, mx = run(None), run(FAST), run(MXFP8Config())
+    for r, f, m in zip(ref, fast, mx):
+        assert _sqnr(r, f) > 22 and _sqnr(r, f) > _sqnr(r, m) - 1.5
+    assert not torch.equal(fast[0], mx[0])
+
+
+# ---- the kernels on the H200 ---------------------------------------------------------------------------------
+
+sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+                          reason="needs an SM90 GPU (run on the H200 with -m gpu)")
+
+
+def _special(x: torch.Tensor) -> torch.Tensor:
+    """NaN, Inf, zeros, e4m3 saturation and subnormal-range values in the first rows / columns."""
+    if x.shape[-2] >= 8 and x.shape[-1] >= 64:
+        x[..., 0, 3] = float("nan")
+        x[..., 1, 40] = float("inf")
+        x[..., 2, :] = 0.0
+        x[..., 3, :32] = 448.0 * 2.0 ** 20
+        x[..., 4, :] = 1e-30
+        x[..., 5, :64] = torch.linspace(-1e-3, 1e3, 64)  # a run whose first block's scale is far below its last's
+        x[..., :, 7] = 3e4  # one large column: every colwise run holding it takes its scale
+    return x
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("shape", [(1, 32), (127, 96), (129, 160), (300, 416), (33, 4096), (2, 64, 256),
+                                   (3, 160, 96)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fast_mode_cast_kernels_bit_exact(shape, dtype, rng):
+    x = _special(torch.randn(*shape, generator=rng) * torch.logspace(-8, 8, shape[-1])).to(dtype)
+    for mode in ("floor", "rceil"):
+        for elem in (E4M3, E5M2):
+            for op in (ops.quantize_rowwise, ops.quantize_colwise, ops.quantize_dual):
+                for blocked in (False, True):
+                    kw = dict(scale_mode=mode, elem_dtype=elem, blocked=blocked, scale_block=128)
+                    _equal(op(x.cuda(), backend="sm90", **kw), op(x, backend="reference", **kw))
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("sizes", [[5, 0, 37, 128], [300], [129, 1, 0, 255, 64] * 3, [0, 0], [32, 64, 1]])
+@pytest.mark.parametrize("tail", [0, 30])
+def test_fast_mode_grouped_cast_kernels_bit_exact(sizes, tail, rng):
+    m = sum(sizes) + tail
+    x = _special(torch.randn(m, 160, generator=rng) * 100).to(torch.bfloat16)
+    offs = torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(torch.int32)
+    for op in (ops.quantize_rowwise, ops.quantize_colwise, ops.quantize_dual):
+        for blocked in (False, True):
+            kw = dict(blocked=blocked, scale_block=128)
+            _equal(op(x.cuda(), offs=offs.cuda(), backend="sm90", **kw), op(x, offs=offs, backend="reference", **kw))
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("m,i", [(300, 96), (130, 256), (1024, 1024)])
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("emit_hp", [False, True])
+def test_fast_mode_swiglu_kernels_bit_exact(m, i, grouped, emit_hp, rng):
+    h13 = (torch.randn(m, 2 * i, generator=rng) * 3).to(torch.bfloat16)
+    h13[0, :i] = 100.0
+    h13[1, 5] = float("inf")
+    dh = torch.randn(m, i, generator=rng).to(torch.bfloat16) * torch.logspace(-4, 4, i).to(torch.bfloat16)
+    offs = torch.tensor([m // 3, m // 3, m - 7], dtype=torch.int32) if grouped else None
+    dev_offs = None if offs is None else offs.cuda()
+    for blocked in (False, True):
+        kw = dict(blocked=blocked, emit_hp=emit_hp, scale_block=128)
+        _equal(ops.swiglu_quant(h13.cuda(), offs=dev_offs, backend="sm90", **kw),
+               ops.swiglu_quant(h13, offs=offs, backend="reference", **kw))
+        _equal(ops.dswiglu_quant(dh.cuda(), h13.cuda(), offs=dev_offs, backend="sm90", **kw),
+               ops.dswiglu_quant(dh, h13, offs=offs, backend="reference", **kw))
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("m,n,k", [(300, 200, 416), (257, 129, 1024), (1024, 768, 2048)])
+def test_fast_mode_mm_op_is_bit_exact_on_integer_data(m, n, k, rng):
+    """Small integers times a power of two per (row, 128-block): every partial sum is exact, so the fast kernel's
+    result equals the reference's bit for bit (bf16 and fp32 outputs, odd N: unpaired stores)."""
+    def operand(rows):
+        ints = torch.randint(-4, 5, (rows, k), generator=rng).float()
+        exps = torch.randint(-1, 2, (rows, -(-k // 128)), generator=rng).float().repeat_interleave(128, 1)[:, :k]
+        return ops.quantize_rowwise(ints * 2.0 ** exps, scale_block=128)
+
+    (a, a_s), (b, b_s) = operand(m), operand(n)
+    for out in (torch.bfloat16, torch.float32):
+        got = ops.mm(a.cuda(), a_s.cuda(), b.cuda(), b_s.cuda(), out_dtype=out, backend="sm90", scale_block=128)
+        assert torch.equal(got.cpu(), ops.mm(a, a_s, b, b_s, out_dtype=out))
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("grouped", [False, True])
+def test_fast_mode_mlp_on_sm90_matches_the_reference(grouped, rng):
+    e = 4
+    d, i, m = 256, 512, 1000
+    lead = (e,) if grouped else ()
+    x = torch.randn(m, d, generator=rng)
+    ws = [torch.randn(*lead, i, d, generator=rng) / d ** 0.5, torch.randn(*lead, d, i, generator=rng) / i ** 0.5,
+          torch.randn(*lead, i, d, generator=rng) / d ** 0.5]
+    offs = torch.tensor([100, 100, 600, 990], dtype=torch.int32) if grouped else None
+    dy = torch.randn(m, d, generator=rng)
+
+    def run(device, backend):
+        leaves = [t.to(device).to(torch.bfloat16).requires_grad_() for t in (x, *ws)]
+        cfg = MXFP8Config(hopper_block_k=128, backend=backend)
+        y = ops.mxfp8_swiglu_mlp(*leaves, offs=None if offs is None else offs.to(device), config=cfg)
+        y.backward(dy.to(device).to(torch.bfloat16))
+        return [y.detach().float().cpu()] + [t.grad.float().cpu() for t in leaves]
+
+    for got, want in zip(run("cuda", "sm90"), run("cpu", "reference")):
+        assert _sqnr(want, got) > 35
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100f"])
+def test_fast_mode_cast_kernels_compile_in_two_phases(arch):
+    """scale_block=128 builds of every tile-kernel cast: the amax phase only reduces (one global atomic max per
+    lane and cast, no shared memory, no local memory), the apply phase stores without atomics."""
+    import re
+
+    from cute_mxfp8.jit import compile_quant, compile_swiglu_quant
+
+    builds = [(compile_quant, (d, "bfloat16", "e4m3", "rceil", True, arch, True, g, b), {"dual": 2}.get(d, 1))
+              for d, g, b in [("rowwise", False, False), ("rowwise", True, False), ("rowwise", False, True),
+                              ("colwise", True, False), ("dual", False, False), ("dual", True, False)]]
+    builds += [(compile_swiglu_quant, (d, "float32", "e5m2", "floor", False, arch, True, g, False), n)
+               for d, n in (("fwd", 2), ("bwd", 4)) for g in (False, True)]
+    for fn, args, atomics in builds:
+        for phase, want in (("amax", atomics), ("apply", 0)):
+            ptx = fn(*args, scale_block=128, phase=phase).__ptx__
+            assert len(re.findall(r"(?:atom|red)\.global[.a-z0-9]*\.max", ptx)) == want, (args, phase)
+            assert ".local" not in ptx and "bar.sync" not in ptx
+    with pytest.raises(ValueError, match="phase"):
+        compile_quant("dual", "bfloat16", "e4m3", "rceil", True, arch, True, scale_block=128)
