@@ -75,6 +75,16 @@ FAMILIES = [
              functools.partial(jit.compile_swiglu_quant, grouped=grouped, emit_hp=hp),
              {"direction": [d], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, **_BLOCKED})
       for d in ("fwd", "bwd") for grouped in (False, True) for hp in (False, True)),
+    # the Hopper fast mode's casts (scale_block=128, issue 16): the 128-block amax pass, then the cast pass
+    *(Family(f"quantize_{d}{'_grouped_k' if grouped else ''}_fast_mode_{phase}",
+             functools.partial(jit.compile_quant, grouped=grouped, scale_block=128, phase=phase),
+             {"direction": [d], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, **_BLOCKED})
+      for d, grouped in (("rowwise", False), ("colwise", False), ("dual", False), ("dual", True))
+      for phase in ("amax", "apply")),
+    *(Family(f"swiglu_quant_{d}_fast_mode_{phase}",
+             functools.partial(jit.compile_swiglu_quant, scale_block=128, phase=phase),
+             {"direction": [d], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, **_BLOCKED})
+      for d in ("fwd", "bwd") for phase in ("amax", "apply")),
     Family("gemm_sm90", jit.compile_gemm_sm90,
            {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["dequant", "promote"]},
            archs=("sm_90a",)),
@@ -83,6 +93,11 @@ FAMILIES = [
              {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["promote"]},
              archs=("sm_90a",))
       for nt in (128, 192)),
+    # ... the op's configuration (n_tile 192) in 2-CTA clusters with TMA multicast (an option; measured no faster)
+    *(Family(f"gemm_sm90_fast_mode_n192_cluster{m}x{n}",
+             functools.partial(jit.compile_gemm_sm90, block_k=128, n_tile=192, cluster_mn=(m, n)),
+             {**_GEMM_E4M3, "out_dtype": ["bfloat16"], "mainloop": ["promote"]}, archs=("sm_90a",))
+      for m, n in ((2, 1), (1, 2))),
     *(Family(f"gemm_sm90_grouped_{g}", functools.partial(jit.compile_gemm_sm90, grouping=g),
              {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["dequant"]},
              archs=("sm_90a",))
