@@ -184,7 +184,7 @@ def _amax_buffers():
 @disk_cached(skip_if="keep_ptx")
 def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
                          keep_ptx: bool = False, grouped: bool = False, emit_hp: bool = False,
-                         scale_block: int = 32, phase: str = "cast"):
+                         scale_block: int = 32, phase: str = "cast", h13_dtype: str | None = None):
     """Compiled fused SwiGLU + dual MXFP8 cast (:class:`~cute_mxfp8.kernels.quantize_tile.SwiGLUQuantKernel`).
 
     ``direction="fwd"``: ``fn(h13, q, s, qt, st, hp, offs, tile_starts)`` with h13 (1, M, 2I) ``in_dtype``,
@@ -192,23 +192,31 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
     placeholder).
     ``direction="bwd"``: ``fn(dh, h13, q, s, qt, st, hp, offs, tile_starts)`` with dh (1, M, I), h13 (1, M, 2I),
     q (1, M, 2I), qt (1, 2I, Mp), hp (1, M, 2I).  Scales, groups and the trailing ``amax_rows``, ``amax_cols``
-    (``scale_block=128``'s two phases) as :func:`compile_quant`'s tile kernels.
+    (``scale_block=128``'s two phases) as :func:`compile_quant`'s tile kernels.  ``h13_dtype`` (backward; default
+    ``in_dtype``, which is dh's and hp's): h13's dtype when it differs from dh's (an fp32 GEMM output dh beside the
+    saved bf16 h13); such builds run one row block per CTA (the staged loop stages every operand in dh's dtype).
     """
-    if in_dtype not in _IN_DTYPES:
-        raise ValueError(f"in_dtype must be one of {_IN_DTYPES}, got {in_dtype!r}")
+    h13_dtype = in_dtype if h13_dtype is None else h13_dtype
+    for name, value in (("in_dtype", in_dtype), ("h13_dtype", h13_dtype)):
+        if value not in _IN_DTYPES:
+            raise ValueError(f"{name} must be one of {_IN_DTYPES}, got {value!r}")
     if direction not in ("fwd", "bwd"):
         raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+    if direction == "fwd" and h13_dtype != in_dtype:
+        raise ValueError("h13_dtype is the backward's: the forward's input is h13 itself (in_dtype)")
     cutlass, cute = _cutlass()
 
     from .kernels.quantize_tile import SwiGLUQuantKernel
 
+    mixed = h13_dtype != in_dtype
     kernel = SwiGLUQuantKernel("swiglu" if direction == "fwd" else "dswiglu", elem, scale_mode, blocked, grouped,
-                               emit_hp, scale_block=scale_block, phase=phase)
+                               emit_hp, row_tiles=1 if mixed else None, scale_block=scale_block, phase=phase)
     x_dtype = cutlass.BFloat16 if in_dtype == "bfloat16" else cutlass.Float32
+    h_dtype = cutlass.BFloat16 if h13_dtype == "bfloat16" else cutlass.Float32
 
     fake, sym = _fake, _sym
     scales = functools.partial(_tile_scales, blocked)
-    h13 = fake(x_dtype, (sym(), sym(), sym(64)))
+    h13 = fake(h_dtype, (sym(), sym(), sym(64)))
     q = fake(kernel.elem_dtype, (sym(), sym(), sym(32)))
     qt = fake(kernel.elem_dtype, (sym(), sym(32), sym(1 if grouped else 32)))
     hp = fake(x_dtype, (sym(), sym(), sym(32)))

@@ -136,7 +136,7 @@ def test_swiglu_ops_are_registered_on_the_kernel_backends():
         for op in ("swiglu_quant", "dswiglu_quant"):
             assert op in backend.ops and op in backend.limits
         h13, dh = torch.zeros(64, 128), torch.zeros(64, 64, dtype=torch.bfloat16)
-        assert "share a dtype" in backend.limits["dswiglu_quant"](dh, h13, "rceil", None, True, False, None)
+        assert backend.limits["dswiglu_quant"](dh, h13, "rceil", None, True, False, None) is None  # mixed dtypes
         assert backend.limits["swiglu_quant"](h13, "rceil", None, True, False, None) is None
         assert "contiguous" in backend.limits["swiglu_quant"](torch.zeros(128, 64).t(), "rceil", None, True, False,
                                                               None)
@@ -195,7 +195,26 @@ def test_swiglu_ops_pick_the_kernels_and_refuse_clearly(rng):
     assert resolve_backend(h13.device, None, "dswiglu_quant", (dh,) + args) == "sm90"
     auto, forced = ops.swiglu_quant(h13), ops.swiglu_quant(h13, backend="sm90")
     assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(auto[:4], forced[:4]))
-    with pytest.raises(ops.BackendUnavailableError, match="share a dtype"):
-        ops.dswiglu_quant(dh.float(), h13, backend="sm90")
-    _check(ops.dswiglu_quant(dh.float(), h13), R.dswiglu_quant(dh.float(), h13, "rceil", torch.float8_e4m3fn, True,
-                                                               False), "mixed dtypes on the reference")
+    # dh fp32 beside a bf16 h13 (the unfused MLP's w2 dgrad output and its saved h13): the kernel takes both, one
+    # row block per CTA, and gives the bytes of the same call with h13 in fp32 (the same values)
+    assert resolve_backend(h13.device, None, "dswiglu_quant", (dh.float(),) + args) == "sm90"
+    for hp in (False, True):
+        mixed = ops.dswiglu_quant(dh.float(), h13, emit_hp=hp, backend="sm90")
+        same = ops.dswiglu_quant(dh.float(), h13.float(), emit_hp=hp, backend="sm90")
+        assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(mixed, same))
+        _check(mixed, R.dswiglu_quant(dh.float().cpu(), h13.cpu(), "rceil", torch.float8_e4m3fn, True, hp),
+               f"mixed dtypes, hp={hp}")
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100f"])
+@pytest.mark.parametrize("grouped,emit_hp", [(False, False), (False, True), (True, False)])
+def test_backward_with_an_fp32_dh_beside_a_bf16_h13_compiles_one_block_per_cta(arch, grouped, emit_hp):
+    from cute_mxfp8.jit import compile_swiglu_quant
+
+    ptx = compile_swiglu_quant("bwd", "float32", "e4m3", "rceil", True, arch, True, grouped, emit_hp,
+                               h13_dtype="bfloat16").__ptx__
+    assert ".local" not in ptx and "cp.async" not in ptx  # no staged loop: each lane loads its own tiles
+    assert re.search(r"ld\.global(?:\.nc)?\.v4\.[bu]16|ld\.global(?:\.nc)?\.v2\.[bu]32", ptx)  # bf16 h13 vectors
+    assert re.search(r"ld\.global(?:\.nc)?\.v4\.[bf]32", ptx)  # fp32 dh vectors
+    with pytest.raises(ValueError, match="h13_dtype"):
+        compile_swiglu_quant("fwd", "float32", "e4m3", "rceil", True, arch, True, h13_dtype="bfloat16")

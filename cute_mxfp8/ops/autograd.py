@@ -240,9 +240,8 @@ class _SwiGLUMLPFn(torch.autograd.Function):
                 dy_row, dy_row_s, w2_col, w2_col_s, h13, gate_up_tile=tile, offs=offs, **qg)
         else:
             dh = _gemm(dy_row, dy_row_s, w2_col, w2_col_s, offs, torch.float32, backend, sb)  # w2 dgrad, (M, I)
-            # the fused kernels take dh and h13 of one dtype: h13 in fp32 (exact), else the sm90 / sm100 backend
-            # would pass this op to the reference
-            dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.dswiglu_quant(dh, h13.float(), offs=offs,
+            # dh fp32 (the accumulator) beside the saved h13 in the activation dtype: the kernel reads both
+            dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.dswiglu_quant(dh, h13, offs=offs,
                                                                                     scale_block=sb, **qg)
         dx = dw1 = dw2 = dw3 = None
         if ctx.needs_input_grad[0]:

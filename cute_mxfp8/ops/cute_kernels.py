@@ -312,8 +312,6 @@ def _swiglu_limits(first, *rest):
     if rest and type(rest[-1]) is int:  # the trailing scale_block: any is taken
         rest = rest[:-1]
     tensors = [first] + [t for t in rest[:1] if isinstance(t, torch.Tensor)]
-    if len({t.dtype for t in tensors}) > 1:
-        return "dh and h13 must share a dtype for the fused kernel"
     for t in tensors:
         if not t.is_contiguous() or t.data_ptr() % 16:
             return "inputs must be contiguous with 16-byte aligned data pointers (call .contiguous())"
@@ -361,7 +359,8 @@ def _swiglu_ops(arch: str) -> dict:
                 [(p, amax) for amax in [_amax_buffers(dev, (m, width), offs)] for p in ("amax", "apply")]
             for phase, amax in phases:
                 compile_swiglu_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False,
-                                     offs is not None, emit_hp, scale_block, phase)(*args, *amax)
+                                     offs is not None, emit_hp, scale_block, phase,
+                                     _IN[inputs[-1].dtype])(*args, *amax)
         return (*_e8m0(q, s, qt, st), hp)
 
     def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32):
