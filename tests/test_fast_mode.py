@@ -103,10 +103,19 @@ def test_gate_up_128_blocks_hold_one_projection(rng):
         ops.quantize_gate_up(w1, w3, gate_up_tile=64, scale_block=128)
 
 
-def test_gemm_hint_leaves_the_reference_product_unchanged(rng):
-    (a, a_s), (b, b_s) = (ops.quantize_rowwise(torch.randn(r, 256, generator=rng), scale_block=128)
-                          for r in (96, 160))
+def test_gemm_hint_leaves_the_reference_product_unchanged_and_is_checked_there(rng):
+    (a, a_s), (b, b_s) = (ops.quantize_rowwise(torch.randn(r, 288, generator=rng) * torch.logspace(-4, 4, 288),
+                                               scale_block=128) for r in (96, 160))
     assert torch.equal(ops.mm(a, a_s, b, b_s, scale_block=128), ops.mm(a, a_s, b, b_s))
+    # 32-block operands break the promise: the reference says so (the sm90 kernel would compute another product)
+    c, c_s = ops.quantize_rowwise(torch.randn(160, 288, generator=rng) * torch.logspace(-4, 4, 288))
+    with pytest.raises(ValueError, match="b's scales are not equal in runs of 4"):
+        ops.mm(a, a_s, c, c_s, scale_block=128)
+    for bad in ("128", 128.0, True):  # the wrappers' ValueError, not the dispatcher's schema error
+        with pytest.raises(ValueError, match="scale_block"):
+            ops.mm(a, a_s, b, b_s, scale_block=bad)
+        with pytest.raises(ValueError, match="scale_block"):
+            ops.quantize_gate_up(torch.randn(128, 64), torch.randn(128, 64), scale_block=bad)
 
 
 # ---- the config and the autograd functions -------------------------------------------------------------------
@@ -119,11 +128,40 @@ def test_config_rules():
     cpu = torch.device("cpu")
     assert AG.scale_block(FAST, cpu) == 128 and AG.scale_block(MXFP8Config(), cpu) == 32
     x, w1, w3, w2 = torch.randn(64, 64), torch.randn(96, 64), torch.randn(96, 64), torch.randn(64, 96)
-    with pytest.raises(ValueError, match="I % 128 == 0"):
+    with pytest.raises(ValueError, match="not a multiple of 128"):
         ops.mxfp8_swiglu_mlp(x, w1, w2, w3, config=FAST)
-    w1, w3, w2 = torch.randn(128, 64), torch.randn(128, 64), torch.randn(64, 128)
     with pytest.raises(ValueError, match="fused_epilogues=True"):
-        ops.mxfp8_swiglu_mlp(x, w1, w2, w3, config=MXFP8Config(hopper_block_k=128, fused_epilogues=True))
+        MXFP8Config(hopper_block_k=128, fused_epilogues=True)
+
+
+def test_modules_and_convert_take_only_whole_128_hidden_blocks():
+    from torch import nn
+
+    from cute_mxfp8 import MXFP8GroupedExperts, MXFP8SwiGLUMLP, convert_to_mxfp8
+
+    with pytest.raises(ValueError, match="multiple of 128"):
+        MXFP8SwiGLUMLP(256, 320, config=FAST)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        MXFP8GroupedExperts(256, 320, 4, config=FAST)
+    MXFP8SwiGLUMLP(256, 320)  # plain MXFP8 takes it
+
+    class FFN(nn.Module):
+        def __init__(self, i):
+            super().__init__()
+            self.w1, self.w2, self.w3 = nn.Linear(256, i, bias=False), nn.Linear(i, 256, bias=False), \
+                nn.Linear(256, i, bias=False)
+
+        def forward(self, x):
+            return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
+
+    model = nn.Sequential(FFN(320), FFN(384))
+    report = convert_to_mxfp8(model, config=FAST)
+    assert type(model[1]).__name__ == "MXFP8SwiGLUMLP" and type(model[0]) is FFN
+    assert [fqn for fqn, _ in report.converted] == ["0.w1", "0.w2", "0.w3", "1"]
+    assert any(fqn == "0" and "multiple of 128" in why for fqn, why in report.skipped)
+    x = torch.randn(8, 256, requires_grad=True)
+    model(x).sum().backward()  # every converted layer runs in the fast mode
+    assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
 def test_sm100_keeps_mx_blocks(monkeypatch):

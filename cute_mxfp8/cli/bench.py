@@ -388,19 +388,25 @@ def main(args) -> int:
     if device.type == "cpu":
         print("note: on CPU these time the torch reference (emulation), not kernels.")
     mlp = []
+    hopper_block_k = getattr(args, "hopper_block_k", 32) or 32
+    if hopper_block_k != 32 and "mlp" not in groups:
+        print(f"bench: --hopper-block-k applies to the mlp group only; ignored for {groups}")
     if "mlp" in groups:
         from cute_mxfp8.cli.bench_mlp import mlp_rows
 
         from cute_mxfp8 import MXFP8Config
 
-        config = MXFP8Config(hopper_block_k=getattr(args, "hopper_block_k", 32) or 32)
-        mlp = mlp_rows(device, _time_ms, profile=getattr(args, "profile", 0) or 0, config=config)
+        mlp = mlp_rows(device, _time_ms, profile=getattr(args, "profile", 0) or 0,
+                       config=MXFP8Config(hopper_block_k=hopper_block_k))
+        if hopper_block_k == 128:
+            print("MXFP8 modules in the Hopper fast mode: MXFP8Config(hopper_block_k=128) (SM100 ignores it)")
         print(tabulate([[w, s, f"{b:.2f}", f"{q:.2f}", f"{r:.2f}x", "" if pb is None else f"{pb:.0f}",
                          "" if pq is None else f"{pq:.0f}"] for w, s, b, q, r, pb, pq in mlp],
                        headers=["fwd+bwd step", "shape", "bf16 ms", "MXFP8 ms", "MXFP8 / bf16", "bf16 peak MiB",
                                 "MXFP8 peak MiB"]))
     result = {"device": str(device), "copy_gbps": copy_gbps, "launch_overhead_us": overhead,
-              "rows": [asdict(r) for r in rows], "mlp_steps": mlp, "skipped_baselines": SKIPPED_BASELINES}
+              "rows": [asdict(r) for r in rows], "mlp_steps": mlp, "skipped_baselines": SKIPPED_BASELINES,
+              "mlp_hopper_block_k": hopper_block_k}
     if getattr(args, "json", None):
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

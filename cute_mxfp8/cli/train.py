@@ -286,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
 
     from cute_mxfp8.nn import MXFP8Config, convert_to_mxfp8
     from cute_mxfp8.ops import resolve_backend
-    from cute_mxfp8.ops.autograd import fused_epilogues_enabled
+    from cute_mxfp8.ops.autograd import fused_epilogues_enabled, scale_block
 
     problem = validate_args(args)
     if problem:
@@ -348,7 +348,8 @@ def run(args: argparse.Namespace) -> int:
         r.optimizer = _adamw(r.model, args.lr)
 
     tokens_per_step = args.batch_size * args.seq_len
-    print(f"device: {device} | high-precision run: {precision} | mxfp8 backend: {backend} | SwiGLU: {swiglu}")
+    fast = " | Hopper fast mode (hopper_block_k=128)" if scale_block(mx_config, device) == 128 else ""
+    print(f"device: {device} | high-precision run: {precision} | mxfp8 backend: {backend} | SwiGLU: {swiglu}{fast}")
     print(
         f"model: {'MoE' if cfg.moe else 'dense'} dim={cfg.dim} hidden={cfg.hidden} layers={cfg.layers} "
         f"heads={cfg.heads}" + (f" experts={cfg.num_experts} top_k={cfg.top_k}" if cfg.moe else "")
@@ -434,6 +435,7 @@ def run(args: argparse.Namespace) -> int:
         "backend": backend,
         "op_backends": op_backends,
         "swiglu": swiglu,
+        "scale_block": scale_block(mx_config, device),
         "high_precision_dtype": precision,
         "torch_version": torch.__version__,
         "args": {k: v for k, v in vars(args).items() if not callable(v)},

@@ -319,15 +319,15 @@ class TileQuantKernel(MXCastParams):
             if r < end:
                 cute.arch.atomic_max(ra.iterator + cute.crd2idx((e, r, cb // 4), ra.layout), a[0])
         else:
-            self._rowwise_cast(t, a, gq, s, e, rl, lane, cg, end, start, g, tile_starts, cv, kb, ra, cb, r)
+            self._rowwise_cast(t, a[0], gq, s, e, rl, lane, cg, end, start, g, tile_starts, cv, kb, ra, cb, r)
 
     @cute.jit
-    def _rowwise_cast(self, t: cute.Tensor, a: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, e, rl, lane, cg, end,
-                      start, g, tile_starts: cute.Tensor, cv, kb, ra: cute.Tensor, cb, r):
-        if cutlass.const_expr(self.phase == "apply"):
-            if r < end:
-                a[0] = ra[e, r, cb // 4]
-        byte, factor = block_scale(a[0], self.emax, self.rceil)
+    def _rowwise_cast(self, t: cute.Tensor, amax: cutlass.Int32, gq: cute.Tensor, s: cute.Tensor, e, rl, lane, cg,
+                      end, start, g, tile_starts: cute.Tensor, cv, kb, ra: cute.Tensor, cb, r):
+        if cutlass.const_expr(self.phase == "apply"):  # the row's 128-block amax from the amax pass (a row past
+            # the end reads a clamped row: its data is not stored; a branch here made ptxas spill a predicate)
+            amax = cutlass.Int32(ra[e, cutlass.min(r, ra.shape[1] - 1), cb // 4])
+        byte, factor = block_scale(amax, self.emax, self.rceil)
         if r < end:
             if cutlass.const_expr(self.blocked):
                 srow = r
@@ -354,14 +354,14 @@ class TileQuantKernel(MXCastParams):
         if cutlass.const_expr(self.phase == "amax"):
             cute.arch.atomic_max(ca.iterator + cute.crd2idx((e, vb // 4, cv * VEC + rg), ca.layout), a[0])
         else:
-            self._colwise_cast(t, a, gqt, st, e, r0, rl, lane, rg, cg, end, start, vb, vblocks, cv, ca)
+            self._colwise_cast(t, a[0], gqt, st, e, r0, rl, lane, rg, cg, end, start, vb, vblocks, cv, ca)
 
     @cute.jit
-    def _colwise_cast(self, t: cute.Tensor, a: cute.Tensor, gqt: cute.Tensor, st: cute.Tensor, e, r0, rl, lane,
-                      rg, cg, end, start, vb, vblocks, cv, ca: cute.Tensor):
-        if cutlass.const_expr(self.phase == "apply"):
-            a[0] = ca[e, vb // 4, cv * VEC + rg]
-        byte, factor = block_scale(a[0], self.emax, self.rceil)
+    def _colwise_cast(self, t: cute.Tensor, amax: cutlass.Int32, gqt: cute.Tensor, st: cute.Tensor, e, r0, rl,
+                      lane, rg, cg, end, start, vb, vblocks, cv, ca: cute.Tensor):
+        if cutlass.const_expr(self.phase == "apply"):  # the column's 128-block amax from the amax pass
+            amax = cutlass.Int32(ca[e, vb // 4, cv * VEC + rg])
+        byte, factor = block_scale(amax, self.emax, self.rceil)
         if cutlass.const_expr(self.blocked and self.grouped):  # grouped-K: the group's tiles blocked on their own
             tile0 = vb // 4 - (r0 - start) // (4 * BLOCK)  # the group's first scale tile
             st[e, grouped_k_scale_offset(cv * VEC + rg, vb - 4 * tile0, tile0, (end - start + 127) // 128,
@@ -446,8 +446,9 @@ class SwiGLUQuantKernel(TileQuantKernel):
                  emit_hp: bool = False, row_tiles: int | None = None, scale_block: int = 32, phase: str = "cast"):
         if prologue not in ("swiglu", "dswiglu"):
             raise ValueError(f"prologue must be 'swiglu' or 'dswiglu', got {prologue!r}")
-        if row_tiles is None:  # the backward with its high-precision store would spill in the staged loop
-            row_tiles = 1 if prologue == "dswiglu" and emit_hp else self.ROW_TILES
+        if row_tiles is None:  # the backward with its high-precision store, or reading the 128-block amaxes back,
+            # would spill in the staged loop (255 registers + 8 bytes of local memory, measured for sm_90a)
+            row_tiles = 1 if prologue == "dswiglu" and (emit_hp or phase == "apply") else self.ROW_TILES
         super().__init__(elem, scale_mode, blocked, True, True, grouped, emit_hp, row_tiles, scale_block, phase)
         self.prologue = prologue
 

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import MXFP8Config, resolve_config
+from ..ops.shapes import fast_mode_hidden_reason
 from .modules import MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, mxfp8_dims_reason
 
 __all__ = ["ConversionReport", "convert_to_mxfp8"]
@@ -319,5 +320,11 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
         if why is not None:
             _skip(report, fqn, why)
             continue
+        if kind != "MXFP8Linear":
+            why = fast_mode_hidden_reason(cfg.hopper_block_k, dims["hidden_dim"])
+            if why is not None:  # the fast mode runs Linears of any multiple-of-32 shape
+                _skip(report, fqn, f"{why}; its Linears are converted one by one")
+                _convert_children(child, fqn, cfg, filter_fn, report, gen)
+                continue
         setattr(parent, name, _replacement(child, kind, names, cfg))
         report.converted.append((fqn, kind))

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from ..config import MXFP8Config, resolve_config
 from ..ops.autograd import mxfp8_linear, mxfp8_swiglu_mlp
-from ..ops.shapes import mxfp8_dims_reason
+from ..ops.shapes import fast_mode_hidden_reason, mxfp8_dims_reason
 
 _INT32_MAX = 2**31 - 1
 
@@ -34,6 +34,12 @@ def _require_dims(cls_name: str, **dims: int) -> None:
     reason = mxfp8_dims_reason(**dims)
     if reason is not None:
         raise ValueError(f"{cls_name}: {reason}; keep this layer in high precision")
+
+
+def _require_fast_mode_hidden(cls_name: str, config: MXFP8Config, hidden_dim: int) -> None:
+    reason = fast_mode_hidden_reason(config.hopper_block_k, hidden_dim)
+    if reason is not None:
+        raise ValueError(f"{cls_name}: {reason}; pad the hidden dim to a multiple of 128 or use hopper_block_k=32")
 
 
 class MXFP8Linear(nn.Linear):
@@ -73,7 +79,7 @@ class MXFP8SwiGLUMLP(nn.Module):
     (:func:`cute_mxfp8.ops.mxfp8_swiglu_mlp`: fused W13 GEMM, SwiGLU + dual quantization, no bf16 ``h``).
 
     Args:
-        dim: D (model dim), hidden_dim: I; both multiples of 32.
+        dim: D (model dim), hidden_dim: I; both multiples of 32 (I of 128 with ``hopper_block_k=128``; ValueError).
         config: :class:`MXFP8Config`.
         names: the child names of (gate, down, up), default ``("w1", "w2", "w3")``; state dict keys follow them.
     Input (..., D) bf16/fp32 -> (..., D) same dtype.
@@ -92,6 +98,7 @@ class MXFP8SwiGLUMLP(nn.Module):
         self.add_module(down, nn.Linear(hidden_dim, dim, **kw))
         self.add_module(up, nn.Linear(dim, hidden_dim, **kw))
         self.config = resolve_config(config)
+        _require_fast_mode_hidden(type(self).__name__, self.config, hidden_dim)
 
     @classmethod
     def from_module(cls, ffn: nn.Module, config: MXFP8Config | None = None,
@@ -116,7 +123,7 @@ class MXFP8GroupedExperts(nn.Module):
     """Mixture-of-experts SwiGLU experts in MXFP8: 2d-3d grouped GEMMs forward and dgrad, 2d-2d wgrad.
 
     Args:
-        dim: D, hidden_dim: I (multiples of 32), num_experts: E.
+        dim: D, hidden_dim: I (multiples of 32; I of 128 with ``hopper_block_k=128``: ValueError), num_experts: E.
         names: the parameter names of (w1 (E, I, D), w2 (E, D, I), w3 (E, I, D)), default ``("w1", "w2", "w3")``.
     ``forward(x, num_tokens_per_expert)``: ``x`` (T, D) bf16/fp32 with tokens sorted by expert, the first
     ``num_tokens_per_expert[0]`` rows for expert 0 and so on; ``num_tokens_per_expert`` (E,) integer tensor,
@@ -136,6 +143,7 @@ class MXFP8GroupedExperts(nn.Module):
         for n, shape in zip(self.names, shapes):
             self.register_parameter(n, nn.Parameter(torch.empty(shape, **kw)))
         self.config = resolve_config(config)
+        _require_fast_mode_hidden(type(self).__name__, self.config, hidden_dim)
         if self._weights()[0].device.type != "meta":
             self.reset_parameters()
 

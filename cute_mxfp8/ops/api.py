@@ -31,6 +31,7 @@ import os
 from ..swiglu import GATE_UP_TILE
 from . import backends as B
 from . import library as L
+from . import shapes as S
 
 E4M3 = torch.float8_e4m3fn
 
@@ -176,6 +177,7 @@ def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_
         ``(row, row_scales, col, col_scales)``: ``row`` (2I, D) / (E, 2I, D) blocked along D (GEMM1's ``b``);
         ``col`` (D, 2I) / (E, D, 2I) blocked along 2I (the w13 dgrad ``b``); scales as :func:`quantize_dual`.
     """
+    S.check_scale_block(scale_block)  # before the schema's int check, which would raise a RuntimeError
     return L._quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend or "", scale_block)
 
 
@@ -190,12 +192,13 @@ def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: t
         bias: optional (N,) bf16/fp32, added in fp32 to the fp32 accumulator before the one rounding to
             ``out_dtype`` (never rounded on its own first), as cuBLAS's bias epilogue does.
         scale_block: 128 states that both operands were quantized with ``scale_block=128`` (their 4 scales of
-            every 128-run along K are equal): the ``sm90`` backend then runs the Hopper fast mode's GEMM (fp8
-            WGMMA, one promotion per 128 of K), which reads only the first scale of each run, so operands that
-            break the promise give wrong results there.  The result is the same exact product either way; other
-            backends ignore it.
+            every 128-run along K are equal).  The ``sm90`` backend then runs the Hopper fast mode's GEMM (fp8
+            WGMMA, one promotion per 128 of K), which reads only the first scale of each run: on operands that
+            keep the promise it computes the same product as with 32, on operands that break it a wrong one.
+            The ``reference`` backend checks the promise (ValueError); the ``sm100`` kernel ignores the hint.
     Returns: (M, N) in ``out_dtype``, contiguous.
     """
+    S.check_scale_block(scale_block)
     return L._mm(a, a_scales, b, b_scales, out_dtype, backend or "", bias, scale_block)
 
 
@@ -214,6 +217,7 @@ def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: T
     ``scale_block``: the hint of :func:`mm` (no grouped kernel uses it yet: the result is the same either way).
     """
     _check_offs(offs, required=True)
+    S.check_scale_block(scale_block)
     return L._grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block)
 
 
@@ -233,6 +237,7 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
     ``scale_block``: the hint of :func:`mm` (no grouped kernel uses it yet: the result is the same either way).
     """
     _check_offs(offs, required=True)
+    S.check_scale_block(scale_block)
     return L._grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block)
 
 

@@ -32,7 +32,7 @@ from ..swiglu import GATE_UP_TILE, split_gate_up
 from . import api
 from .amp import autocast_input, autocast_off
 from .backends import fuses_mlp, resolve_backend
-from .shapes import mxfp8_dims_reason
+from .shapes import fast_mode_hidden_reason, mxfp8_dims_reason
 
 __all__ = ["mxfp8_linear", "mxfp8_grouped_mm", "mxfp8_swiglu_mlp"]
 
@@ -277,10 +277,7 @@ def fused_epilogues_enabled(config, device, i: int, grouped: bool) -> bool:
     """Whether :func:`mxfp8_swiglu_mlp` with hidden size ``i`` on ``device`` runs with the GEMM-fused epilogues
     (:attr:`MXFP8Config.fused_epilogues`).  Raises ValueError where ``fused_epilogues=True`` cannot hold."""
     c = resolve_config(config)
-    if scale_block(c, device) == 128:  # the fused epilogues cast h / dh13 in 32-blocks
-        if c.fused_epilogues:
-            raise ValueError("fused_epilogues=True does not combine with hopper_block_k=128 on this backend yet: "
-                             "the GEMM-fused epilogues emit 32-element blocks; pass fused_epilogues=None or False")
+    if scale_block(c, device) == 128:  # the fused epilogues cast h / dh13 in 32-blocks (True is refused by c)
         return False
     if c.fused_epilogues is None:
         return i % GATE_UP_TILE == 0 and fuses_mlp(device, c.backend, grouped)
@@ -366,7 +363,8 @@ def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor
 
     Args:
         x: (..., D) bf16/fp32 (2-D (M, D) sorted by expert when ``offs`` is given).
-        w1, w3: (I, D) or (E, I, D); w2: (D, I) or (E, D, I); ``D % 32 == 0``, ``I % 32 == 0``.
+        w1, w3: (I, D) or (E, I, D); w2: (D, I) or (E, D, I); ``D % 32 == 0``, ``I % 32 == 0`` (``I % 128 == 0``
+            with ``MXFP8Config(hopper_block_k=128)`` where it applies; ValueError otherwise).
         offs: None (dense) or (E,) int32 cumulative end offsets of the token groups (grouped experts).
     Returns: x's shape and dtype.
     """
@@ -383,9 +381,8 @@ def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor
     _check_weight("w2", w2, (*e, d, i))
     _check_input(x, d, rank2=grouped)
     _check_dims32(D=d, I=i)
-    if i % 128 and scale_block(config, x.device) == 128:
-        raise ValueError(f"hopper_block_k=128 needs I % 128 == 0 (W13's 128-blocks along 2I must not mix gate and up "
-                         f"features), got I = {i}: pad w1 and w3 EACH (and w2's columns) to a multiple of 128, or "
-                         f"use hopper_block_k=32")
+    if scale_block(config, x.device) == 128 and fast_mode_hidden_reason(128, i):
+        raise ValueError(f"{fast_mode_hidden_reason(128, i)}: pad w1 and w3 EACH (and w2's columns) to a multiple of "
+                         f"128, or use hopper_block_k=32")
     return _SwiGLUMLPFn.apply(autocast_input(x), w1, w2, w3, offs, *_cfg_args(config, x.device),
                               fused_epilogues_enabled(config, x.device, i, grouped))

@@ -75,8 +75,22 @@ def _deq_rowwise(data: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
     return F.dequantize_mxfp8(data, F.from_blocked_scales(blocked, r, k // _B))
 
 
+def _check_shared_runs(name: str, data: torch.Tensor, blocked: torch.Tensor) -> None:
+    """``scale_block=128``'s promise on a GEMM operand: its scales are equal in every run of 4 along K."""
+    s = F.from_blocked_scales(blocked, data.shape[0], data.shape[1] // _B).view(torch.uint8)
+    first = s[:, (torch.arange(s.shape[1], device=s.device) // 4) * 4]
+    if not torch.equal(s, first):
+        raise ValueError(f"{name}'s scales are not equal in runs of 4 along K, as scale_block=128 states (the sm90 "
+                         f"kernel would read only the first of each run): quantize it with scale_block=128, or pass "
+                         f"scale_block=32")
+
+
 def mm(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32):
-    """The exact product of any MXFP8 operands: ``scale_block`` (a hint for the kernels) changes nothing here."""
+    """The exact product of any MXFP8 operands; with ``scale_block=128`` the operands' promise (scales equal in
+    runs of 4 along K) is checked first, so code that breaks it fails here rather than only on SM90."""
+    if scale_block == 128:
+        _check_shared_runs("a", a, a_scales)
+        _check_shared_runs("b", b, b_scales)
     acc = _deq_rowwise(a, a_scales) @ _deq_rowwise(b, b_scales).t()
     if bias is not None:  # added to the fp32 accumulator: one rounding to out_dtype, as cuBLAS's bias epilogue
         acc = acc + bias.float()

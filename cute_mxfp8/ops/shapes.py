@@ -55,6 +55,15 @@ def mxfp8_dims_reason(**dims: int) -> str | None:
     return f"{got} not a multiple of the MX block size {BLOCK_SIZE} (every GEMM dim of an MXFP8 layer must be)"
 
 
+def fast_mode_hidden_reason(hopper_block_k: int, hidden_dim: int) -> str | None:
+    """None unless the Hopper fast mode (``MXFP8Config(hopper_block_k=128)``) cannot run a SwiGLU MLP / experts
+    block of hidden size ``hidden_dim`` (W13's 128-blocks along 2I must hold one projection's features)."""
+    if hopper_block_k == 128 and hidden_dim % 128:
+        return (f"hidden_dim I = {hidden_dim} is not a multiple of 128, which hopper_block_k=128 needs for a SwiGLU "
+                f"MLP (W13's 128-element blocks along 2I must not mix gate and up features)")
+    return None
+
+
 def check_offs(offs: torch.Tensor | None, device: torch.device, num_groups: int | None = None) -> None:
     if offs is None:
         return
