@@ -202,7 +202,8 @@ def test_swiglu_ops_pick_the_kernels_and_refuse_clearly(rng):
         mixed = ops.dswiglu_quant(dh.float(), h13, emit_hp=hp, backend="sm90")
         same = ops.dswiglu_quant(dh.float(), h13.float(), emit_hp=hp, backend="sm90")
         assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(mixed, same))
-        _check(mixed, R.dswiglu_quant(dh.float().cpu(), h13.cpu(), "rceil", torch.float8_e4m3fn, True, hp),
+        # the reference on the same GPU (torch's CUDA exp: the contract's 4-ulp bound is against it)
+        _check(mixed, R.dswiglu_quant(dh.float(), h13, "rceil", torch.float8_e4m3fn, True, hp),
                f"mixed dtypes, hp={hp}")
 
 
