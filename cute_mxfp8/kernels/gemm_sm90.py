@@ -58,6 +58,11 @@ class MXGemmSm90:
     equal (``quantize_mxfp8(..., scale_block=128)``), so the stage's 4 WGMMAs accumulate into one partial and it is
     promoted once per stage with the block's scale (the first of the four; the others are not read).  A warpgroup
     promotes while the other warpgroup's WGMMAs run.  The result is the reference's product of those operands.
+    ``pingpong`` (block_k=128, default on): the two warpgroups pass a WGMMA issue token (named barriers
+    :attr:`TOKEN`): each issues a stage's WGMMAs only after the other issued its own, so the tensor core runs one
+    warpgroup's MMAs while the other promotes.  ``cluster_mn`` (:attr:`CLUSTERS`): CTAs per cluster along (M, N);
+    the A tile is TMA-multicast across the cluster's N CTAs and the B tile across its M CTAs (each CTA loads a
+    slice; a CTA past the output's edge still loads and releases its slices).
 
     Constraints (:meth:`can_implement`): K % 32 == 0 (TMA zero-fills a partial 128-deep K tile; its padded scales
     are zero), 16-byte aligned contiguous operands; any M, N >= 1.
