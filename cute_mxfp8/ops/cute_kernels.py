@@ -159,12 +159,11 @@ def _no_amax(device: torch.device) -> tuple:
     return none, none
 
 
-def _amax_buffers(device: torch.device, shape: tuple, offs, width: int | None = None) -> tuple:
-    """Zeroed int32 (amax_rows, amax_cols) of a ``scale_block=128`` tile cast of a tensor of ``shape`` (output width
-    ``width`` when a SwiGLU prologue changes it): (E, M, ceil(K/128)) and (E, ceil(row blocks / 4), K), row blocks
+def _amax_buffers(device: torch.device, shape: tuple, offs) -> tuple:
+    """Zeroed int32 (amax_rows, amax_cols) of a ``scale_block=128`` tile cast whose output is (E,) M x K (``shape``;
+    for the SwiGLU kernels the cast's (M, width)): (E, M, ceil(K/128)) and (E, ceil(row blocks / 4), K), row blocks
     the kernel's (virtual, with token groups) 32-row blocks."""
     *lead, m, k = shape
-    k = shape[-1] if width is None else width
     e = lead[0] if lead else 1
     blocks = 4 * (m // 128 + offs.numel()) if offs is not None else -(-m // 32)
     return (torch.zeros(e, m, -(-k // 128), dtype=torch.int32, device=device),
