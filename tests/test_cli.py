@@ -14,6 +14,15 @@ TINY = ["--steps", "4", "--batch-size", "4", "--seq-len", "32", "--dim", "64", "
         "--heads", "2", "--eval-batches", "1", "--no-progress", "--device", "cpu"]
 
 
+def test_train_tiny_in_the_fast_mode(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "--hopper-block-k", "128", "--out", str(out)]) == 0  # TINY's hidden is 128
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["scale_block"] == 128 and summary["args"]["hopper_block_k"] == 128
+    assert all(math.isfinite(v) for v in summary["runs"]["mxfp8"]["train_losses"])
+    assert "Hopper fast mode (hopper_block_k=128)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("moe", [False, True])
 def test_train_tiny(tmp_path, capsys, moe):
     out = tmp_path / "run"
@@ -60,6 +69,18 @@ def test_bench_profile_takes_a_count_and_says_where_it_applies(capsys):
     assert "--profile applies to the mlp group only; ignored for ['quantize']" in capsys.readouterr().out
 
 
+def test_bench_mlp_in_the_fast_mode_says_so_and_records_it(tmp_path, capsys):
+    path = tmp_path / "mlp.json"
+    assert main(["bench", "mlp", "--hopper-block-k", "128", "--device", "cpu", "--json", str(path)]) == 0
+    out = json.loads(path.read_text())
+    assert out["mlp_hopper_block_k"] == 128 and out["mlp_steps"] and out["mlp_steps"][0][3] > 0
+    assert "Hopper fast mode: MXFP8Config(hopper_block_k=128)" in capsys.readouterr().out
+    assert main(["bench", "quantize", "--hopper-block-k", "128", "--device", "cpu"]) == 0
+    assert "--hopper-block-k applies to the mlp group only" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["bench", "mlp", "--hopper-block-k", "64"])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.profiler's kernel times)")
 def test_bench_mlp_kernel_breakdown_ranks_the_step_kernels():
@@ -99,6 +120,7 @@ def _train_args(tmp_path, *extra):
     (["--eval-batches", "0"], "argument --eval-batches: must be a positive integer"),
     (["--eval-every", "0"], "argument --eval-every: must be a positive integer"),
     (["--warmup", "-1"], "argument --warmup: must be an integer >= 0"),
+    (["--hopper-block-k", "128", "--hidden", "96"], "argument --hopper-block-k: 128 needs --hidden to be a multiple of 128"),
 ])  # fmt: skip
 def test_train_rejects_bad_args(tmp_path, capsys, extra, message):
     """Bad values are argparse errors (usage line, exit status 2) before anything runs, not tracebacks or NaNs."""
