@@ -166,9 +166,11 @@ def _quantize_blocks(xb: torch.Tensor, scale_mode: str, elem_dtype: torch.dtype,
 SCALE_BLOCKS = (32, 128)
 
 
-def _check_scale_block(scale_block) -> None:
+def check_scale_block(scale_block) -> None:
+    """ValueError unless ``scale_block`` is one of :data:`SCALE_BLOCKS` (an int: True / 128.0 are refused)."""
     if type(scale_block) is not int or scale_block not in SCALE_BLOCKS:
-        raise ValueError(f"scale_block must be one of {SCALE_BLOCKS}, got {scale_block!r}")
+        raise ValueError(f"scale_block must be 32 (MXFP8) or 128 (the Hopper fast mode's shared scales, "
+                         f"quantize_mxfp8(..., scale_block=128)), got {scale_block!r}")
 
 
 def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
@@ -199,7 +201,7 @@ def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
         ValueError: unsupported dtype, scale mode, element dtype or scale block, or ``x.shape[dim]`` not a multiple
         of 32.
     """
-    _check_scale_block(scale_block)
+    check_scale_block(scale_block)
     _check_scale_mode(scale_mode)
     _check_elem_dtype(elem_dtype)
     if x.dtype not in (torch.bfloat16, torch.float32):
@@ -398,7 +400,7 @@ def quantize_mxfp8_grouped_k(x: torch.Tensor, offs: torch.Tensor, *, scale_mode:
     scale matrix is ``scales.t()`` (N rows, block columns), whose group columns start on multiples of 4; the
     kernels take it blocked per group, :func:`to_blocked_scales_grouped_k` (``scales.t(), offs``).
     """
-    _check_scale_block(scale_block)
+    check_scale_block(scale_block)
     if x.dim() != 2:
         raise ValueError(f"quantize_mxfp8_grouped_k takes a 2-D (M, N) tensor, got shape {tuple(x.shape)}")
     m, n = x.shape

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import BLOCK_SIZE, ELEM_DTYPES, SCALE_BLOCKS, SCALE_MODES, blocked_scales_numel, grouped_scale_tiles
+from ..formats import (BLOCK_SIZE, ELEM_DTYPES, SCALE_MODES, blocked_scales_numel, check_scale_block,
+                       grouped_scale_tiles)
 from ..swiglu import GATE_UP_TILE
 
 _HP_DTYPES = (torch.bfloat16, torch.float32)
@@ -18,12 +19,6 @@ _OUT_DTYPES = (torch.bfloat16, torch.float32)
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def check_scale_block(scale_block) -> None:
-    if type(scale_block) is not int or scale_block not in SCALE_BLOCKS:
-        raise ValueError(f"scale_block must be 32 (MXFP8) or 128 (the Hopper fast mode's shared scales, "
-                         f"formats.quantize_mxfp8(..., scale_block=128)), got {scale_block!r}")
 
 
 def check_quant_args(scale_mode: str, elem_dtype: torch.dtype, scale_block: int = 32) -> None:
