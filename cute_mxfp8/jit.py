@@ -53,6 +53,12 @@ def _fake(dtype, shape, align: int | None = None):
                                     assumed_align=align)
 
 
+def _hp_dtype(name: str):
+    """The DSL dtype of a high-precision input named by ``_IN_DTYPES``."""
+    cutlass, _ = _cutlass()
+    return cutlass.BFloat16 if name == "bfloat16" else cutlass.Float32
+
+
 def _tile_scales(blocked: bool):
     """Fake scales of a tile-kernel output: (E, blocked numel) or plain (E, rows, cols), uint8."""
     cutlass, _ = _cutlass()
@@ -142,7 +148,7 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
     if direction not in ("rowwise", "colwise", "dual"):
         raise ValueError(f"direction must be rowwise, colwise or dual, got {direction!r}")
     cutlass, cute = _cutlass()
-    x_dtype = cutlass.BFloat16 if in_dtype == "bfloat16" else cutlass.Float32
+    x_dtype = _hp_dtype(in_dtype)
     fake, sym = _fake, _sym
     i32 = fake(cutlass.Int32, (sym(),))
 
@@ -211,8 +217,7 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
     mixed = h13_dtype != in_dtype
     kernel = SwiGLUQuantKernel("swiglu" if direction == "fwd" else "dswiglu", elem, scale_mode, blocked, grouped,
                                emit_hp, row_tiles=1 if mixed else None, scale_block=scale_block, phase=phase)
-    x_dtype = cutlass.BFloat16 if in_dtype == "bfloat16" else cutlass.Float32
-    h_dtype = cutlass.BFloat16 if h13_dtype == "bfloat16" else cutlass.Float32
+    x_dtype, h_dtype = _hp_dtype(in_dtype), _hp_dtype(h13_dtype)
 
     fake, sym = _fake, _sym
     scales = functools.partial(_tile_scales, blocked)
@@ -396,7 +401,7 @@ def compile_epilogue_check(mode: str, h13_dtype: str, elem: str, scale_mode: str
     from .kernels.gemm_checks import EpilogueCheckKernel
 
     kernel = EpilogueCheckKernel(mode, elem, scale_mode, emit_hp)
-    h13 = cutlass.BFloat16 if h13_dtype == "bfloat16" else cutlass.Float32
+    h13 = _hp_dtype(h13_dtype)
     fake, sym = _fake, _sym
     args = (fake(cutlass.Float32, (sym(), sym(32))), fake(h13, (sym(), sym(64))),
             fake(kernel.elem_dtype, (sym(), sym(32))), fake(cutlass.Uint8, (sym(),)),
