@@ -170,6 +170,18 @@ def _amax_buffers(device: torch.device, shape: tuple, offs) -> tuple:
             torch.zeros(e, -(-blocks // 4), k, dtype=torch.int32, device=device))
 
 
+def _launch_phases(build, args: tuple, device: torch.device, shape: tuple, offs, scale_block: int) -> None:
+    """Run a tile-kernel cast: ``build(scale_block, phase)`` -> the compiled kernel, called with ``args`` and the
+    amax buffers.  32-blocks: one ``"cast"`` launch; 128: the ``"amax"`` launch, then the ``"apply"`` launch, sharing
+    zeroed buffers (:func:`_amax_buffers` of the cast's output ``shape``)."""
+    if scale_block == 32:
+        build(32, "cast")(*args, *_no_amax(device))
+        return
+    amax = _amax_buffers(device, shape, offs)
+    for phase in ("amax", "apply"):
+        build(128, phase)(*args, *amax)
+
+
 def _e8m0(*ts):
     return tuple(t.view(torch.float8_e8m0fnu) if t.dtype == torch.uint8 else t for t in ts)
 
@@ -186,14 +198,10 @@ def _ops(arch: str) -> dict:
         three_d = x.dim() == 3
         unused = _unused_outputs(x.device, elem_dtype, blocked)
         q, s, qt, st = (_batch(t, three_d) if t is not None else unused[i % 2] for i, t in enumerate((q, s, qt, st)))
-        args = (_batch(x, three_d), q, s, qt, st, *_group_args(x.device, offs))
         flags = (offs is not None, three_d and direction == "rowwise")
-        if scale_block == 32:
-            kernel(direction, x, scale_mode, elem_dtype, blocked, *flags)(*args, *_no_amax(x.device))
-            return
-        amax = _amax_buffers(x.device, x.shape, offs)
-        for phase in ("amax", "apply"):
-            kernel(direction, x, scale_mode, elem_dtype, blocked, *flags, 128, phase)(*args, *amax)
+        _launch_phases(lambda sb, phase: kernel(direction, x, scale_mode, elem_dtype, blocked, *flags, sb, phase),
+                       (_batch(x, three_d), q, s, qt, st, *_group_args(x.device, offs)), x.device, x.shape, offs,
+                       scale_block)
 
     def rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked, scale_block=32):
         """Rows at or past offs[-1] belong to no group: their rowwise data (and plain scales) still exist."""
@@ -354,12 +362,9 @@ def _swiglu_ops(arch: str) -> dict:
             hp_arg = hp.unsqueeze(0) if emit_hp else _placeholder(dev, x.dtype, (1, 32, 32))
             args = (*(t.unsqueeze(0) for t in inputs), q.unsqueeze(0), _batch(s, False), qt.unsqueeze(0),
                     _batch(st, False), hp_arg, *_group_args(dev, offs))
-            phases = [("cast", _no_amax(dev))] if scale_block == 32 else \
-                [(p, amax) for amax in [_amax_buffers(dev, (m, width), offs)] for p in ("amax", "apply")]
-            for phase, amax in phases:
-                compile_swiglu_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False,
-                                     offs is not None, emit_hp, scale_block, phase,
-                                     _IN[inputs[-1].dtype])(*args, *amax)
+            _launch_phases(lambda sb, phase: compile_swiglu_quant(
+                direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, offs is not None,
+                emit_hp, sb, phase, _IN[inputs[-1].dtype]), args, dev, (m, width), offs, scale_block)
         return (*_e8m0(q, s, qt, st), hp)
 
     def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32):
