@@ -172,10 +172,10 @@ class MXFP8GatheredWeight(Tensor):
         call = match_call(cls, func, args, kwargs)
         if call is not None:
             _refuse_compile()
-        if call is not None and call[2]._is_weight():
             kind, x, w, extra = call
-            run = mxfp8_linear if kind == "linear" else mxfp8_grouped_mm
-            return run(x, w, extra, w._operands.config, weight_operands=w._operands)
+            if w._is_weight():
+                run = mxfp8_linear if kind == "linear" else mxfp8_grouped_mm
+                return run(x, w, extra, w._operands.config, weight_operands=w._operands)
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
 
