@@ -40,7 +40,10 @@ def test_gemm_compiles_for_sm90_with_wgmma(elems, out, mainloop):
         return sum(v for k, v in counts.items() if k.startswith(prefix))
 
     if mainloop == "promote":
-        assert count("QGMMA") == 4  # one fp8 WGMMA (K = 32 = one MX block) per block of the 128-deep stage
+        # one fp8 WGMMA (K = 32 = one MX block) per block of the 128-deep stage and 64-row half of the tile; ptxas
+        # honours the warpgroups' setmaxnreg (C7508 drops it silently without a launch bound); 16-byte loads of
+        # the column scales (4 per block: 16 columns per thread)
+        assert count("QGMMA") == 8 and count("USETMAXREG") == 2 and count("LDS.128") == 16
     else:
         # per 64-deep stage: 2 chunks x 2 row halves x 2 k16 steps of bf16 WGMMA, A from registers; the fp8 ->
         # f16 conversions in hardware (consumers: 32 per stage; the transform warps' loop is unrolled)
@@ -543,9 +546,10 @@ def test_fast_mode_gemm_compiles_with_a_quarter_of_the_promotions():
     res, count = facts(128)
     _, count32 = facts(32)
     assert res["local_frame"] == 0 and count("LDL") == count("STL") == 0
-    assert count("QGMMA") == 4 and count("UTMALDG") == 2
-    # the promotion FMUL + FFMA pairs: 64 accumulator elements per thread, once per stage instead of 4 times
-    assert count("FFMA") * 4 == count32("FFMA") and count("FFMA") == 64
+    assert count("QGMMA") == 8 and count("UTMALDG") == 2 and count("USETMAXREG") == 2
+    # the promotion FMUL + FFMA pairs: 64 accumulator elements per thread, once per stage instead of 4 times; the
+    # thread's 16 column scales in 4 16-byte loads
+    assert count("FFMA") * 4 == count32("FFMA") and count("FFMA") == 64 and count("LDS.128") == 4
     with pytest.raises(ValueError, match="block_k"):
         compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "dequant", block_k=128)
     with pytest.raises(ValueError, match="n_tile"):
@@ -553,6 +557,8 @@ def test_fast_mode_gemm_compiles_with_a_quarter_of_the_promotions():
     wide = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, block_k=128, n_tile=192)
     (res,) = sass_facts.cubin_resources(wide.__cubin__).values()
     assert res["local_frame"] == 0 and wide.launch_smem[0] <= 232448
+    counts = sass_facts.opcode_counts(sass_facts.disassemble(wide.__cubin__))
+    assert counts["FFMA"] == 96 and counts["LDS.128"] == 6 and counts["USETMAXREG.TRY_ALLOC.CTAPOOL"] == 1
 
 
 def _fast_integer_operand(rows, k, elem, rng):

@@ -22,10 +22,10 @@ def fast_operand(x):
     return q, F.to_blocked_scales(s)
 
 
-VARIANTS = {"no pingpong": {"pingpong": False}, "n_tile 192": {"n_tile": 192},
+VARIANTS = {"n_tile 128": {"n_tile": 128}, "n_tile 192": {"n_tile": 192},
             "n_tile 192 no pingpong": {"n_tile": 192, "pingpong": False},
-            "cluster 2x1": {"cluster_mn": (2, 1)}, "cluster 1x2": {"cluster_mn": (1, 2)},
-            "n_tile 192 cluster 2x1": {"n_tile": 192, "cluster_mn": (2, 1)}}
+            "n_tile 192 cluster 2x1": {"n_tile": 192, "cluster_mn": (2, 1)},
+            "n_tile 192 cluster 1x2": {"n_tile": 192, "cluster_mn": (1, 2)}}
 
 
 def check(m, n, k, gen, **kw):
@@ -47,18 +47,25 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", nargs="*", default=None, help="time only the GEMMs whose names contain one of these")
     ap.add_argument("--profile", default=None, metavar="VARIANT",
-                    help="launch only this fast-mode variant ('default' or a VARIANTS name) once at 8192^3 between "
-                         "cudaProfilerStart/Stop (for ncu --profile-from-start off), then exit")
+                    help="launch only this fast-mode variant ('default', a VARIANTS name or a 'cuBLAS ...' "
+                         "baseline) once at 8192^3 between cudaProfilerStart/Stop (for ncu --profile-from-start "
+                         "off), then exit")
     args = ap.parse_args()
     if args.profile:
-        kw = {} if args.profile == "default" else VARIANTS[args.profile]
         a, a_s = ops.quantize_rowwise(torch.randn(8192, 8192, device="cuda"))
-        fn = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", block_k=128, **kw)
         d = torch.empty(8192, 8192, device="cuda", dtype=torch.bfloat16)
-        fn(a, a, a_s.view(torch.uint8), a_s.view(torch.uint8), d)
+        if args.profile.startswith("cuBLAS"):  # a baseline of the same shape, for side-by-side counters
+            run = sm90_dense_baselines(a, a_s, a, a_s, {})[args.profile]
+        else:
+            kw = {} if args.profile == "default" else VARIANTS[args.profile]
+            fn = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", block_k=128, **kw)
+
+            def run():
+                fn(a, a, a_s.view(torch.uint8), a_s.view(torch.uint8), d)
+        run()
         torch.cuda.synchronize()
         torch.cuda.profiler.start()
-        fn(a, a, a_s.view(torch.uint8), a_s.view(torch.uint8), d)
+        run()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
         return

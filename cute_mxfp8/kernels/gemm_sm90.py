@@ -49,8 +49,8 @@ class MXGemmSm90:
     zero-initialised partial accumulator, which is then added to the fp32 accumulator times ``sa[m] · sb[n]``
     (exact: a product of powers of two).  Warp roles (384 threads): warpgroup 0 loads A and B by TMA into
     ``stages`` shared-memory stages of 128 x 128 / ``n_tile`` x 128 bytes (``PipelineTmaAsync``; one warp issues);
-    warpgroups 1 and 2 each own 64 rows of the 128 x ``n_tile`` output tile, so one promotes while the other's
-    WGMMA runs.  Epilogue: each thread stores its accumulator elements, converted to ``out_dtype``, predicated on
+    warpgroups 1 and 2 (the consumers) each own all 128 rows of the output tile and half of its columns (two m64
+    WGMMAs per K step), so one promotes while the other's WGMMAs run; the column scales are decoded into shared memory once per stage and read with 16-byte loads.  Epilogue: each thread stores its accumulator elements, converted to ``out_dtype``, predicated on
     M and N (partial tiles).  Persistent CTAs (``max_ctas``, one per SM) walk the shared tile order
     (:class:`.tile_scheduler.PersistentTiles`), the pipeline running on across tiles.
 
@@ -58,9 +58,9 @@ class MXGemmSm90:
     equal (``quantize_mxfp8(..., scale_block=128)``), so the stage's 4 WGMMAs accumulate into one partial and it is
     promoted once per stage with the block's scale (the first of the four; the others are not read).  A warpgroup
     promotes while the other warpgroup's WGMMAs run.  The result is the reference's product of those operands.
-    ``pingpong`` (block_k=128, default on): the two warpgroups pass a WGMMA issue token (named barriers
-    :attr:`TOKEN`): each issues a stage's WGMMAs only after the other issued its own, so the tensor core runs one
-    warpgroup's MMAs while the other promotes.  ``cluster_mn`` (:attr:`CLUSTERS`): CTAs per cluster along (M, N);
+    ``pingpong`` (block_k=128, default on): the consumer warpgroups pass a WGMMA issue token round a ring (named
+    barriers, :meth:`_token`): each issues a stage's WGMMAs only after the previous one issued its own, so the
+    tensor core runs one warpgroup's MMAs while the others promote.  ``cluster_mn`` (:attr:`CLUSTERS`): CTAs per cluster along (M, N);
     the A tile is TMA-multicast across the cluster's N CTAs and the B tile across its M CTAs (each CTA loads a
     slice; a CTA past the output's edge still loads and releases its slices).
 
@@ -69,14 +69,16 @@ class MXGemmSm90:
     """
 
     TILE_M = 128
-    K_STAGE = 128  # K elements per pipeline stage: 4 MX blocks, 4 WGMMAs per consumer warpgroup
+    K_STAGE = 128  # K elements per pipeline stage: 4 MX blocks, 4 x 2 WGMMAs per consumer warpgroup
     BLOCKS = 4
-    CONSUMERS = 2
-    THREADS = 128 * (1 + CONSUMERS)
 
     CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2))
 
-    TOKEN = (3, 4)  # named barriers passing the WGMMA issue token to warpgroup 1 / 2 (ids 1, 2: the scale decode)
+    consumers = 2  # consumer warpgroups (3, each on 64 columns of n_tile 192, measured 5-7 % slower)
+    THREADS = 128 * (1 + consumers)
+    # setmaxnreg budgets (producer warpgroup, each consumer warpgroup): 128 x 40 + 256 x 232 of the SM's 65536
+    # registers (a consumer holds its accumulator and the partial)
+    REGS = (40, 232)
 
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
                  block_k: int = 32, max_ctas: int = 132, cluster_mn: tuple = (1, 1), pingpong: bool = True):
@@ -95,6 +97,8 @@ class MXGemmSm90:
         if max_ctas < 1:
             raise ValueError(f"max_ctas must be >= 1, got {max_ctas}")
         self.n_tile, self.block_k, self.max_ctas = n_tile, block_k, max_ctas
+        self.wg_cols = n_tile // self.consumers  # output columns per consumer warpgroup
+        self.thr_cols = self.wg_cols // 4  # accumulator columns per thread (and row)
 
     @staticmethod
     def can_implement(m: int, n: int, k: int) -> str | None:
@@ -107,14 +111,16 @@ class MXGemmSm90:
 
     def _configure(self):
         self.tiler = (self.TILE_M, self.n_tile, self.K_STAGE)
+        # the consumer warpgroups split the tile's N (each all 128 rows: two m64 WGMMAs per K step)
         self.tiled_mma = sm90.make_trivial_tiled_mma(
             self.a_dtype, self.b_dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
-            cutlass.Float32, (self.CONSUMERS, 1, 1), tiler_mn=(64, self.n_tile))
+            cutlass.Float32, (1, self.consumers, 1), tiler_mn=(64, self.wg_cols))
         self.stage_bytes = (self.TILE_M + self.n_tile) * self.K_STAGE  # fp8: one byte per element
         capacity = cutlass.memory.get_smem_capacity_in_bytes("sm_90")
-        # decoded scales: per buffer (2) and consumer warpgroup, 64 rows and n_tile columns x 4 blocks of fp32
-        self.DEC_WORDS = (64 + self.n_tile) * self.BLOCKS
-        dec_bytes = 2 * self.CONSUMERS * self.DEC_WORDS * 4
+        # decoded scales: per buffer (2) and consumer warpgroup, the tile's 128 rows and its half's columns (padded
+        # slots, _col_slot) x the scales decoded per stage (4 MX blocks, or the fast mode's one shared one) of fp32
+        self.DEC_WORDS = (self.TILE_M + 4 * self._col_pitch()) * (self.BLOCKS if self.block_k == 32 else 1)
+        dec_bytes = 2 * self.consumers * self.DEC_WORDS * 4
         self.stages = min(8, (capacity - 4096 - dec_bytes) // self.stage_bytes)
         self.a_smem = sm90.make_smem_layout_a(_K_MAJOR, self.tiler, self.a_dtype, self.stages)
         self.b_smem = sm90.make_smem_layout_b(_K_MAJOR, self.tiler, self.b_dtype, self.stages)
@@ -144,7 +150,7 @@ class MXGemmSm90:
             bars: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             sa: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem.outer)], 1024]
             sb: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem.outer)], 1024]
-            sdec: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, 2 * self.CONSUMERS * self.DEC_WORDS], 16]
+            sdec: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, 2 * self.consumers * self.DEC_WORDS], 16]
 
         self.shared = Shared
         m_tiles = (m + self.TILE_M - 1) // self.TILE_M
@@ -153,7 +159,7 @@ class MXGemmSm90:
         self.kernel(self.tiled_mma, tma_a, ga, tma_b, gb, sfa_w, sfb_w, d, m, n, k_tiles, m_tiles, n_tiles,
                     self.a_smem, self.b_smem, self.cluster).launch(
             grid=grid, block=[self.THREADS, 1, 1], cluster=(*self.cluster_mn, 1), smem=Shared.size_in_bytes(),
-            stream=stream)
+            stream=stream, min_blocks_per_mp=1)  # a known entry register count: ptxas honours setmaxnreg (C7508)
 
     @cute.kernel
     def kernel(self, mma: cute.TiledMma, tma_a: cute.CopyAtom, ga: cute.Tensor, tma_b: cute.CopyAtom,
@@ -174,7 +180,7 @@ class MXGemmSm90:
             barrier_storage=st.bars.data_ptr(), num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
-                                                     (self.mcast_a + self.mcast_b - 1) * self.CONSUMERS * 4),
+                                                     (self.mcast_a + self.mcast_b - 1) * self.consumers * 4),
             tx_count=self.stage_bytes, cta_layout_vmnk=cute.make_layout((1, *cluster.shape)), defer_sync=True)
         pipeline.pipeline_init_arrive(cluster_shape_mn=self.cluster_mn, is_relaxed=True)
         sa = st.sa.get_tensor(a_smem.outer, swizzle=a_smem.inner)
@@ -185,7 +191,7 @@ class MXGemmSm90:
         linear = tiles.first()
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
         if wg == 0:
-            cute.arch.warpgroup_reg_dealloc(40)
+            cute.arch.warpgroup_reg_dealloc(self.REGS[0])
             if warp == 0:  # TMA producer
                 # A tiles go to the cluster's CTAs of this M row (mode 1), B tiles to those of this N column;
                 # each CTA loads its slice of the shared tile and multicasts it.  A CTA past the output's last
@@ -213,35 +219,38 @@ class MXGemmSm90:
                     linear = tiles.next(linear)
                 pipe.producer_tail(state)
         else:
-            cute.arch.warpgroup_reg_alloc(232)
-            sdec = st.sdec.get_tensor(cute.make_layout(2 * self.CONSUMERS * self.DEC_WORDS))
+            cute.arch.warpgroup_reg_alloc(self.REGS[1])
+            sdec = st.sdec.get_tensor(cute.make_layout(2 * self.consumers * self.DEC_WORDS))
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             if cutlass.const_expr(self.pingpong):
-                if wg == 2:  # the issue token starts with warpgroup 1 (see consume)
-                    cute.arch.barrier_arrive(barrier_id=self.TOKEN[0], number_of_threads=256)
+                if wg == self.consumers:  # the issue token starts with warpgroup 1 (see consume)
+                    cute.arch.barrier_arrive(barrier_id=self._token(0), number_of_threads=256)
             while tiles.valid(linear):
                 bm, bn = tiles.tile(linear)
                 state = self.consume(mma, pipe, state, sa, sb, sdec, sfa_w, sfb_w, d, rows, cols, k_tiles,
                                      tidx - 128, bm, bn)
                 linear = tiles.next(linear)
             if cutlass.const_expr(self.pingpong):
-                if wg == 1:  # the token warpgroup 2 passed after its last stage
-                    cute.arch.barrier(barrier_id=self.TOKEN[0], number_of_threads=256)
+                if wg == 1:  # the token the last warpgroup passed after its last stage
+                    cute.arch.barrier(barrier_id=self._token(0), number_of_threads=256)
 
     @cute.jit
     def consume(self, mma: cute.TiledMma, pipe, state, sa: cute.Tensor, sb: cute.Tensor, sdec: cute.Tensor,
                 sfa_w: cute.Tensor, sfb_w: cute.Tensor, d: cute.Tensor, rows: cutlass.Int32, cols: cutlass.Int32,
                 k_tiles: cutlass.Int32, ct: cutlass.Int32, bm: cutlass.Int32, bn: cutlass.Int32):
-        """A consumer warpgroup on output tile (bm, bn): 64 rows x ``n_tile``; returns the pipeline state.  Thread
-        ``t`` of warp ``w`` holds the WGMMA accumulator rows ``16 w + t // 4 (+ 8)`` and columns
-        ``8 j + 2 (t % 4) (+ 1)``: fragment element ``e + 2 rs + 4 j`` is (row + 8 rs, column 8 j + 2 (t % 4) + e).
+        """A consumer warpgroup on output tile (bm, bn): all 128 rows x its half of the ``n_tile`` columns (two
+        64-row WGMMAs per K step); returns the pipeline state.  Thread ``t`` of warp ``w`` holds the accumulator
+        rows ``64 mi + 16 w + t // 4 (+ 8)`` and the half's columns ``8 j + 2 (t % 4) (+ 1)``: fragment element
+        ``e + 2 rs + 4 j + (n_tile / 4) mi`` is (row + 8 rs, column 8 j + 2 (t % 4) + e).  Splitting N rather than
+        M halves the column scales each thread applies (the promotion's shared-memory reads) and the B tile each
+        warpgroup's WGMMAs read.
 
-        Per 128-deep K stage the warpgroup first decodes the stage's scales into shared memory (thread t: row t
-        (t < 64) and column t, one 32-bit word each, loaded a stage ahead; double-buffered, one named barrier per
-        stage).  ``block_k=32``: the stage's 4 WGMMAs run one ahead of the promotion (WGMMA b + 1 on the tensor
-        cores while the CUDA cores add partial b, times ``sa[row] * sb[col]``, to the accumulator).
+        Per 128-deep K stage the warpgroup decodes the stage's scales into shared memory (thread t: tile row t and
+        half column t (t < n_tile / 2), one 32-bit word each, loaded a stage ahead; double-buffered, one named
+        barrier per stage).  ``block_k=32``: the stage's 4 WGMMAs run one ahead of the promotion (WGMMA b + 1 on
+        the tensor cores while the CUDA cores add partial b, times ``sa[row] * sb[col]``, to the accumulator).
         ``block_k=128``: the 4 WGMMAs accumulate into one partial, promoted once with the shared scale while the
-        other warpgroup's WGMMAs run."""
+        other warpgroup's WGMMAs run; the scales are decoded while the warpgroup's own WGMMAs run."""
         wgi = ct // 128
         t = ct % 128
         lane = ct % 32
@@ -253,57 +262,36 @@ class MXGemmSm90:
         acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
         parts = (cute.make_rmem_tensor(acc_shape, cutlass.Float32), cute.make_rmem_tensor(acc_shape, cutlass.Float32))
         acc.fill(0.0)
-        ncol = self.n_tile // 4  # accumulator columns per thread
-        rl = w * 16 + lane // 4  # warpgroup-local row of fragment elements with rs = 0
-        ra = wgi * 64 + t  # the tile row whose scales this thread decodes (t < 64)
-        blocks = self.BLOCKS if self.block_k == 32 else 1  # scale bytes decoded per row / column and stage
-        # this thread's scale words (column t, row ra) of stage kt, loaded one stage ahead: the global load's
-        # latency hides behind the previous stage's WGMMAs and promotion
-        b_at = self._scale_word(bn * self.n_tile + t, k_tiles)
-        a_at = (bm * k_tiles) * 128 + (ra % 32) * 4 + ra // 32
-        # a cluster's CTA past the output's last row / column tile has no blocked scale rows: it reads none
-        a_ok = t < 64 and bm * self.TILE_M < rows
-        b_ok = bn * self.n_tile < cols
-        wide = self.n_tile > 128  # n_tile 192: thread t < 64 also decodes column t + 128
-        b2_ok = t < self.n_tile - 128 and bn * self.n_tile + t + 128 < cols  # (past N: no blocked scale rows)
-        b2_at = self._scale_word(bn * self.n_tile + t + 128, k_tiles)
+        rl = w * 16 + lane // 4  # row of fragment elements with mi = rs = 0
+        col_b = bn * self.n_tile + wgi * self.wg_cols + t  # the column whose scales this thread decodes (t < wg_cols)
+        # this thread's scale words (row t, column col_b) of stage kt, loaded one stage ahead: the global load's
+        # latency hides behind the previous stage's WGMMAs and promotion.  A cluster's CTA past the output's last
+        # row / column tile has no blocked scale rows: it reads none (nor does a column past N)
+        a_at = (bm * k_tiles) * 128 + (t % 32) * 4 + t // 32
+        b_at = self._scale_word(col_b, k_tiles)
+        a_ok = bm * self.TILE_M < rows
+        b_ok = t < self.wg_cols and col_b < cols
         bw = cutlass.Int32(0)
         aw = cutlass.Int32(0)
-        bw2 = cutlass.Int32(0)
         if k_tiles > 0:
             if b_ok:
                 bw = cutlass.Int32(sfb_w[b_at])
             if a_ok:
                 aw = cutlass.Int32(sfa_w[a_at])
-            if cutlass.const_expr(wide):
-                if b2_ok:
-                    bw2 = cutlass.Int32(sfb_w[b2_at])
         # the previous tile's last decode buffer may still be read by a slower warp of this warpgroup
         cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)
+        words = (bw, aw)
+        scale_src = ((sfb_w, sfa_w), (b_ok, a_ok), (b_at, a_at))
+        blocks = self.BLOCKS if self.block_k == 32 else 1  # scales decoded per row / column and stage
         for kt in cutlass.range(k_tiles, unroll=1):
-            base = ((kt % 2) * self.CONSUMERS + wgi) * self.DEC_WORDS
-            for blk in cutlass.range_constexpr(blocks):
-                sdec[base + 64 * blocks + blk * self.n_tile + t] = \
-                    e8m0_to_f32(cutlass.Int32((bw >> (8 * blk)) & 0xFF))
-            if a_ok:
-                for blk in cutlass.range_constexpr(blocks):
-                    sdec[base + blk * 64 + t] = e8m0_to_f32(cutlass.Int32((aw >> (8 * blk)) & 0xFF))
-            if cutlass.const_expr(wide):
-                if t < self.n_tile - 128:
-                    sdec[base + 64 + 128 + t] = e8m0_to_f32(cutlass.Int32(bw2 & 0xFF))
-            if kt + 1 < k_tiles:
-                if b_ok:
-                    bw = cutlass.Int32(sfb_w[b_at + (kt + 1) * 128])
-                if a_ok:
-                    aw = cutlass.Int32(sfa_w[a_at + (kt + 1) * 128])
-                if cutlass.const_expr(wide):
-                    if b2_ok:
-                        bw2 = cutlass.Int32(sfb_w[b2_at + (kt + 1) * 128])
-            cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)
+            base = ((kt % 2) * self.consumers + wgi) * self.DEC_WORDS
+            b_base = base + self.TILE_M * blocks
+            if cutlass.const_expr(self.block_k == 32):  # decode first: block 0's promotion follows its WGMMA
+                words = self._decode(sdec, base, words, scale_src, t, kt, k_tiles, wgi)
             pipe.consumer_wait(state)
             if cutlass.const_expr(self.block_k == 128):
                 if cutlass.const_expr(self.pingpong):  # wait for the token: the other warpgroup's WGMMAs are queued
-                    cute.arch.barrier(barrier_id=self.TOKEN[0] + wgi, number_of_threads=256)
+                    cute.arch.barrier(barrier_id=self._token(wgi), number_of_threads=256)
                 warpgroup.fence()
                 for blk in cutlass.range_constexpr(self.BLOCKS):
                     mma.set(warpgroup.Field.ACCUMULATE, blk != 0)
@@ -311,10 +299,14 @@ class MXGemmSm90:
                               parts[0])
                 warpgroup.commit_group()
                 if cutlass.const_expr(self.pingpong):  # pass it on
-                    cute.arch.barrier_arrive(barrier_id=self.TOKEN[1] - wgi, number_of_threads=256)
+                    cute.arch.barrier_arrive(barrier_id=self._token((wgi + 1) % self.consumers),
+                                             number_of_threads=256)
+                # the stage's scales are decoded while its WGMMAs run (off the promote -> next issue path)
+                words = self._decode(sdec, base, words, scale_src, t, kt, k_tiles, wgi)
                 warpgroup.wait_group(0)
                 pipe.consumer_release(state)
-                self._promote(acc, parts[0], sdec, base, base + 64, rl, lane)
+                self._promote(acc, parts[0], (self._load_row_scales(sdec, base, rl),
+                                              self._load_col_scales(sdec, b_base, lane)))
             else:
                 mma.set(warpgroup.Field.ACCUMULATE, False)  # every WGMMA is one MX block: its partial starts at 0
                 warpgroup.fence()
@@ -331,31 +323,41 @@ class MXGemmSm90:
                         warpgroup.wait_group(1)
                     else:
                         warpgroup.wait_group(0)
-                    self._promote(acc, parts[blk % 2], sdec, base + blk * 64,
-                                  base + 64 * self.BLOCKS + blk * self.n_tile, rl, lane)
+                    self._promote(acc, parts[blk % 2], (
+                        self._load_row_scales(sdec, base + blk * self.TILE_M, rl),
+                        self._load_col_scales(sdec, b_base + blk * 4 * self._col_pitch(), lane)))
                 pipe.consumer_release(state)
             state.advance()
+        self._store(acc, d, rows, cols, bm * self.TILE_M + rl, bn * self.n_tile + wgi * self.wg_cols + 2 * (lane % 4))
+        return state
 
-        row0 = bm * self.TILE_M + wgi * 64 + rl
-        col0 = bn * self.n_tile + 2 * (lane % 4)
+    @cute.jit
+    def _store(self, acc: cute.Tensor, d: cute.Tensor, rows: cutlass.Int32, cols: cutlass.Int32,
+               row0: cutlass.Int32, col0: cutlass.Int32):
+        """Epilogue: the thread's accumulator elements (:meth:`consume`'s layout; element (mi = rs = j = e = 0) at
+        (``row0``, ``col0``)) converted to ``d``'s dtype and stored, predicated on the output's edges; bf16 pairs of
+        adjacent columns as one 32-bit store when ``cols`` is even."""
+        ncol = self.thr_cols
         paired = cutlass.const_expr(self.d_dtype == cutlass.BFloat16)
-        if paired and cols % 2 == 0:  # a thread's two adjacent columns as one 32-bit store
+        if paired and cols % 2 == 0:
             d2 = cute.make_tensor(cute.recast_ptr(d.iterator, dtype=cutlass.Uint32),
                                   cute.make_layout((rows, cols // 2), stride=(cols // 2, 1)))
-            for p in cutlass.range_constexpr(ncol // 2):
-                col = col0 + 8 * p
-                for rs in cutlass.range_constexpr(2):
-                    row = row0 + 8 * rs
-                    if row < rows and col < cols:
-                        d2[row, col // 2] = pack_bf16x2(acc[2 * rs + 4 * p], acc[1 + 2 * rs + 4 * p])
+            for i0 in cutlass.range_constexpr(0, 4 * ncol, 2):  # i0 = 2 rs + 4 j + 2 ncol mi
+                row = row0 + 64 * (i0 // (2 * ncol)) + 8 * ((i0 // 2) % 2)
+                col = col0 + 8 * ((i0 % (2 * ncol)) // 4)
+                if row < rows and col < cols:
+                    d2[row, col // 2] = pack_bf16x2(acc[i0], acc[i0 + 1])
         else:
-            for q in cutlass.range_constexpr(ncol):
-                col = col0 + 8 * (q // 2) + q % 2
-                for rs in cutlass.range_constexpr(2):
-                    row = row0 + 8 * rs
-                    if row < rows and col < cols:
-                        d[row, col] = acc[q % 2 + 2 * rs + 4 * (q // 2)].to(self.d_dtype)
-        return state
+            for i in cutlass.range_constexpr(4 * ncol):  # i = e + 2 rs + 4 j + 2 ncol mi
+                row = row0 + 64 * (i // (2 * ncol)) + 8 * ((i // 2) % 2)
+                col = col0 + 8 * ((i % (2 * ncol)) // 4) + i % 2
+                if row < rows and col < cols:
+                    d[row, col] = acc[i].to(self.d_dtype)
+
+    def _token(self, wgi):
+        """Named barrier passing the WGMMA issue token to consumer warpgroup ``wgi`` (ids 1 .. consumers are the
+        warpgroups' scale-decode barriers)."""
+        return 1 + self.consumers + wgi
 
     @cute.jit
     def _scale_word(self, col: cutlass.Int32, k_tiles: cutlass.Int32):
@@ -365,16 +367,72 @@ class MXGemmSm90:
         return (col // 128) * k_tiles * 128 + (r % 32) * 4 + r // 32
 
     @cute.jit
-    def _promote(self, acc: cute.Tensor, part: cute.Tensor, sdec: cute.Tensor, a_base: cutlass.Int32,
-                 b_base: cutlass.Int32, rl: cutlass.Int32, lane: cutlass.Int32):
-        """``acc += part * sa[row] * sb[col]`` with the decoded scales: rows at ``sdec[a_base:]``, columns at
-        ``sdec[b_base:]``."""
-        scale_a = (sdec[a_base + rl], sdec[a_base + rl + 8])
-        for q in cutlass.range_constexpr(self.n_tile // 4):
-            scale_b = sdec[b_base + 8 * (q // 2) + 2 * (lane % 4) + q % 2]
+    def _decode(self, sdec: cute.Tensor, base: cutlass.Int32, words: tuple, scale_src: tuple, t: cutlass.Int32,
+                kt: cutlass.Int32, k_tiles: cutlass.Int32, wgi: cutlass.Int32):
+        """Decode stage ``kt``'s scale ``words`` (B: the half's column t, A: tile row t) into the warpgroup's
+        ``sdec`` buffer at ``base`` (the 128 rows' scales, then the columns' in :meth:`_col_slot` order; per MX
+        block with ``block_k=32``), load the words of stage kt + 1 (``scale_src``: the B and A scale word
+        tensors, whether this thread reads each word, their stage-0 indices; returned) and wait for the
+        warpgroup's other threads (every thread's promotion reads the buffer)."""
+        bw, aw = words
+        (sfb_w, sfa_w), (b_ok, a_ok), (b_at, a_at) = scale_src
+        blocks = self.BLOCKS if self.block_k == 32 else 1
+        if t < self.wg_cols:  # columns past N decode byte 0 (2^-127): their partials are 0, never NaN
+            for blk in cutlass.range_constexpr(blocks):
+                sdec[base + self.TILE_M * blocks + blk * 4 * self._col_pitch() + self._col_slot(t)] = \
+                    e8m0_to_f32(cutlass.Int32((bw >> (8 * blk)) & 0xFF))
+        if a_ok:
+            for blk in cutlass.range_constexpr(blocks):
+                sdec[base + blk * self.TILE_M + t] = e8m0_to_f32(cutlass.Int32((aw >> (8 * blk)) & 0xFF))
+        if kt + 1 < k_tiles:
+            if b_ok:
+                bw = cutlass.Int32(sfb_w[b_at + (kt + 1) * 128])
+            if a_ok:
+                aw = cutlass.Int32(sfa_w[a_at + (kt + 1) * 128])
+        cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)
+        return bw, aw
+
+    def _col_pitch(self):
+        """Words between the column-slot runs of the 4 thread quads (:meth:`_col_slot`): the ``n_tile / 8`` columns
+        a thread reads plus 4, so the 4 addresses of a quarter warp's 16-byte loads fall in 4 different bank quads
+        (with no padding quads 0 and 2 can share banks, doubling the shared-memory wavefronts)."""
+        return self.thr_cols + 4
+
+    def _col_slot(self, col):
+        """Slot of the half's column ``col`` among the decoded column scales: the columns a thread reads
+        (``8 j + 2 q + e`` for ``q = lane % 4``, ``j < n_tile / 16``, ``e < 2``) are the ``n_tile / 8`` consecutive
+        slots from ``q * _col_pitch()`` in the order its fragment holds them, read with 16-byte loads."""
+        return ((col % 8) // 2) * self._col_pitch() + (col // 8) * 2 + col % 2
+
+    @cute.jit
+    def _load_row_scales(self, sdec: cute.Tensor, a_base: cutlass.Int32, rl: cutlass.Int32):
+        """The decoded scales of the thread's 4 accumulator rows (``sdec[a_base:]``), in registers."""
+        scale_a = cute.make_rmem_tensor((4,), cutlass.Float32)
+        for mi in cutlass.range_constexpr(2):
             for rs in cutlass.range_constexpr(2):
-                i = q % 2 + 2 * rs + 4 * (q // 2)
-                acc[i] = acc[i] + part[i] * (scale_a[rs] * scale_b)
+                scale_a[2 * mi + rs] = sdec[a_base + 64 * mi + rl + 8 * rs]
+        return scale_a
+
+    @cute.jit
+    def _load_col_scales(self, sdec: cute.Tensor, b_base: cutlass.Int32, lane: cutlass.Int32):
+        """The decoded scales of the thread's ``n_tile / 8`` accumulator columns (from ``sdec[b_base:]`` in
+        :meth:`_col_slot` order; ``b_base`` a multiple of 4: 16-byte loads), in registers."""
+        ncol = self.thr_cols
+        scale_b = cute.make_rmem_tensor((ncol,), cutlass.Float32)
+        cute.autovec_copy(cute.make_tensor(sdec.iterator + cute.assume(b_base + (lane % 4) * self._col_pitch(),
+                                                                       divby=4), cute.make_layout(ncol)), scale_b)
+        return scale_b
+
+    @cute.jit
+    def _promote(self, acc: cute.Tensor, part: cute.Tensor, scales: tuple):
+        """``acc += part * sa[row] * sb[col]`` with the thread's ``scales``: (row scales, column scales)."""
+        scale_a, scale_b = scales
+        ncol = self.thr_cols
+        for q in cutlass.range_constexpr(ncol):
+            for mi in cutlass.range_constexpr(2):
+                for rs in cutlass.range_constexpr(2):
+                    i = q % 2 + 2 * rs + 4 * (q // 2) + 2 * ncol * mi
+                    acc[i] = acc[i] + part[i] * (scale_a[2 * mi + rs] * scale_b[q])
 
 
 class MXGemmSm90Dequant:
