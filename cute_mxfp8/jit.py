@@ -319,7 +319,9 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`, fp8 WGMMA per block, dense only).
 
     * ``"promote"``: ``fn(a, b, sfa, sfb, d)``, a (M, K) and b (N, K) fp8 K-major, sfa / sfb their 1-D blocked
-      E8M0 scale buffers (uint8 view, 16-byte aligned), d (M, N) ``out_dtype`` row-major.  ``block_k=128``: the
+      E8M0 scale buffers (uint8 view, 16-byte aligned), d (M, N) ``out_dtype`` row-major; with ``grouping="m"``
+      (2d-3d) or ``"k"`` (2d-2d), both ``block_k=128``, ``fn(a, b, sfa, sfb, d, offs, sched)`` as
+      ``MXGemmSm90.call_grouped`` takes them.  ``block_k=128``: the
       Hopper fast mode, one promotion per 128 of K (the operands' scales shared by each 128-block); ``n_tile``:
       the output tile's N, 128 or (fast mode) 192; ``cluster_mn``: CTAs per cluster along (M, N), the A tile
       multicast across the N extent and the B tile across the M extent (``MXGemmSm90.CLUSTERS``).
@@ -342,8 +344,6 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
         raise ValueError(f"block_k={block_k!r} / n_tile={n_tile!r} / cluster_mn={cluster_mn} are options of "
                          f"mainloop='promote' (the dequantize mainloop has block_k 32, n_tile 128 and no cluster), "
                          f"got mainloop={mainloop!r}")
-    if mainloop == "promote" and grouping != "none":
-        raise ValueError(f"the promote mainloop is dense only, got grouping={grouping!r}")
     cutlass, _ = _cutlass()
     from .kernels.gemm_sm90 import MXGemmSm90, MXGemmSm90Dequant
 
@@ -352,7 +352,7 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     kernel = MXGemmSm90Dequant(a_elem, b_elem, out_dtype, transform_warps, grouping, epilogue, cast_elem,
                                scale_mode, emit_hp, max_ctas) if mainloop == "dequant" else \
         MXGemmSm90(a_elem, b_elem, out_dtype, n_tile, block_k=block_k, max_ctas=max_ctas, cluster_mn=cluster_mn,
-                   pingpong=pingpong)
+                   pingpong=pingpong, grouping=grouping)
     fake, sym = _fake, _sym
     scales = [fake(cutlass.Uint8, (sym(),), align=16) for _ in range(2)]
     kdiv = 16 if grouping == "k" else 32  # 2d-2d: K is the token count, a multiple of 16 (TMA's row pitch)
@@ -366,6 +366,8 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
         return _compile(entry, (*args[:4], *fused, *groups), arch, keep_ptx)
     if mainloop == "dequant":
         args += groups
+    elif grouping != "none":  # the fast mode's 2d-3d / 2d-2d builds
+        return _compile(kernel.call_grouped, args + groups, arch, keep_ptx)
     return _compile(kernel, args, arch, keep_ptx)
 
 

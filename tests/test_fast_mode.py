@@ -312,6 +312,64 @@ def test_fast_mode_mm_op_is_bit_exact_on_integer_data(m, n, k, rng):
         assert torch.equal(got.cpu(), ops.mm(a, a_s, b, b_s, out_dtype=out))
 
 
+def _fast_integer_values(shape, rng):
+    """Small integers times a power of two per (row, 128-block along the last dim): every 128-block's partial
+    sum and every promotion is exact, so any summation order gives the reference's bits."""
+    k = shape[-1]
+    ints = torch.randint(-4, 5, shape, generator=rng).float()
+    exps = torch.randint(-1, 2, (*shape[:-1], -(-k // 128)), generator=rng).float()
+    return ints * 2.0 ** exps.repeat_interleave(128, -1)[..., :k]
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("sizes", [[0, 1, 31, 129, 300], [257], [0, 0], [64, 0, 70]], ids=str)
+@pytest.mark.parametrize("n,k", [(200, 416), (96, 1024)])
+def test_fast_mode_grouped_mm_op_is_bit_exact_on_integer_data(sizes, n, k, rng):
+    """2d-3d in the fast mode (the promote kernel's grouped build): each group on its own expert, empty groups,
+    group tiles crossing group ends (the next group's rows computed, not stored), N and K not multiples of the
+    tile, 40 rows past offs[-1] written as zeros; a NaN in the last group's rows stays in its own rows."""
+    t = sum(sizes) + 40
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32)
+    x = _fast_integer_values((t, k), rng)
+    if sizes[-1]:
+        x[sum(sizes) - 1, 5] = float("nan")
+    a, a_s = ops.quantize_rowwise(x, offs=offs, scale_block=128)
+    b, b_s = ops.quantize_rowwise(_fast_integer_values((len(sizes), n, k), rng), scale_block=128)
+    for out in (torch.bfloat16, torch.float32):
+        got = ops.grouped_mm(a.cuda(), a_s.cuda(), b.cuda(), b_s.cuda(), offs.cuda(), out_dtype=out, backend="sm90",
+                             scale_block=128).cpu()
+        want = ops.grouped_mm(a, a_s, b, b_s, offs, out_dtype=out, scale_block=128)
+        assert got.shape == (t, n) and torch.all(got[sum(sizes):] == 0)
+        assert torch.equal(got.isnan(), want.isnan()) and got.isnan().sum() == (n if sizes[-1] else 0)
+        ok = ~want.isnan()
+        assert torch.equal(got[ok], want[ok]), f"{(got[ok] != want[ok]).sum().item()} outputs differ"
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("sizes", [[0, 1, 127, 129, 300], [257], [0, 0], [64, 0, 70]], ids=str)
+@pytest.mark.parametrize("n,k", [(200, 136), (96, 384)])
+def test_fast_mode_grouped_mm_wgrad_op_is_bit_exact_on_integer_data(sizes, n, k, rng):
+    """2d-2d in the fast mode (the promote kernel on 128-aligned groups): K = each group's tokens in 128-blocks
+    from its start, empty groups give zero, tokens past offs[-1] are ignored, N and K not multiples of the tile;
+    a NaN token of the last group leaves the other groups' dW finite."""
+    t = sum(sizes) + 43
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32)
+    dy, x = _fast_integer_values((n, t), rng).t(), _fast_integer_values((k, t), rng).t()
+    if sizes[-1]:
+        dy[sum(sizes) - 1, 3] = float("nan")
+    (a, a_s), (b, b_s) = (ops.quantize_colwise(v.contiguous(), offs=offs, scale_block=128) for v in (dy, x))
+    for out in (torch.bfloat16, torch.float32):
+        got = ops.grouped_mm_wgrad(a.cuda(), a_s.cuda(), b.cuda(), b_s.cuda(), offs.cuda(), out_dtype=out,
+                                   backend="sm90", scale_block=128).cpu()
+        want = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, out_dtype=out, scale_block=128)
+        assert got.shape == (len(sizes), n, k) and all(torch.all(got[g] == 0) for g, c in enumerate(sizes) if not c)
+        assert torch.equal(got.isnan(), want.isnan()) and got[:-1].isnan().sum() == 0
+        ok = ~want.isnan()
+        assert torch.equal(got[ok], want[ok]), f"{(got[ok] != want[ok]).sum().item()} outputs differ"
+
+
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("grouped", [False, True])

@@ -559,6 +559,21 @@ def test_fast_mode_gemm_compiles_with_a_quarter_of_the_promotions():
     assert res["local_frame"] == 0 and wide.launch_smem[0] <= 232448
     counts = sass_facts.opcode_counts(sass_facts.disassemble(wide.__cubin__))
     assert counts["FFMA"] == 96 and counts["LDS.128"] == 6 and counts["USETMAXREG.TRY_ALLOC.CTAPOOL"] == 1
+    # the 2d-3d build (ops.grouped_mm(..., scale_block=128)): the same mainloop on the groups' tiles
+    grouped = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, block_k=128, n_tile=192,
+                                grouping="m")
+    (res,) = sass_facts.cubin_resources(grouped.__cubin__).values()
+    g_counts = sass_facts.opcode_counts(sass_facts.disassemble(grouped.__cubin__))
+    assert res["local_frame"] == 0 and all(g_counts[op] == counts[op] for op in ("QGMMA.64x96x32.F32.E4M3.E4M3",
+                                                                                 "FFMA", "LDS.128", "UTMALDG.2D"))
+    wgrad = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, block_k=128, n_tile=192,
+                              grouping="k")  # 2d-2d: the same mainloop over each group's 128-aligned tokens
+    (res,) = sass_facts.cubin_resources(wgrad.__cubin__).values()
+    k_counts = sass_facts.opcode_counts(sass_facts.disassemble(wgrad.__cubin__))
+    assert res["local_frame"] == 0 and all(k_counts[op] == counts[op] for op in ("FFMA", "LDS.128", "UTMALDG.2D"))
+    for bad in (dict(grouping="x"), dict(grouping="m", block_k=32), dict(grouping="k", cluster_mn=(2, 1))):
+        with pytest.raises(ValueError, match="grouping"):
+            compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", **{"block_k": 128, **bad})
 
 
 def _fast_integer_operand(rows, k, elem, rng):

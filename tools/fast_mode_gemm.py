@@ -42,6 +42,38 @@ def check(m, n, k, gen, **kw):
     return (err / mag.clamp_min(1e-300)).max().item()
 
 
+def grouped(only):
+    """MoE GEMMs of the bench's grouped experts (8 experts, 32768 tokens in equal groups, d 2048, 2 I 3072): the
+    2d-3d GEMM1 and the 2d-2d wgrad of w13, bf16 ``torch._grouped_mm`` vs our exact and fast-mode kernels."""
+    e, t, d, n = 8, 32768, 2048, 3072
+    offs = torch.arange(1, e + 1, device="cuda", dtype=torch.int32) * (t // e)
+    x = torch.randn(t, d, device="cuda")
+    w = torch.randn(e, n, d, device="cuda")
+    dy = torch.randn(t, n, device="cuda")
+    xb, wb, dyb = x.bfloat16(), w.bfloat16(), dy.bfloat16()
+    fns = {"2d-3d bf16 torch._grouped_mm": lambda: torch._grouped_mm(xb, wb.transpose(-2, -1), offs=offs),
+           "2d-2d bf16 torch._grouped_mm": lambda: torch._grouped_mm(dyb.t(), xb, offs=offs)}
+    for block in (32, 128):
+        name = "fast mode" if block == 128 else "exact MXFP8"
+        a, a_s = ops.quantize_rowwise(x, offs=offs, scale_block=block)
+        b, b_s = ops.quantize_rowwise(w, scale_block=block)
+        (ga, ga_s), (gb, gb_s) = (ops.quantize_colwise(v, offs=offs, scale_block=block) for v in (dy, x))
+        fns[f"2d-3d sm90 {name}"] = (lambda a=a, a_s=a_s, b=b, b_s=b_s, block=block: ops.grouped_mm(
+            a, a_s, b, b_s, offs, backend="sm90", scale_block=block))
+        fns[f"2d-2d sm90 {name}"] = (lambda ga=ga, ga_s=ga_s, gb=gb, gb_s=gb_s, block=block: ops.grouped_mm_wgrad(
+            ga, ga_s, gb, gb_s, offs, backend="sm90", scale_block=block))
+    if only:
+        fns = {name: fn for name, fn in fns.items() if any(o in name for o in only)}
+    row = {}
+    for name, fn in fns.items():
+        try:
+            row[name] = 2 * t * n * d / (_time_ms(fn, x.device, 2.0) * 1e-3) / 1e12
+        except Exception as exc:  # noqa: BLE001 - a baseline this torch cannot run is reported, not fatal
+            row[name] = f"{type(exc).__name__}: {str(exc)[:120]}"
+    print("grouped", {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()})
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -93,6 +125,7 @@ def main():
         row["skipped"] = skipped
         report["tflops"][f"{m}x{n}x{k}"] = row
         print(m, n, k, {kk: round(v, 1) for kk, v in row.items() if kk != "skipped"}, skipped)
+    report["grouped_tflops"] = grouped(args.only)
     if args.out:
         with open(f"{args.out}/fast_mode_gemm.json", "w") as f:
             json.dump(report, f, indent=1)

@@ -99,6 +99,12 @@ FAMILIES = [
              functools.partial(jit.compile_gemm_sm90, block_k=128, n_tile=192, cluster_mn=(m, n)),
              {**_GEMM_E4M3, "out_dtype": ["bfloat16"], "mainloop": ["promote"]}, archs=("sm_90a",))
       for m, n in ((2, 1), (1, 2))),
+    # ... and its 2d-3d / 2d-2d builds (ops.grouped_mm / grouped_mm_wgrad with scale_block=128)
+    *(Family(f"gemm_sm90_fast_mode_grouped_{g}",
+             functools.partial(jit.compile_gemm_sm90, block_k=128, n_tile=192, grouping=g),
+             {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["promote"]},
+             archs=("sm_90a",))
+      for g in ("m", "k")),
     *(Family(f"gemm_sm90_grouped_{g}", functools.partial(jit.compile_gemm_sm90, grouping=g),
              {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["dequant"]},
              archs=("sm_90a",))

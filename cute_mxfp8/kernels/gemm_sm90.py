@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+from collections import namedtuple
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -22,6 +24,11 @@ from .mx_math import (BLOCK, MXCastParams, dequant_pair_bf16, e8m0_bf16x2, e8m0_
                       group_of_tile, pack_bf16x2)
 
 _K_MAJOR = utils.LayoutEnum.ROW_MAJOR  # A (M, K) and B (N, K) with K contiguous
+
+# MXGemmSm90.tile_work's result: TMA coordinates (A row, B row, first K column), the stage count, the output rows
+# (first, limit), the A scale word of K tile 0 of the tile's rows (and whether they have scale rows), the B scale
+# words' base and K tiles per 128-row scale tile
+_Work = namedtuple("_Work", "a_row0 b_row0 k0 k_tiles d_row0 rows a_word0 a_ok b_word0 b_ktiles")
 
 
 def _tma_atoms(a: cute.Tensor, b: cute.Tensor, a_smem, b_smem, tile_m: int, tile_n: int, k_stage: int,
@@ -81,7 +88,8 @@ class MXGemmSm90:
     REGS = (40, 232)
 
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
-                 block_k: int = 32, max_ctas: int = 132, cluster_mn: tuple = (1, 1), pingpong: bool = True):
+                 block_k: int = 32, max_ctas: int = 132, cluster_mn: tuple = (1, 1), pingpong: bool = True,
+                 grouping: str = "none"):
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
         cluster_mn = tuple(cluster_mn)
         if cluster_mn not in self.CLUSTERS:
@@ -96,7 +104,11 @@ class MXGemmSm90:
                              f"leaves the registers), got {n_tile}")
         if max_ctas < 1:
             raise ValueError(f"max_ctas must be >= 1, got {max_ctas}")
-        self.n_tile, self.block_k, self.max_ctas = n_tile, block_k, max_ctas
+        if grouping not in ("none", "m", "k") or (grouping != "none" and (block_k != 128 or cluster_mn != (1, 1))):
+            raise ValueError(f"grouping must be 'none' (dense), 'm' (2d-3d) or 'k' (2d-2d), the grouped ones with "
+                             f"the fast mode's block_k=128 and no cluster (a cluster's tiles can be different "
+                             f"groups'), got {grouping!r} with block_k={block_k}, cluster_mn={cluster_mn}")
+        self.n_tile, self.block_k, self.max_ctas, self.grouping = n_tile, block_k, max_ctas, grouping
         self.wg_cols = n_tile // self.consumers  # output columns per consumer warpgroup
         self.thr_cols = self.wg_cols // 4  # accumulator columns per thread (and row)
 
@@ -130,11 +142,33 @@ class MXGemmSm90:
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor,
                  stream: cuda.CUstream):
-        """``a`` (M, K), ``b`` (N, K) fp8 K-major; ``sfa``/``sfb`` the 1-D blocked E8M0 buffers (bytes, 16-byte
-        aligned); ``d`` (M, N) row-major."""
+        """Dense: ``a`` (M, K), ``b`` (N, K) fp8 K-major; ``sfa``/``sfb`` the 1-D blocked E8M0 buffers (bytes,
+        16-byte aligned); ``d`` (M, N) row-major."""
+        self._launch(a, b, sfa, sfb, d, None, None, stream)
+
+    @cute.jit
+    def call_grouped(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor,
+                     offs: cute.Tensor, sched: cute.Tensor, stream: cuda.CUstream):
+        """Token groups ``offs`` (G,) int32 cumulative ends, ``sched`` (2, G) int32:
+
+        * ``grouping="m"`` (2d-3d): ``a`` (T, K); ``b`` (G * N, K), the experts' (N, K) weights back to back;
+          ``sfa`` grouped-M blocked (each group's rows from its own 128-row scale tile), ``sfb`` the G blocked
+          buffers back to back; ``d`` (T, N), rows at or past ``offs[-1]`` written as zeros; ``sched`` row 0 the
+          groups' cumulative 128-row tile counts, row 1 their first scale tiles
+          (``ops.gemm_common.group_schedule``).
+        * ``grouping="k"`` (2d-2d): ``a`` (N, T'), ``b`` (K', T') token-major with every group starting on a
+          128-aligned column and zeros after its last token (``ops.token_layout`` with align 128); grouped-K
+          blocked scales of the T-token operands (``formats.to_blocked_scales_grouped_k``); ``d`` (G * N, K'),
+          an empty group's slice zeros; ``sched`` row 0 the groups' first columns, row 1 their first grouped-K
+          scale tiles (``ops.token_layout.schedule_k``)."""
+        self._launch(a, b, sfa, sfb, d, offs, sched, stream)
+
+    @cute.jit
+    def _launch(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor, offs,
+                sched, stream: cuda.CUstream):
         self._configure()
         m, k = a.shape
-        n = b.shape[0]
+        n = d.shape[1]  # columns of the output (per expert when grouped)
         tma_a, ga, tma_b, gb = _tma_atoms(a, b, self.a_smem, self.b_smem, self.TILE_M, self.n_tile, self.K_STAGE,
                                           (self.mcast_a, self.mcast_b))
         # the blocked scales as 32-bit words: word (tile * 128 + (r % 32) * 4 + (r % 128) // 32) holds the 4 block
@@ -154,18 +188,23 @@ class MXGemmSm90:
 
         self.shared = Shared
         m_tiles = (m + self.TILE_M - 1) // self.TILE_M
+        if cutlass.const_expr(self.grouping == "m"):  # a bound on the groups' tiles plus the tail's (rows >= offs[-1])
+            m_tiles = m // self.TILE_M + cute.size(offs) + 1
+        if cutlass.const_expr(self.grouping == "k"):  # (group, row tile) pairs
+            m_tiles = cute.size(offs) * m_tiles
         n_tiles = (n + self.n_tile - 1) // self.n_tile
         grid = (*self.cluster_mn, grid_clusters(m_tiles, n_tiles, self.cluster_mn, self.max_ctas))
-        self.kernel(self.tiled_mma, tma_a, ga, tma_b, gb, sfa_w, sfb_w, d, m, n, k_tiles, m_tiles, n_tiles,
-                    self.a_smem, self.b_smem, self.cluster).launch(
+        self.kernel(self.tiled_mma, tma_a, ga, tma_b, gb, sfa_w, sfb_w, d, offs, sched, m, n, k_tiles, m_tiles,
+                    n_tiles, self.a_smem, self.b_smem, self.cluster).launch(
             grid=grid, block=[self.THREADS, 1, 1], cluster=(*self.cluster_mn, 1), smem=Shared.size_in_bytes(),
             stream=stream, min_blocks_per_mp=1)  # a known entry register count: ptxas honours setmaxnreg (C7508)
 
     @cute.kernel
     def kernel(self, mma: cute.TiledMma, tma_a: cute.CopyAtom, ga: cute.Tensor, tma_b: cute.CopyAtom,
-               gb: cute.Tensor, sfa_w: cute.Tensor, sfb_w: cute.Tensor, d: cute.Tensor, rows: cutlass.Int32,
-               cols: cutlass.Int32, k_tiles: cutlass.Int32, m_tiles: cutlass.Int32, n_tiles: cutlass.Int32,
-               a_smem: cute.ComposedLayout, b_smem: cute.ComposedLayout, cluster: cute.Layout):
+               gb: cute.Tensor, sfa_w: cute.Tensor, sfb_w: cute.Tensor, d: cute.Tensor, offs, sched,
+               rows: cutlass.Int32, cols: cutlass.Int32, k_tiles: cutlass.Int32, m_tiles: cutlass.Int32,
+               n_tiles: cutlass.Int32, a_smem: cute.ComposedLayout, b_smem: cute.ComposedLayout,
+               cluster: cute.Layout):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
@@ -201,13 +240,16 @@ class MXGemmSm90:
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 while tiles.valid(linear):
                     bm, bn = tiles.tile(linear)
-                    gak = cute.local_tile(ga, (self.TILE_M, self.K_STAGE), (bm, None))
-                    gbk = cute.local_tile(gb, (self.n_tile, self.K_STAGE), (bn, None))
+                    work = self.tile_work(offs, sched, rows, cols, k_tiles, bm, bn)
+                    gak = cute.local_tile(cute.domain_offset((work.a_row0, work.k0), ga),
+                                          (self.TILE_M, self.K_STAGE), (0, None))
+                    gbk = cute.local_tile(cute.domain_offset((work.b_row0, work.k0), gb),
+                                          (self.n_tile, self.K_STAGE), (0, None))
                     tas, tag = cpasync.tma_partition(tma_a, crd[1], cute.make_layout(self.mcast_a),
                                                      cute.group_modes(sa, 0, 2), cute.group_modes(gak, 0, 2))
                     tbs, tbg = cpasync.tma_partition(tma_b, crd[0], cute.make_layout(self.mcast_b),
                                                      cute.group_modes(sb, 0, 2), cute.group_modes(gbk, 0, 2))
-                    for kt in cutlass.range(k_tiles, unroll=1):
+                    for kt in cutlass.range(work.k_tiles, unroll=1):
                         pipe.producer_acquire(state)
                         bar = pipe.producer_get_barrier(state)
                         cute.copy(tma_a, tag[(None, kt)], tas[(None, state.index)], tma_bar_ptr=bar,
@@ -227,8 +269,8 @@ class MXGemmSm90:
                     cute.arch.barrier_arrive(barrier_id=self._token(0), number_of_threads=256)
             while tiles.valid(linear):
                 bm, bn = tiles.tile(linear)
-                state = self.consume(mma, pipe, state, sa, sb, sdec, sfa_w, sfb_w, d, rows, cols, k_tiles,
-                                     tidx - 128, bm, bn)
+                state = self.consume(mma, pipe, state, sa, sb, sdec, sfa_w, sfb_w, d, cols, tidx - 128,
+                                     self.tile_work(offs, sched, rows, cols, k_tiles, bm, bn), bn)
                 linear = tiles.next(linear)
             if cutlass.const_expr(self.pingpong):
                 if wg == 1:  # the token the last warpgroup passed after its last stage
@@ -236,10 +278,10 @@ class MXGemmSm90:
 
     @cute.jit
     def consume(self, mma: cute.TiledMma, pipe, state, sa: cute.Tensor, sb: cute.Tensor, sdec: cute.Tensor,
-                sfa_w: cute.Tensor, sfb_w: cute.Tensor, d: cute.Tensor, rows: cutlass.Int32, cols: cutlass.Int32,
-                k_tiles: cutlass.Int32, ct: cutlass.Int32, bm: cutlass.Int32, bn: cutlass.Int32):
-        """A consumer warpgroup on output tile (bm, bn): all 128 rows x its half of the ``n_tile`` columns (two
-        64-row WGMMAs per K step); returns the pipeline state.  Thread ``t`` of warp ``w`` holds the accumulator
+                sfa_w: cute.Tensor, sfb_w: cute.Tensor, d: cute.Tensor, cols: cutlass.Int32, ct: cutlass.Int32,
+                work: tuple, bn: cutlass.Int32):
+        """A consumer warpgroup on N tile ``bn`` and the rows of :meth:`tile_work`'s ``work``: all 128 rows x its half of the ``n_tile`` columns (two 64-row WGMMAs per K step); returns
+        the pipeline state.  Thread ``t`` of warp ``w`` holds the accumulator
         rows ``64 mi + 16 w + t // 4 (+ 8)`` and the half's columns ``8 j + 2 (t % 4) (+ 1)``: fragment element
         ``e + 2 rs + 4 j + (n_tile / 4) mi`` is (row + 8 rs, column 8 j + 2 (t % 4) + e).  Splitting N rather than
         M halves the column scales each thread applies (the promotion's shared-memory reads) and the B tile each
@@ -262,14 +304,15 @@ class MXGemmSm90:
         acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
         parts = (cute.make_rmem_tensor(acc_shape, cutlass.Float32), cute.make_rmem_tensor(acc_shape, cutlass.Float32))
         acc.fill(0.0)
+        k_tiles = work.k_tiles
         rl = w * 16 + lane // 4  # row of fragment elements with mi = rs = 0
         col_b = bn * self.n_tile + wgi * self.wg_cols + t  # the column whose scales this thread decodes (t < wg_cols)
         # this thread's scale words (row t, column col_b) of stage kt, loaded one stage ahead: the global load's
         # latency hides behind the previous stage's WGMMAs and promotion.  A cluster's CTA past the output's last
         # row / column tile has no blocked scale rows: it reads none (nor does a column past N)
-        a_at = (bm * k_tiles) * 128 + (t % 32) * 4 + t // 32
-        b_at = self._scale_word(col_b, k_tiles)
-        a_ok = bm * self.TILE_M < rows
+        a_at = work.a_word0 + (t % 32) * 4 + t // 32
+        b_at = work.b_word0 + self._scale_word(col_b, work.b_ktiles)
+        a_ok = work.a_ok
         b_ok = t < self.wg_cols and col_b < cols
         bw = cutlass.Int32(0)
         aw = cutlass.Int32(0)
@@ -328,7 +371,7 @@ class MXGemmSm90:
                         self._load_col_scales(sdec, b_base + blk * 4 * self._col_pitch(), lane)))
                 pipe.consumer_release(state)
             state.advance()
-        self._store(acc, d, rows, cols, bm * self.TILE_M + rl, bn * self.n_tile + wgi * self.wg_cols + 2 * (lane % 4))
+        self._store(acc, d, work.rows, cols, work.d_row0 + rl, bn * self.n_tile + wgi * self.wg_cols + 2 * (lane % 4))
         return state
 
     @cute.jit
@@ -353,6 +396,64 @@ class MXGemmSm90:
                 col = col0 + 8 * ((i % (2 * ncol)) // 4) + i % 2
                 if row < rows and col < cols:
                     d[row, col] = acc[i].to(self.d_dtype)
+
+    @cute.jit
+    def tile_work(self, offs, sched, m: cutlass.Int32, n: cutlass.Int32, k_total: cutlass.Int32,
+                  bm: cutlass.Int32, bn: cutlass.Int32):
+        """Scheduled M tile ``bm``'s work (every thread computes the same), a :class:`_Work`.  ``m`` / ``n``: the
+        A rows and the output columns (per expert / group); ``k_total``: 128-deep K tiles of the operands.
+
+        * dense: row tile bm.
+        * ``"m"`` (2d-3d): the groups' tiles then the tail's (:func:`~.mx_math.group_of_tile`); a group's tiles
+          start at its first row (the rows past its end are another group's, computed and not stored) and read
+          expert g's B rows and scales; a tail tile (rows past ``offs[-1]``) has no K tiles and stores zeros.
+        * ``"k"`` (2d-2d): M tiles are (group, row tile) pairs; K is the group's tokens from its 128-aligned first
+          column ``sched[0, g]`` (the columns past its end are zeros), its scales the grouped-K blocked layout
+          (the group's tiles from ``ceil(rows / 128) * sched[1, g]``, ``ceil(size / 128)`` per row tile); the
+          output rows are group g's (G N, K) slice; an empty group has no K tiles and stores zeros."""
+        zero = cutlass.Int32(0)
+        a_row0 = bm * self.TILE_M
+        b_row0 = bn * self.n_tile
+        k0 = zero
+        k_tiles = k_total
+        d_row0 = a_row0
+        rows = m
+        a_word0 = bm * k_total * 128
+        a_ok = a_row0 < m  # whether the tile's rows have blocked scale rows
+        b_word0 = zero
+        b_ktiles = k_total
+        if cutlass.const_expr(self.grouping == "m"):
+            g, start, before = group_of_tile(bm, offs, sched)  # the tail: g = groups, start = offs[-1]
+            t = bm - before
+            a_row0 = start + t * self.TILE_M
+            d_row0 = a_row0
+            a_word0 = zero
+            a_ok = g < cute.size(offs)
+            if a_ok:
+                rows = cutlass.min(offs[g], m)
+                a_word0 = (sched[1, g] + t) * k_total * 128
+                b_row0 = g * n + bn * self.n_tile
+                b_word0 = g * ((n + 127) // 128) * k_total * 128  # words of one expert's blocked B scales
+            else:
+                k_tiles = zero
+                b_row0 = zero
+        if cutlass.const_expr(self.grouping == "k"):
+            per_g = (m + self.TILE_M - 1) // self.TILE_M
+            g = bm // per_g
+            t = bm - g * per_g
+            start = zero
+            if g > 0:
+                start = offs[g - 1]
+            k_tiles = (offs[g] - start + self.K_STAGE - 1) // self.K_STAGE
+            a_row0 = t * self.TILE_M
+            k0 = sched[0, g]
+            d_row0 = g * m + a_row0
+            rows = g * m + m
+            a_ok = True
+            a_word0 = (per_g * sched[1, g] + t * k_tiles) * 128
+            b_word0 = (n + 127) // 128 * sched[1, g] * 128
+            b_ktiles = k_tiles
+        return _Work(a_row0, b_row0, k0, k_tiles, d_row0, rows, a_word0, a_ok, b_word0, b_ktiles)
 
     def _token(self, wgi):
         """Named barrier passing the WGMMA issue token to consumer warpgroup ``wgi`` (ids 1 .. consumers are the

@@ -13,8 +13,9 @@ Inputs arrive checked by :mod:`cute_mxfp8.ops.library` (shapes, dtypes, devices,
 what the kernels need beyond that (16-byte aligned operands for TMA, K > 0, 32-bit indexing) and refuses the call
 with the reason otherwise.  ``mm(..., scale_block=128)`` (the Hopper fast mode's operands, issue 16) runs
 :class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90` with ``block_k=128`` (fp8 WGMMA, one promotion per 128 of K,
-128 x :data:`FAST_N_TILE` tiles); the grouped GEMMs take the hint and run the exact kernels.  The fused-epilogue ops :func:`mm_swiglu_quant` / :func:`mm_dswiglu_quant` (dense and
-2d-3d grouped) run the dequantize mainloop with the same epilogue code as the SM100 kernel
+128 x :data:`FAST_N_TILE` tiles), and so do ``grouped_mm(..., scale_block=128)`` (2d-3d, 128-row group tiles) and
+``grouped_mm_wgrad(..., scale_block=128)`` (2d-2d on 128-aligned token groups).  The fused-epilogue ops
+:func:`mm_swiglu_quant` / :func:`mm_dswiglu_quant` (dense and 2d-3d grouped) run the dequantize mainloop with the same epilogue code as the SM100 kernel
 (:mod:`cute_mxfp8.kernels.gemm_epilogue`), so the SwiGLU MLP and the grouped experts fuse on SM90 too.
 """
 
@@ -35,6 +36,7 @@ _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 MAINLOOP = "dequant"
 FAST_N_TILE = 192  # the fast mode's output tile N (128 x 192, two warpgroups in pingpong; measured fastest)
 _TILE_M = 256  # MXGemmSm90Dequant.TILE_M: the 2d-3d schedule counts each group's M tiles of this many rows
+_FAST_TILE_M = 128  # MXGemmSm90.TILE_M: the fast mode's 2d-3d tiles
 _MAX_GRID = 65535  # CUDA's grid y / z limit (N tiles; 2d-2d groups)
 ALIGN = 16  # the 2d-2d kernel's token alignment of group starts (TMA; it masks past a group's end itself)
 
@@ -76,7 +78,12 @@ def mm(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32):
 
 
 def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
-    """2d-3d: ``out[rows of group g] = a[rows of g] · b[g]ᵀ``; rows at or past ``offs[-1]`` are zero."""
+    """2d-3d: ``out[rows of group g] = a[rows of g] · b[g]ᵀ``; rows at or past ``offs[-1]`` are zero.  With
+    ``scale_block=128`` the fast mode's kernel (fp8 WGMMA, one promotion per 128 of K, 128-row group tiles)."""
+    if scale_block == 128:
+        kernel = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "promote", grouping="m",
+                                   block_k=128, n_tile=FAST_N_TILE, **_persistent(a))
+        return run_grouped_mm(kernel, a, a_scales, b, b_scales, offs, out_dtype, _FAST_TILE_M)
     kernel = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="m",
                                **_persistent(a))
     return run_grouped_mm(kernel, a, a_scales, b, b_scales, offs, out_dtype, _TILE_M)
@@ -92,12 +99,22 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
 
     The token-major operands are first gathered so that every group starts on a 16-aligned column
     (:mod:`.token_layout`; one pass over both, on the device): the kernel's TMA loads need it and group sizes are
-    arbitrary."""
+    arbitrary.  ``scale_block=128``: the fast mode's kernel on 128-aligned groups (fp8 WGMMA, one promotion per
+    128 tokens)."""
     def build():
+        if scale_block == 128:
+            return compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "promote", grouping="k",
+                                     block_k=128, n_tile=FAST_N_TILE, **_persistent(a))
         return compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="k",
                                  **_persistent(a))
 
-    return run_wgrad(build, a, a_scales, b, b_scales, offs, out_dtype, ALIGN, "sm_90a")
+    return run_wgrad(build, a, a_scales, b, b_scales, offs, out_dtype, _align(scale_block), "sm_90a")
+
+
+def _align(scale_block: int) -> int:
+    """Token alignment of the 2d-2d operands' groups: :data:`ALIGN`, or 128 in the fast mode (every 128-deep
+    stage then holds one scale block of one group; the columns past a group's end are zeros)."""
+    return 128 if scale_block == 128 else ALIGN
 
 
 def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):
@@ -150,7 +167,7 @@ def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32
 
 
 def _grouped_mm_wgrad_limits(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
-    why = wgrad_limits(a, a_scales, b, b_scales, offs, ALIGN)
+    why = wgrad_limits(a, a_scales, b, b_scales, offs, _align(scale_block))
     g, k = offs.shape[0], b.shape[0]
     if why is None and (g > _MAX_GRID or (k + 127) // 128 > _MAX_GRID):
         return f"{g} groups or K = {k} exceed the grid limit ({_MAX_GRID} groups, 128-column tiles)"
