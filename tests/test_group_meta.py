@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import gc
 
+import pytest
 import torch
 
+from cute_mxfp8 import formats as F
 from cute_mxfp8.ops.group_meta import cached_entries, derived
 
 
@@ -149,3 +151,41 @@ def test_run_wgrad_gathers_schedules_and_builds_only_when_it_launches(monkeypatc
         z = TL.run_wgrad(build, a[:, :t_], s_, b[:, :t_], s_, offs[:g], torch.float32, 32, "arch")
         assert z.shape == (g, 5, 3) and bool((z == 0).all())
     assert len(builds) == 1 and len(calls) == 1
+
+
+def test_validated_end_checks_every_call_on_one_read_per_version():
+    """The grouped casts' offsets check: the values and errors of formats.validate_offsets, each call against its
+    own total, on a host copy read once per tensor version (a write the version counter does not see is not
+    re-read; an in-place op is)."""
+    from cute_mxfp8.ops.group_meta import validated_end
+
+    offs = torch.tensor([3, 3, 10], dtype=torch.int32)
+    assert validated_end(offs, 10) == F.validate_offsets(offs, 10) == 10
+    with pytest.raises(ValueError, match="exceeds the grouped dim size 9"):
+        validated_end(offs, 9)
+    offs.data[2] = 12  # not seen by the version counter: the cached copy answers
+    assert validated_end(offs, 10) == 10
+    offs.sub_(1)  # an in-place op: re-read
+    assert validated_end(offs, 11) == 11
+    bad = torch.tensor([4, 2], dtype=torch.int32)
+    for t in (bad, bad.to(torch.int64), [1, 2]):
+        with pytest.raises(ValueError) as got:
+            validated_end(t, 10)
+        with pytest.raises(ValueError) as want:
+            F.validate_offsets(t, 10)
+        assert str(got.value) == str(want.value)
+
+
+def test_a_known_host_copy_spares_the_device_read():
+    """The grouped module builds offs from host counts and records them: validated_end answers from that copy
+    (a meta tensor has no values to read, so the answer can only come from the record)."""
+    from cute_mxfp8.ops.group_meta import known_host_copy, validated_end
+
+    host = torch.tensor([2, 5, 5], dtype=torch.int32)
+    offs = host.to("meta")
+    with pytest.raises(NotImplementedError):
+        validated_end(offs, 8)  # nothing recorded: the device read is attempted
+    known_host_copy(offs, host)
+    assert validated_end(offs, 8) == 5
+    with pytest.raises(ValueError, match="exceeds"):
+        validated_end(offs, 4)

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from ..config import MXFP8Config, resolve_config
 from ..ops.autograd import mxfp8_linear, mxfp8_swiglu_mlp
+from ..ops.group_meta import known_host_copy
 from ..ops.shapes import fast_mode_hidden_reason, mxfp8_dims_reason
 
 _INT32_MAX = 2**31 - 1
@@ -213,4 +214,8 @@ def offsets_from_counts(num_tokens_per_expert, num_experts: int, num_tokens: int
                          f"most x.shape[0] rows, got {host}")
     if total > _INT32_MAX:
         raise ValueError(f"{name} sums to {total}, past the int32 token offsets ({_INT32_MAX}): split the batch")
-    return torch.tensor(ends, dtype=torch.int32).to(device)
+    host_offs = torch.tensor(ends, dtype=torch.int32)
+    offs = host_offs.to(device)
+    if offs is not host_offs:  # the grouped ops validate offs on the host copy: no second device read
+        known_host_copy(offs, host_offs)
+    return offs

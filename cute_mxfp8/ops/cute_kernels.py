@@ -30,7 +30,7 @@ from . import gemm_sm90, gemm_sm100
 from .backends import Backend, register_backend
 from .gate_up import pack_gate_up_casts
 from .gemm_common import offs_limits
-from .group_meta import derived
+from .group_meta import derived, validated_end
 from .shapes import colwise_shapes, rowwise_shapes
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
@@ -216,7 +216,7 @@ def _ops(arch: str) -> dict:
     def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
         grouped = offs is not None and blocked  # plain rowwise scales do not depend on the groups
         if offs is not None:
-            end = F.validate_offsets(offs, x.shape[0])  # validated either way
+            end = validated_end(offs, x.shape[0])  # validated either way
         q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, offs.shape[0] if grouped else None)
         if x.numel() == 0:
             return _e8m0(q, s)
@@ -235,7 +235,7 @@ def _ops(arch: str) -> dict:
 
     def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
         if offs is not None:
-            end = F.validate_offsets(offs, x.shape[0])
+            end = validated_end(offs, x.shape[0])
         qt, st = _outputs(colwise_shapes, x, elem_dtype, blocked, None if offs is None else offs.shape[0])
         if offs is not None:
             qt[:, end:] = 0  # rows past offs[-1] belong to no group
@@ -246,7 +246,7 @@ def _ops(arch: str) -> dict:
     def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
         g = None if offs is None else offs.shape[0]
         if offs is not None:
-            end = F.validate_offsets(offs, x.shape[0])
+            end = validated_end(offs, x.shape[0])
         q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, g if blocked else None)
         qt, st = _outputs(colwise_shapes, x, elem_dtype, blocked, g)
         if x.numel() == 0:
@@ -347,7 +347,7 @@ def _swiglu_ops(arch: str) -> dict:
         g = None if offs is None else offs.shape[0]
         end = m
         if offs is not None:
-            end = F.validate_offsets(offs, m)  # one host sync, as in the reference; bad offsets raise ValueError
+            end = validated_end(offs, m)  # one host read per offsets tensor; bad offsets raise ValueError
         q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, g if blocked else None, (m, width))
         qt, st = _outputs(colwise_shapes, x, elem_dtype, blocked, g, (m, width))
         hp = torch.empty((m, width) if emit_hp else (0,), dtype=x.dtype, device=dev)

@@ -5,7 +5,7 @@ A grouped MLP step calls a dozen grouped ops with the same ``offs`` tensor (cast
 and each derived tensor is several small torch kernels: computed per call they were ~150 launches of host time
 per step on the H200 (``bench mlp --profile``).  :func:`derived` keys the results on the tensor object, its
 version counter (an in-place change of ``offs`` recomputes) and the op's extra key (the token count), holds them
-as long as ``offs`` lives, and never reads ``offs`` on the host (no sync).  Everything here is computed with
+as long as ``offs`` lives, and never reads ``offs`` on the host (no sync), except :func:`validated_end`'s one read.  Everything here is computed with
 torch on ``offs``'s device; the functions that compute each entry live with their users.
 """
 
@@ -41,6 +41,24 @@ def derived(offs: torch.Tensor, name: str, compute: Callable[[], object], *key) 
     if k not in values:
         values[k] = compute()
     return values[k]
+
+
+def validated_end(offs: torch.Tensor, total: int | None) -> int:
+    """:func:`cute_mxfp8.formats.validate_offsets` (same checks, same ValueError, ``offs[-1]``) on a host copy of
+    ``offs`` read once per offsets tensor and version (:func:`derived`): the grouped casts of a step validate the
+    same ``offs`` several times, and each read was a device sync that let the GPU run dry while the host caught
+    up with its launches.  The first call syncs; later ones check the cached copy against their own ``total``."""
+    from .. import formats as F
+
+    if not isinstance(offs, torch.Tensor):
+        return F.validate_offsets(offs, total)  # its error names the type
+    return F.validate_offsets(derived(offs, "host copy", lambda: offs.to("cpu", copy=True)), total)
+
+
+def known_host_copy(offs: torch.Tensor, host: torch.Tensor) -> None:
+    """Record ``host``, a CPU tensor equal to ``offs`` (the values ``offs`` was made from), as the copy
+    :func:`validated_end` reads, so that no op reads ``offs`` back from the device."""
+    derived(offs, "host copy", lambda: host)
 
 
 def cached_entries() -> int:
