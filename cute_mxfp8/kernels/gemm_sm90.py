@@ -53,13 +53,14 @@ class MXGemmSm90:
     are one 512-byte chunk, and the 4 scales of one row in it are 4 consecutive bytes, read as one 32-bit load.
 
     Mainloop (*promotion*): one ``wgmma.mma_async ... .e4m3/.e5m2`` of K = 32 is exactly one MX block; it writes a
-    zero-initialised partial accumulator, which is then added to the fp32 accumulator times ``sa[m] · sb[n]``
-    (exact: a product of powers of two).  Warp roles (384 threads): warpgroup 0 loads A and B by TMA into
-    ``stages`` shared-memory stages of 128 x 128 / ``n_tile`` x 128 bytes (``PipelineTmaAsync``; one warp issues);
-    warpgroups 1 and 2 (the consumers) each own all 128 rows of the output tile and half of its columns (two m64
-    WGMMAs per K step), so one promotes while the other's WGMMAs run; the column scales are decoded into shared memory once per stage and read with 16-byte loads.  Epilogue: each thread stores its accumulator elements, converted to ``out_dtype``, predicated on
-    M and N (partial tiles).  Persistent CTAs (``max_ctas``, one per SM) walk the shared tile order
-    (:class:`.tile_scheduler.PersistentTiles`), the pipeline running on across tiles.
+    zero-initialised partial accumulator, which is then added to the fp32 accumulator times ``sa[m] · sb[n]`` (exact:
+    a product of powers of two).  Warp roles (384 threads): warpgroup 0 loads A and B by TMA into ``stages``
+    shared-memory stages of 128 x 128 / ``n_tile`` x 128 bytes (``PipelineTmaAsync``; one warp issues); warpgroups 1
+    and 2 (the consumers) each own all 128 rows of the output tile and half of its columns (two m64 WGMMAs per K
+    step), so one promotes while the other's WGMMAs run; the scales are decoded into shared memory once per stage and
+    each thread reads its column scales with 16-byte loads.  Epilogue: each thread stores its accumulator elements,
+    converted to ``out_dtype``, predicated on M and N (partial tiles).  Persistent CTAs (``max_ctas``, one per SM)
+    walk the shared tile order (:class:`.tile_scheduler.PersistentTiles`), the pipeline running on across tiles.
 
     ``block_k=128`` (the Hopper fast mode, issue 16): the operands' four MX scales of every 128-deep K block are
     equal (``quantize_mxfp8(..., scale_block=128)``), so the stage's 4 WGMMAs accumulate into one partial and it is
@@ -67,9 +68,11 @@ class MXGemmSm90:
     promotes while the other warpgroup's WGMMAs run.  The result is the reference's product of those operands.
     ``pingpong`` (block_k=128, default on): the consumer warpgroups pass a WGMMA issue token round a ring (named
     barriers, :meth:`_token`): each issues a stage's WGMMAs only after the previous one issued its own, so the
-    tensor core runs one warpgroup's MMAs while the others promote.  ``cluster_mn`` (:attr:`CLUSTERS`): CTAs per cluster along (M, N);
-    the A tile is TMA-multicast across the cluster's N CTAs and the B tile across its M CTAs (each CTA loads a
-    slice; a CTA past the output's edge still loads and releases its slices).
+    tensor core runs one warpgroup's MMAs while the others promote.  ``cluster_mn`` (:attr:`CLUSTERS`): CTAs per
+    cluster along (M, N); the A tile is TMA-multicast across the cluster's N CTAs and the B tile across its M CTAs
+    (each CTA loads a slice; a CTA past the output's edge still loads and releases its slices).  ``grouping``
+    (fast mode, no cluster): ``"m"`` 2d-3d or ``"k"`` 2d-2d token groups (:meth:`call_grouped`,
+    :meth:`tile_work`).
 
     Constraints (:meth:`can_implement`): K % 32 == 0 (TMA zero-fills a partial 128-deep K tile; its padded scales
     are zero), 16-byte aligned contiguous operands; any M, N >= 1.
@@ -280,9 +283,10 @@ class MXGemmSm90:
     def consume(self, mma: cute.TiledMma, pipe, state, sa: cute.Tensor, sb: cute.Tensor, sdec: cute.Tensor,
                 sfa_w: cute.Tensor, sfb_w: cute.Tensor, d: cute.Tensor, cols: cutlass.Int32, ct: cutlass.Int32,
                 work: tuple, bn: cutlass.Int32):
-        """A consumer warpgroup on N tile ``bn`` and the rows of :meth:`tile_work`'s ``work``: all 128 rows x its half of the ``n_tile`` columns (two 64-row WGMMAs per K step); returns
-        the pipeline state.  Thread ``t`` of warp ``w`` holds the accumulator
-        rows ``64 mi + 16 w + t // 4 (+ 8)`` and the half's columns ``8 j + 2 (t % 4) (+ 1)``: fragment element
+        """A consumer warpgroup on N tile ``bn`` and the rows of :meth:`tile_work`'s ``work``: all 128 rows x its
+        half of the ``n_tile`` columns (two 64-row WGMMAs per K step); returns the pipeline state.  Thread ``t`` of
+        warp ``w`` holds the accumulator rows ``64 mi + 16 w + t // 4 (+ 8)`` and the half's columns
+        ``8 j + 2 (t % 4) (+ 1)``: fragment element
         ``e + 2 rs + 4 j + (n_tile / 4) mi`` is (row + 8 rs, column 8 j + 2 (t % 4) + e).  Splitting N rather than
         M halves the column scales each thread applies (the promotion's shared-memory reads) and the B tile each
         warpgroup's WGMMAs read.
@@ -371,7 +375,8 @@ class MXGemmSm90:
                         self._load_col_scales(sdec, b_base + blk * 4 * self._col_pitch(), lane)))
                 pipe.consumer_release(state)
             state.advance()
-        self._store(acc, d, work.rows, cols, work.d_row0 + rl, bn * self.n_tile + wgi * self.wg_cols + 2 * (lane % 4))
+        self._store(acc, d, work.rows, cols, work.d_row0 + rl,
+                    bn * self.n_tile + wgi * self.wg_cols + 2 * (lane % 4))
         return state
 
     @cute.jit

@@ -12,11 +12,12 @@ non-decreasing first, which leaves valid offsets unchanged and keeps every acces
 Inputs arrive checked by :mod:`cute_mxfp8.ops.library` (shapes, dtypes, devices, contiguous); :data:`LIMITS` adds
 what the kernels need beyond that (16-byte aligned operands for TMA, K > 0, 32-bit indexing) and refuses the call
 with the reason otherwise.  ``mm(..., scale_block=128)`` (the Hopper fast mode's operands, issue 16) runs
-:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90` with ``block_k=128`` (fp8 WGMMA, one promotion per 128 of K,
-128 x :data:`FAST_N_TILE` tiles), and so do ``grouped_mm(..., scale_block=128)`` (2d-3d, 128-row group tiles) and
+:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90` with ``block_k=128`` (fp8 WGMMA, one promotion per 128 of K, 128 x
+:data:`FAST_N_TILE` tiles), and so do ``grouped_mm(..., scale_block=128)`` (2d-3d, 128-row group tiles) and
 ``grouped_mm_wgrad(..., scale_block=128)`` (2d-2d on 128-aligned token groups).  The fused-epilogue ops
-:func:`mm_swiglu_quant` / :func:`mm_dswiglu_quant` (dense and 2d-3d grouped) run the dequantize mainloop with the same epilogue code as the SM100 kernel
-(:mod:`cute_mxfp8.kernels.gemm_epilogue`), so the SwiGLU MLP and the grouped experts fuse on SM90 too.
+:func:`mm_swiglu_quant` / :func:`mm_dswiglu_quant` (dense and 2d-3d grouped) run the dequantize mainloop with the
+same epilogue code as the SM100 kernel (:mod:`cute_mxfp8.kernels.gemm_epilogue`), so the SwiGLU MLP and the grouped
+experts fuse on SM90 too.
 """
 
 from __future__ import annotations

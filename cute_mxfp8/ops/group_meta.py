@@ -1,12 +1,12 @@
 """Per-``offs`` device tensors the grouped kernels take (tile starts, the 2d-3d tile schedule, the 2d-2d aligned
 columns), computed once per offsets tensor instead of once per op call.
 
-A grouped MLP step calls a dozen grouped ops with the same ``offs`` tensor (casts, 2d-3d GEMMs, 2d-2d wgrads),
-and each derived tensor is several small torch kernels: computed per call they were ~150 launches of host time
-per step on the H200 (``bench mlp --profile``).  :func:`derived` keys the results on the tensor object, its
-version counter (an in-place change of ``offs`` recomputes) and the op's extra key (the token count), holds them
-as long as ``offs`` lives, and never reads ``offs`` on the host (no sync), except :func:`validated_end`'s one read.  Everything here is computed with
-torch on ``offs``'s device; the functions that compute each entry live with their users.
+A grouped MLP step calls a dozen grouped ops with the same ``offs`` tensor (casts, 2d-3d GEMMs, 2d-2d wgrads), and
+each derived tensor is several small torch kernels: computed per call they were ~150 launches of host time per step
+on the H200 (``bench mlp --profile``).  :func:`derived` keys the results on the tensor object, its version counter
+(an in-place change of ``offs`` recomputes) and the op's extra key (the token count), holds them as long as ``offs``
+lives, and never reads ``offs`` on the host (no sync), except :func:`validated_end`'s one read.  Everything here is
+computed with torch on ``offs``'s device; the functions that compute each entry live with their users.
 """
 
 from __future__ import annotations
