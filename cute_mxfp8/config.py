@@ -39,7 +39,7 @@ class MXFP8Config:
         hopper_block_k: 32 (default: MXFP8 everywhere) or 128, the Hopper fast mode: every GEMM operand is
             quantized along its K dim with one E8M0 scale per 128 elements (the largest of the four MX scales;
             stored as MXFP8, the 4 scales repeated; a token group's runs start at the group's start), and the
-            ``sm90`` backend runs the dense GEMMs with fp8 WGMMA and one promotion per 128 of K.  The elements equal
+            ``sm90`` backend runs the GEMMs with fp8 WGMMA and one promotion per 128 of K.  The elements equal
             MXFP8's shifted by the scale ratio, except those that fall into the element type's subnormal range
             (rounded there; a data-dependent share: 8e-6 to 4e-4 of the elements measured on Gaussian, Student-t
             and 1 % outlier-channel data, 1.4e-3 with 1 % of channels 100x larger) and, in floor mode, elements
@@ -48,8 +48,8 @@ class MXFP8Config:
             MXFP8: Blackwell's MMA applies every scale).  With it the SwiGLU MLP runs unfused (the GEMM-fused
             epilogues emit 32-blocks; ``fused_epilogues=True`` with it raises ValueError here) and needs I % 128 == 0
             (the modules raise ValueError; :func:`~cute_mxfp8.convert_to_mxfp8` leaves such FFNs unfused and
-            converts their Linears); the grouped GEMMs take the 128-block operands on the exact kernels (no
-            speed-up there yet).  Not combined with ``fsdp_mxfp8_all_gather`` (ValueError).
+            converts their Linears); the grouped GEMMs (2d-3d, 2d-2d) run the fast mode's kernels too.  Not
+            combined with ``fsdp_mxfp8_all_gather`` (ValueError).
     """
 
     scale_mode: str = "rceil"

@@ -76,6 +76,12 @@ class MXGemmSm90:
 
     Constraints (:meth:`can_implement`): K % 32 == 0 (TMA zero-fills a partial 128-deep K tile; its padded scales
     are zero), 16-byte aligned contiguous operands; any M, N >= 1.
+
+    Arguments: ``a_elem`` / ``b_elem`` ``"e4m3"`` or ``"e5m2"``; ``out_dtype`` ``"bfloat16"`` or ``"float32"``;
+    ``n_tile`` the output tile's N, 128, or 192 with ``block_k=128``; ``block_k`` 32 or 128; ``max_ctas`` the
+    persistent grid's CTAs (one per SM); ``cluster_mn`` one of :attr:`CLUSTERS` (dense only); ``pingpong`` the
+    issue token (``block_k=128`` only; ignored with 32); ``grouping`` ``"none"``, or ``"m"`` / ``"k"`` with
+    ``block_k=128`` and no cluster.  Raises ValueError naming the argument for anything else.
     """
 
     TILE_M = 128
@@ -94,7 +100,7 @@ class MXGemmSm90:
                  block_k: int = 32, max_ctas: int = 132, cluster_mn: tuple = (1, 1), pingpong: bool = True,
                  grouping: str = "none"):
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
-        cluster_mn = tuple(cluster_mn)
+        cluster_mn = tuple(cluster_mn) if isinstance(cluster_mn, (tuple, list)) else cluster_mn
         if cluster_mn not in self.CLUSTERS:
             raise ValueError(f"cluster_mn must be one of {self.CLUSTERS}, got {cluster_mn}")
         self.cluster_mn = cluster_mn
@@ -102,11 +108,11 @@ class MXGemmSm90:
         if type(block_k) is not int or block_k not in (32, 128):
             raise ValueError(f"block_k must be 32 (MX blocks) or 128 (the Hopper fast mode's shared scales), got "
                              f"{block_k!r}")
-        if n_tile not in ((128, 192) if block_k == 128 else (128,)):
+        if type(n_tile) is not int or n_tile not in ((128, 192) if block_k == 128 else (128,)):
             raise ValueError(f"n_tile must be 128, or 192 with block_k=128 (the fast mode's one partial per stage "
                              f"leaves the registers), got {n_tile}")
-        if max_ctas < 1:
-            raise ValueError(f"max_ctas must be >= 1, got {max_ctas}")
+        if type(max_ctas) is not int or max_ctas < 1:
+            raise ValueError(f"max_ctas must be an int >= 1, got {max_ctas!r}")
         if grouping not in ("none", "m", "k") or (grouping != "none" and (block_k != 128 or cluster_mn != (1, 1))):
             raise ValueError(f"grouping must be 'none' (dense), 'm' (2d-3d) or 'k' (2d-2d), the grouped ones with "
                              f"the fast mode's block_k=128 and no cluster (a cluster's tiles can be different "

@@ -207,14 +207,21 @@ def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: T
     """2d-3d grouped MXFP8 GEMM (MoE forward and dgrad): ``out[rows of group g] = a[rows of g] · b[g]ᵀ``.
 
     Args:
-        a: (M, K) MXFP8 data with grouped-M blocked scales (``quantize_rowwise(x, offs=offs)``).
-        b: (E, N, K) MXFP8 expert weights with (E, numel) blocked scales; ``offs`` has E groups.
+        a: (M, K) MXFP8 data (e4m3 or e5m2, K-major, ``K % 32 == 0``) with grouped-M blocked scales
+            (``quantize_rowwise(x, offs=offs)``: each group's rows from their own 128-row scale tile).
+        b: (E, N, K) MXFP8 expert weights (either element type) with (E, numel) blocked scales
+            (``quantize_rowwise(w)``); ``offs`` (E,) int32 cumulative group ends.
+        out_dtype: bf16 (default) or fp32.
+        scale_block: 128 states that both operands were quantized with ``scale_block=128`` (equal scales in
+            every run of 4 along K).  The ``sm90`` backend then runs the Hopper fast mode's 2d-3d GEMM, which reads
+            only the first scale of each run (a wrong product for operands that break the promise); the
+            ``reference`` backend checks it (ValueError); the ``sm100`` kernel ignores the hint.
     Returns: (M, N) in ``out_dtype``; rows at or past ``offs[-1]`` are zero.
+    Raises: ValueError for bad offsets, shapes, dtypes or ``scale_block`` (naming the fix).
 
     ``offs`` must be the offsets ``a`` was quantized with: the scales' layout depends on them, and other offsets
     with the same group count give wrong results that no check can see.  The reference backend validates the
     values (``ValueError``); the kernel backends read them only on the device (no sync) and stay in bounds.
-    ``scale_block``: the hint of :func:`mm` (no grouped kernel uses it yet: the result is the same either way).
     """
     _check_offs(offs, required=True)
     S.check_scale_block(scale_block)
@@ -227,14 +234,20 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
     """2d-2d grouped MXFP8 GEMM (MoE wgrad): ``out[g] = a[:, tokens of g] · b[:, tokens of g]ᵀ``.
 
     Args:
-        a: (N, M) and b: (K, M) token-major MXFP8 data with grouped-K blocked scales, as
-            ``quantize_colwise(dy, offs=offs)`` and ``quantize_colwise(x, offs=offs)`` return them.
-    Returns: (G, N, K) in ``out_dtype`` (fp32 default); an empty group's slice is exactly zero.
+        a: (N, M) and b: (K, M) token-major MXFP8 data (e4m3 or e5m2 each; any N, K, M) with grouped-K blocked
+            scales (blocks of 32 tokens from each group's start), as ``quantize_colwise(dy, offs=offs)`` and
+            ``quantize_colwise(x, offs=offs)`` return them; ``offs`` (G,) int32 cumulative group ends.
+        out_dtype: fp32 (default) or bf16.
+        scale_block: 128 states that both operands were quantized with ``scale_block=128`` (equal scales in
+            every run of 4 blocks from each group's start).  The ``sm90`` backend then runs the Hopper fast mode's
+            2d-2d GEMM, which reads only the first scale of each run; the ``reference`` backend checks the promise
+            (ValueError); the ``sm100`` kernel ignores the hint.
+    Returns: (G, N, K) in ``out_dtype``; an empty group's slice is exactly zero.
+    Raises: ValueError for bad offsets, shapes, dtypes or ``scale_block`` (naming the fix).
 
     ``offs`` must be the offsets ``a`` and ``b`` were quantized with (their scale layout depends on them; other
     offsets with the same group count give wrong results no check can see).  The reference backend validates the
     values (``ValueError``); the kernel backends read them only on the device (no sync) and stay in bounds.
-    ``scale_block``: the hint of :func:`mm` (no grouped kernel uses it yet: the result is the same either way).
     """
     _check_offs(offs, required=True)
     S.check_scale_block(scale_block)

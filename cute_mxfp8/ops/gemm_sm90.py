@@ -1,13 +1,14 @@
-"""The ``sm90`` backend's GEMM ops on the WGMMA kernels (:mod:`cute_mxfp8.kernels.gemm_sm90`): ``mm``,
-``grouped_mm`` (2d-3d) and ``grouped_mm_wgrad`` (2d-2d), same signatures and outputs as the reference backend's.
-:data:`MAINLOOP` picks the dense kernel: ``"dequant"`` (the default, bf16 WGMMA on operands scaled on the fly,
+"""The ``sm90`` backend's GEMM ops on the WGMMA kernels (:mod:`cute_mxfp8.kernels.gemm_sm90`): ``mm``, ``grouped_mm``
+(2d-3d) and ``grouped_mm_wgrad`` (2d-2d), same signatures and outputs as the reference backend's. :data:`MAINLOOP`
+picks the dense kernel: ``"dequant"`` (the default, bf16 WGMMA on operands scaled on the fly,
 :class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90Dequant`) or ``"promote"`` (fp8 WGMMA per MX block,
 :class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`); both give the reference's result within the bound
 ``tests/test_gemm_sm90.py`` states.  The grouped GEMMs run the dequantize mainloop with its token-group scheduling
-(``grouping="m"`` / ``"k"``); the group offsets stay on the device (no host sync in the launch path), so their
-values are not checked there: :func:`~.gemm_common.device_offsets` clamps them into [0, T] and makes them
-non-decreasing first, which leaves valid offsets unchanged and keeps every access in bounds for invalid ones
-(the reference backend and the modules validate them and raise).
+(``grouping="m"`` / ``"k"``), or with ``scale_block=128`` the promote kernel's grouped builds; the group offsets stay
+on the device (no host sync in the launch path), so their values are not checked there:
+:func:`~.gemm_common.device_offsets` clamps them into [0, T] and makes them non-decreasing first, which leaves valid
+offsets unchanged and keeps every access in bounds for invalid ones (the reference backend and the modules validate
+them and raise).
 
 Inputs arrive checked by :mod:`cute_mxfp8.ops.library` (shapes, dtypes, devices, contiguous); :data:`LIMITS` adds
 what the kernels need beyond that (16-byte aligned operands for TMA, K > 0, 32-bit indexing) and refuses the call

@@ -47,7 +47,9 @@ def validated_end(offs: torch.Tensor, total: int | None) -> int:
     """:func:`cute_mxfp8.formats.validate_offsets` (same checks, same ValueError, ``offs[-1]``) on a host copy of
     ``offs`` read once per offsets tensor and version (:func:`derived`): the grouped casts of a step validate the
     same ``offs`` several times, and each read was a device sync that let the GPU run dry while the host caught
-    up with its launches.  The first call syncs; later ones check the cached copy against their own ``total``."""
+    up with its launches.  The first call syncs; later ones check the cached copy against their own ``total``.
+    Like every :func:`derived` entry the copy is keyed on the version counter: a write it does not count (through
+    ``.data``, ``.numpy()`` or a custom kernel) is not seen; make new offsets a new tensor, as the modules do."""
     from .. import formats as F
 
     if not isinstance(offs, torch.Tensor):

@@ -75,14 +75,19 @@ def _deq_rowwise(data: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
     return F.dequantize_mxfp8(data, F.from_blocked_scales(blocked, r, k // _B))
 
 
-def _check_shared_runs(name: str, data: torch.Tensor, blocked: torch.Tensor) -> None:
-    """``scale_block=128``'s promise on a GEMM operand: its scales are equal in every run of 4 along K."""
-    s = F.from_blocked_scales(blocked, data.shape[0], data.shape[1] // _B).view(torch.uint8)
+def _check_runs(name: str, plain: torch.Tensor) -> None:
+    """``scale_block=128``'s promise on a GEMM operand: its plain (rows, blocks) scales, the blocks along K from
+    the start of K (or of a token group), are equal in every run of 4."""
+    s = plain.view(torch.uint8)
     first = s[:, (torch.arange(s.shape[1], device=s.device) // 4) * 4]
     if not torch.equal(s, first):
         raise ValueError(f"{name}'s scales are not equal in runs of 4 along K, as scale_block=128 states (the sm90 "
                          f"kernel would read only the first of each run): quantize it with scale_block=128, or pass "
                          f"scale_block=32")
+
+
+def _check_shared_runs(name: str, data: torch.Tensor, blocked: torch.Tensor) -> None:
+    _check_runs(name, F.from_blocked_scales(blocked, data.shape[0], data.shape[1] // _B))
 
 
 def mm(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32):
@@ -99,8 +104,12 @@ def mm(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32):
 
 def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
     m, k = a.shape
-    F.validate_offsets(offs, m)
+    end = F.validate_offsets(offs, m)
     a_plain = F.from_blocked_scales_grouped_m(a_scales, offs, m, k // _B)
+    if scale_block == 128:  # the promise, on the rows in groups and on every expert
+        _check_runs("a", a_plain[:end])
+        for g in range(b.shape[0]):
+            _check_shared_runs("b", b[g], b_scales[g])
     out = torch.zeros(m, b.shape[1], dtype=torch.float32, device=a.device)
     for g, (s, e) in enumerate(F.group_bounds(offs)):
         if e > s:
@@ -113,8 +122,14 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
     (n, m), k = a.shape, b.shape[0]
     F.validate_offsets(offs, m)
     cols = 4 * F.grouped_scale_tiles(m, offs.numel())
-    a_deq = F.dequantize_mxfp8_grouped_k(a.t(), F.from_blocked_scales_grouped_k(a_scales, offs, n, cols).t(), offs)
-    b_deq = F.dequantize_mxfp8_grouped_k(b.t(), F.from_blocked_scales_grouped_k(b_scales, offs, k, cols).t(), offs)
+    a_plain = F.from_blocked_scales_grouped_k(a_scales, offs, n, cols)
+    b_plain = F.from_blocked_scales_grouped_k(b_scales, offs, k, cols)
+    if scale_block == 128:  # the promise: runs of 4 from each group's first block (its first tile's column)
+        for (s, e), t in zip(F.group_bounds(offs), F.group_tile_starts(offs).tolist()):
+            for name, plain in (("a", a_plain), ("b", b_plain)):
+                _check_runs(name, plain[:, 4 * t:4 * t + (e - s + _B - 1) // _B])
+    a_deq = F.dequantize_mxfp8_grouped_k(a.t(), a_plain.t(), offs)
+    b_deq = F.dequantize_mxfp8_grouped_k(b.t(), b_plain.t(), offs)
     out = torch.zeros(offs.numel(), n, k, dtype=torch.float32, device=a.device)
     for g, (s, e) in enumerate(F.group_bounds(offs)):
         if e > s:
