@@ -118,6 +118,15 @@ def test_gemm_hint_leaves_the_reference_product_unchanged_and_is_checked_there(r
             ops.quantize_gate_up(torch.randn(128, 64), torch.randn(128, 64), scale_block=bad)
 
 
+def _hint_is_kept_or_refused(op, args, keeps_promise: bool, match: str) -> None:
+    """``op(*args, scale_block=128)``: the product without the hint, or the reference's ValueError."""
+    if keeps_promise:
+        assert torch.equal(op(*args, scale_block=128), op(*args))
+    else:
+        with pytest.raises(ValueError, match=match):
+            op(*args, scale_block=128)
+
+
 def test_grouped_gemm_hints_are_checked_by_the_reference(rng):
     """grouped_mm / grouped_mm_wgrad with scale_block=128: the same product as without the hint on operands
     that keep the promise (runs of 4 from K's start, or from each token group's start); 32-block operands raise
@@ -125,27 +134,18 @@ def test_grouped_gemm_hints_are_checked_by_the_reference(rng):
     offs = torch.tensor([0, 70, 70, 200, 256], dtype=torch.int32)
     x = torch.randn(300, 288, generator=rng) * torch.logspace(-4, 4, 288)
     w = torch.randn(5, 96, 288, generator=rng) * torch.logspace(-4, 4, 288)
-    for block, ok in ((128, True), (32, False)):
+    dy = torch.randn(300, 80, generator=rng) * torch.logspace(-4, 4, 300)[:, None]
+    for block in (128, 32):
         a, a_s = ops.quantize_rowwise(x, offs=offs, scale_block=block)
         b, b_s = ops.quantize_rowwise(w, scale_block=block)
-        if ok:
-            assert torch.equal(ops.grouped_mm(a, a_s, b, b_s, offs, scale_block=128),
-                               ops.grouped_mm(a, a_s, b, b_s, offs))
-        else:
-            with pytest.raises(ValueError, match="a's scales are not equal in runs of 4"):
-                ops.grouped_mm(a, a_s, b, b_s, offs, scale_block=128)
-        dy = torch.randn(300, 80, generator=rng) * torch.logspace(-4, 4, 300)[:, None]
+        _hint_is_kept_or_refused(ops.grouped_mm, (a, a_s, b, b_s, offs), block == 128,
+                                 "a's scales are not equal in runs of 4")
         (ga, ga_s), (gb, gb_s) = (ops.quantize_colwise(v, offs=offs, scale_block=block) for v in (dy, x))
-        if ok:
-            assert torch.equal(ops.grouped_mm_wgrad(ga, ga_s, gb, gb_s, offs, scale_block=128),
-                               ops.grouped_mm_wgrad(ga, ga_s, gb, gb_s, offs))
-        else:
-            with pytest.raises(ValueError, match="scales are not equal in runs of 4"):
-                ops.grouped_mm_wgrad(ga, ga_s, gb, gb_s, offs, scale_block=128)
+        _hint_is_kept_or_refused(ops.grouped_mm_wgrad, (ga, ga_s, gb, gb_s, offs), block == 128,
+                                 "a's scales are not equal in runs of 4")
     # a 128-block activation with 32-block experts: the experts' scales break it
     (a, a_s), (b, b_s) = ops.quantize_rowwise(x, offs=offs, scale_block=128), ops.quantize_rowwise(w)
-    with pytest.raises(ValueError, match="b's scales are not equal in runs of 4"):
-        ops.grouped_mm(a, a_s, b, b_s, offs, scale_block=128)
+    _hint_is_kept_or_refused(ops.grouped_mm, (a, a_s, b, b_s, offs), False, "b's scales are not equal in runs of 4")
 
 
 # ---- the config and the autograd functions -------------------------------------------------------------------
