@@ -295,7 +295,18 @@ def test_inspect_compiles_every_variant_without_gpu(tmp_path, capsys):
     assert all(r["cvt.satfinite"] > 0 for r in casts)
     assert len(amax) == 12 and all(r["cvt.satfinite"] == 0 for r in amax)
     assert all(r["bar.sync"] == 0 for r in casts)  # register tiles and shuffles, no shared-memory staging
+    # every SM90 GEMM sets its warpgroups' register budgets, and ptxas kept them (a dropped one fails the row)
+    assert all(r["setmaxnreg"] == 2 for r in gemms) and all(r.get("USETMAXREG", 2) == 2 for r in gemms)
     assert f"{n}/{n} variants compiled" in capsys.readouterr().out
+
+
+def test_inspect_fails_a_variant_whose_setmaxnreg_ptxas_dropped():
+    from cute_mxfp8.cli.inspect_kernels import finish
+
+    assert finish({"status": "ok", "setmaxnreg": 2, "USETMAXREG": 0})["status"] == "setmaxnreg dropped by ptxas (C7508)"
+    assert finish({"status": "ok", "setmaxnreg": 2, "USETMAXREG": 2})["status"] == "ok"
+    assert finish({"status": "ok", "setmaxnreg": 2})["status"] == "ok"  # no nvdisasm: no SASS count to hold it to
+    assert finish({"status": "ok", "setmaxnreg": 0, "USETMAXREG": 0})["status"] == "ok"
 
 
 def test_bench_plot_draws_a_png_and_names_what_it_needs(tmp_path, monkeypatch):
