@@ -391,22 +391,28 @@ class MXGemmSm90:
         """Epilogue: the thread's accumulator elements (:meth:`consume`'s layout; element (mi = rs = j = e = 0) at
         (``row0``, ``col0``)) converted to ``d``'s dtype and stored, predicated on the output's edges; bf16 pairs of
         adjacent columns as one 32-bit store when ``cols`` is even."""
-        ncol = self.thr_cols
+        elems = 4 * self.thr_cols
         paired = cutlass.const_expr(self.d_dtype == cutlass.BFloat16)
         if paired and cols % 2 == 0:
             d2 = cute.make_tensor(cute.recast_ptr(d.iterator, dtype=cutlass.Uint32),
                                   cute.make_layout((rows, cols // 2), stride=(cols // 2, 1)))
-            for i0 in cutlass.range_constexpr(0, 4 * ncol, 2):  # i0 = 2 rs + 4 j + 2 ncol mi
-                row = row0 + 64 * (i0 // (2 * ncol)) + 8 * ((i0 // 2) % 2)
-                col = col0 + 8 * ((i0 % (2 * ncol)) // 4)
+            for i0 in cutlass.range_constexpr(0, elems, 2):  # element pairs (e = 0, 1)
+                dr, dc = self._frag_offset(i0)
+                row, col = row0 + dr, col0 + dc
                 if row < rows and col < cols:
                     d2[row, col // 2] = pack_bf16x2(acc[i0], acc[i0 + 1])
         else:
-            for i in cutlass.range_constexpr(4 * ncol):  # i = e + 2 rs + 4 j + 2 ncol mi
-                row = row0 + 64 * (i // (2 * ncol)) + 8 * ((i // 2) % 2)
-                col = col0 + 8 * ((i % (2 * ncol)) // 4) + i % 2
+            for i in cutlass.range_constexpr(elems):
+                dr, dc = self._frag_offset(i)
+                row, col = row0 + dr, col0 + dc
                 if row < rows and col < cols:
                     d[row, col] = acc[i].to(self.d_dtype)
+
+    def _frag_offset(self, i: int) -> tuple:
+        """(row, column) of accumulator fragment element ``i = e + 2 rs + 4 j + 2 thr_cols mi`` relative to
+        element 0 (:meth:`consume`'s layout)."""
+        ncol = self.thr_cols
+        return 64 * (i // (2 * ncol)) + 8 * ((i // 2) % 2), 8 * ((i % (2 * ncol)) // 4) + i % 2
 
     @cute.jit
     def tile_work(self, offs, sched, m: cutlass.Int32, n: cutlass.Int32, k_total: cutlass.Int32,
