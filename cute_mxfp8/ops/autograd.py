@@ -381,8 +381,10 @@ def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor
     _check_weight("w2", w2, (*e, d, i))
     _check_input(x, d, rank2=grouped)
     _check_dims32(D=d, I=i)
-    if scale_block(config, x.device) == 128 and fast_mode_hidden_reason(128, i):
-        raise ValueError(f"{fast_mode_hidden_reason(128, i)}: pad w1 and w3 EACH (and w2's columns) to a multiple of "
-                         f"128, or use hopper_block_k=32")
-    return _SwiGLUMLPFn.apply(autocast_input(x), w1, w2, w3, offs, *_cfg_args(config, x.device),
+    cfg = _cfg_args(config, x.device)  # ends with the operands' scale block
+    reason = fast_mode_hidden_reason(cfg[-1], i)
+    if reason is not None:
+        raise ValueError(f"{reason}: pad w1 and w3 EACH (and w2's columns) to a multiple of 128, or use "
+                         f"hopper_block_k=32")
+    return _SwiGLUMLPFn.apply(autocast_input(x), w1, w2, w3, offs, *cfg,
                               fused_epilogues_enabled(config, x.device, i, grouped))

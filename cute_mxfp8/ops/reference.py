@@ -124,14 +124,15 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
     cols = 4 * F.grouped_scale_tiles(m, offs.numel())
     a_plain = F.from_blocked_scales_grouped_k(a_scales, offs, n, cols)
     b_plain = F.from_blocked_scales_grouped_k(b_scales, offs, k, cols)
+    bounds = F.group_bounds(offs)
     if scale_block == 128:  # the promise: runs of 4 from each group's first block (its first tile's column)
-        for (s, e), t in zip(F.group_bounds(offs), F.group_tile_starts(offs).tolist()):
+        for (s, e), t in zip(bounds, F.group_tile_starts(offs).tolist()):
             for name, plain in (("a", a_plain), ("b", b_plain)):
                 _check_runs(name, plain[:, 4 * t:4 * t + (e - s + _B - 1) // _B])
     a_deq = F.dequantize_mxfp8_grouped_k(a.t(), a_plain.t(), offs)
     b_deq = F.dequantize_mxfp8_grouped_k(b.t(), b_plain.t(), offs)
     out = torch.zeros(offs.numel(), n, k, dtype=torch.float32, device=a.device)
-    for g, (s, e) in enumerate(F.group_bounds(offs)):
+    for g, (s, e) in enumerate(bounds):
         if e > s:
             out[g] = a_deq[s:e].t() @ b_deq[s:e]
     return out.to(out_dtype)
