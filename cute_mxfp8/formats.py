@@ -263,22 +263,19 @@ def blocked_scales_numel(rows: int, cols: int) -> int:
 def to_blocked_scales(scales: torch.Tensor) -> torch.Tensor:
     """Plain (R, C) scales -> the blocked tcgen05/cuBLAS layout as a contiguous 1-D ``float8_e8m0fnu`` buffer of
     :func:`blocked_scales_numel` (R, C) bytes, zero padded.  A 3-D (E, R, C) input (per-expert weights) gives
-    (E, blocked_scales_numel(R, C)), each expert blocked on its own."""
-    if scales.dim() == 3:
-        if scales.shape[0] == 0:
-            return scales.new_zeros(0, blocked_scales_numel(*scales.shape[1:]))
-        # bytewise: torch.stack of E8M0 tensors raises under torch.autocast (its type promotion rejects fp8)
-        return torch.stack([to_blocked_scales(s).view(torch.uint8) for s in scales]).view(torch.float8_e8m0fnu)
-    if scales.dim() != 2:
+    (E, blocked_scales_numel(R, C)), each expert blocked on its own (all experts in one copy)."""
+    if scales.dim() not in (2, 3):
         raise ValueError(f"to_blocked_scales takes (R, C) or (E, R, C) scales, got shape {tuple(scales.shape)}")
     _check_scales_dtype(scales)
-    r, c = scales.shape
+    *lead, r, c = scales.shape
     rt, ct = _ceil_div(r, _TILE_ROWS), _ceil_div(c, _TILE_COLS)
-    padded = scales.view(torch.uint8).new_zeros(rt * _TILE_ROWS, ct * _TILE_COLS)
-    padded[:r, :c] = scales.view(torch.uint8)
+    # bytewise: copies of E8M0 tensors meet autocast's type promotion, which rejects fp8
+    padded = scales.view(torch.uint8).new_zeros(*lead, rt * _TILE_ROWS, ct * _TILE_COLS)
+    padded[..., :r, :c] = scales.view(torch.uint8)
     # row = rt*128 + r1*32 + r0 -> offset inside the tile r0*16 + r1*4 + c%4
-    blocked = padded.view(rt, 4, 32, ct, _TILE_COLS).permute(0, 3, 2, 1, 4)
-    return blocked.reshape(-1).view(torch.float8_e8m0fnu)
+    n = len(lead)
+    blocked = padded.view(*lead, rt, 4, 32, ct, _TILE_COLS).permute(*range(n), n, n + 3, n + 2, n + 1, n + 4)
+    return blocked.reshape(*lead, blocked_scales_numel(r, c)).view(torch.float8_e8m0fnu)
 
 
 def from_blocked_scales(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:

@@ -504,6 +504,13 @@ def test_blocked_per_expert(rng):
     for e in range(3):
         assert_bytes_equal(b[e], to_blocked_scales(s[e]), f"expert {e}")
     assert_bytes_equal(from_blocked_scales(b, 129, 5), s, "per-expert round trip")
+    # tile-aligned (no padding), a non-contiguous stack of experts, and no experts at all
+    s = torch.randint(0, 256, (2, 4, 256), generator=rng, dtype=torch.uint8).transpose(1, 2).view(E8M0)
+    b = to_blocked_scales(s)
+    assert b.shape == (2, 1024) and b.is_contiguous()
+    for e in range(2):
+        assert_bytes_equal(b[e], to_blocked_scales(s[e].contiguous()), f"aligned expert {e}")
+    assert to_blocked_scales(torch.zeros(0, 129, 5, dtype=torch.uint8).view(E8M0)).shape == (0, 2048)
 
 
 def test_blocked_errors():

@@ -189,3 +189,27 @@ def test_a_known_host_copy_spares_the_device_read():
     assert validated_end(offs, 8) == 5
     with pytest.raises(ValueError, match="exceeds"):
         validated_end(offs, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200 with -m gpu)")
+@pytest.mark.parametrize("ends", [[0, 1, 32, 65, 300, 300, 411], [5, 3, 900], [450], [0, 0]])
+def test_schedules_from_a_host_copy_equal_the_device_ones(ends):
+    """With a known host copy (the grouped module's offs) the schedules are computed on the CPU and uploaded
+    (group_meta.derived_tensors); without one, on the device.  Both give the same values, out-of-contract offsets
+    (clamped, made non-decreasing) included, and the uploads land on offs's device."""
+    from cute_mxfp8.ops import cute_kernels as CK
+    from cute_mxfp8.ops import token_layout as TL
+    from cute_mxfp8.ops.gemm_common import schedule_m
+    from cute_mxfp8.ops.group_meta import host_copy, known_host_copy
+
+    t = 450
+    host = torch.tensor(ends, dtype=torch.int32)
+    plain, known = host.cuda(), host.cuda()
+    known_host_copy(known, host)
+    assert host_copy(known) is host and host_copy(plain) is None
+    for fn in (lambda o: schedule_m(o, t, 128), lambda o: TL.schedule_k(o, t, 128), lambda o: (CK._tile_starts(o),)):
+        want, got = fn(plain), fn(known)
+        assert len(want) == len(got)
+        for w, g in zip(want, got):
+            assert g.device == known.device and g.dtype == w.dtype and torch.equal(g, w), (ends, w, g)

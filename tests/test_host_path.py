@@ -106,3 +106,35 @@ def test_a_backend_plan_runs_from_the_second_call_on(rng):
         del B._BACKENDS["probe"]
         B.register_backend(ref)  # restores the order and drops the probe's plans
     assert not B.PLANS
+
+
+def test_eager_wrappers_run_the_implementation_and_traced_calls_the_custom_op(monkeypatch, rng):
+    """api's GEMM and gate/up wrappers skip the dispatcher in eager mode (plain tensors or nn.Parameter, nothing
+    that requires grad under grad mode); otherwise the custom op runs.  Both give the same result."""
+    from cute_mxfp8.ops import api
+
+    seen = []
+    for name in ("_mm", "_grouped_mm", "_grouped_mm_wgrad", "_quantize_gate_up"):
+        op = getattr(L, name)
+        monkeypatch.setattr(L, name, lambda *a, op=op, name=name: seen.append(name) or op(*a))
+    x, w = torch.randn(64, 96, generator=rng), torch.randn(32, 96, generator=rng)
+    (a, a_s), (b, b_s) = ops.quantize_rowwise(x), ops.quantize_rowwise(w)
+    y = api.mm(a, a_s, b, b_s)
+    offs = torch.tensor([20, 64], dtype=torch.int32)
+    ga, ga_s = ops.quantize_rowwise(x, offs=offs)
+    gb, gb_s = ops.quantize_rowwise(torch.randn(2, 32, 96, generator=rng))
+    gy = api.grouped_mm(ga, ga_s, gb, gb_s, offs)
+    (ca, ca_s), (cb, cb_s) = ops.quantize_colwise(x[:, :32], offs=offs), ops.quantize_colwise(x, offs=offs)
+    gw = api.grouped_mm_wgrad(ca, ca_s, cb, cb_s, offs)
+    w1, w3 = (torch.nn.Parameter(torch.randn(2, 32, 96, generator=rng)) for _ in range(2))
+    with torch.no_grad():
+        gu = api.quantize_gate_up(w1, w3)
+    assert seen == []
+    bias = torch.randn(32, generator=rng, requires_grad=True)  # requires grad under grad mode: the custom op
+    assert torch.equal(api.mm(a, a_s, b, b_s, bias=bias.detach()), api.mm(a, a_s, b, b_s, bias=bias).detach())
+    assert seen == ["_mm"]
+    assert [t.view(torch.uint8).tolist() for t in api.quantize_gate_up(w1, w3)] == \
+        [t.view(torch.uint8).tolist() for t in gu] and seen == ["_mm", "_quantize_gate_up"]
+    assert torch.equal(L._mm(a, a_s, b, b_s, torch.bfloat16, "", None, 32), y)
+    assert torch.equal(L._grouped_mm(ga, ga_s, gb, gb_s, offs, torch.bfloat16, "", 32), gy)
+    assert torch.equal(L._grouped_mm_wgrad(ca, ca_s, cb, cb_s, offs, torch.float32, "", 32), gw)

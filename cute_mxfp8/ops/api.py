@@ -13,7 +13,7 @@ Conventions shared by every function here (``design.md`` sections 1-2):
 * ``backend``: ``None`` picks automatically (``CUTE_MXFP8_BACKEND`` if set, else the best backend for the
   device); an explicit backend that cannot run raises :class:`~cute_mxfp8.ops.backends.BackendUnavailableError`.
 * Bad shapes, dtypes, devices or offsets raise ``ValueError`` naming the rule, before any kernel runs.
-* In eager mode the quantize and SwiGLU wrappers call the op's implementation directly (see :func:`_direct`),
+* In eager mode every wrapper here calls the op's implementation directly (see :func:`_direct`),
   which saves the custom-op dispatcher's host time; ``torch.ops.cute_mxfp8.*`` and torch.compile give the same
   results either way.  The ops are not differentiable (inputs that require grad go through the dispatcher, which
   says so on backward); :mod:`cute_mxfp8.ops.autograd` holds the differentiable functions.
@@ -34,18 +34,30 @@ from . import library as L
 from . import shapes as S
 
 E4M3 = torch.float8_e4m3fn
+# nn.Parameter is a Tensor subclass without a __torch_function__ of its own: the ops see a plain tensor
+_PLAIN = (Tensor, torch.nn.Parameter)
 
 
 def _direct(*tensors) -> bool:
-    """Whether a quantize or SwiGLU call may skip the custom-op dispatcher and run the op's own implementation: eager mode
-    with plain tensors and no torch function / dispatch mode active.  The result is the same (the custom op calls
-    that implementation); only the dispatcher's host time (tens of microseconds) is saved.  Under torch.compile,
+    """Whether an op call may skip the custom-op dispatcher and run the op's own implementation: eager mode with
+    plain tensors (or ``nn.Parameter``) and no torch function / dispatch mode active.  The result is the same (the
+    custom op calls that implementation); only the dispatcher's host time (tens of microseconds) is saved.  Under torch.compile,
     fake tensors, subclasses, modes or inputs that require grad the call goes through ``torch.ops.cute_mxfp8`` as
     usual (the ops have no autograd formula on any path: differentiate through :mod:`cute_mxfp8.ops.autograd`)."""
     grad = torch.is_grad_enabled()  # under no_grad (e.g. inside an autograd.Function) no graph is built anyway
     return (not torch.compiler.is_compiling()
-            and all(t is None or (type(t) is Tensor and not (grad and t.requires_grad)) for t in tensors)
+            and all(t is None or (type(t) in _PLAIN and not (grad and t.requires_grad)) for t in tensors)
             and not torch._C._is_torch_function_mode_enabled() and _get_current_dispatch_mode() is None)
+
+
+def _op(impl, op, tensors: tuple, optional: tuple = (), dtypes: tuple = (), ints: tuple = (), strs: tuple = (),
+        bools: tuple = ()):
+    """``impl`` (the op's implementation) when :func:`_direct` allows it and every argument has its schema type
+    (so both paths raise the same errors), else ``op`` (the custom op)."""
+    plain = (all(type(t) in _PLAIN for t in tensors) and _direct(*tensors, *optional)
+             and all(isinstance(d, torch.dtype) for d in dtypes) and all(type(i) is int for i in ints)
+             and all(type(v) is str for v in strs) and all(type(b) is bool for b in bools))
+    return impl if plain else op
 
 
 def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend, scale_block):
@@ -56,7 +68,7 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
     contiguous, 16-byte aligned ``x`` under :func:`_direct`'s conditions run the plan (allocation + kernel).
     Everything a plan skips is fixed by the key, so results are the same bytes; only host time differs."""
     key = None
-    if not torch.compiler.is_compiling() and offs is None and type(x) is Tensor and type(blocked) is bool:
+    if not torch.compiler.is_compiling() and offs is None and type(x) in _PLAIN and type(blocked) is bool:
         key = (name, x.shape, x.dtype, x.device, scale_mode, elem_dtype, blocked, backend, scale_block,
                os.environ.get(B.ENV_VAR))
         try:
@@ -178,7 +190,9 @@ def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_
         ``col`` (D, 2I) / (E, D, 2I) blocked along 2I (the w13 dgrad ``b``); scales as :func:`quantize_dual`.
     """
     S.check_scale_block(scale_block)  # before the schema's int check, which would raise a RuntimeError
-    return L._quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend or "", scale_block)
+    op = _op(L.quantize_gate_up_impl, L._quantize_gate_up, (w1, w3), dtypes=(elem_dtype,),
+             ints=(gate_up_tile, scale_block), strs=(scale_mode, backend or ""), bools=(blocked,))
+    return op(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend or "", scale_block)
 
 
 def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
@@ -199,7 +213,8 @@ def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: t
     Returns: (M, N) in ``out_dtype``, contiguous.
     """
     S.check_scale_block(scale_block)
-    return L._mm(a, a_scales, b, b_scales, out_dtype, backend or "", bias, scale_block)
+    op = _op(L.mm_impl, L._mm, (a, a_scales, b, b_scales), (bias,), (out_dtype,), (scale_block,), (backend or "",))
+    return op(a, a_scales, b, b_scales, out_dtype, backend or "", bias, scale_block)
 
 
 def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, *,
@@ -225,7 +240,9 @@ def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: T
     """
     _check_offs(offs, required=True)
     S.check_scale_block(scale_block)
-    return L._grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block)
+    op = _op(L.grouped_mm_impl, L._grouped_mm, (a, a_scales, b, b_scales, offs), (), (out_dtype,), (scale_block,),
+             (backend or "",))
+    return op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block)
 
 
 def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, *,
@@ -251,7 +268,9 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
     """
     _check_offs(offs, required=True)
     S.check_scale_block(scale_block)
-    return L._grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block)
+    op = _op(L.grouped_mm_wgrad_impl, L._grouped_mm_wgrad, (a, a_scales, b, b_scales, offs), (), (out_dtype,),
+             (scale_block,), (backend or "",))
+    return op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block)
 
 
 def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3, blocked: bool = True,
@@ -325,8 +344,9 @@ def mm_swiglu_quant(a: Tensor, a_scales: Tensor, b13: Tensor, b13_scales: Tensor
     """
     _check_gate_up_tile(gate_up_tile)
     _check_offs(offs)
-    return L._mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype,
-                              backend or "", offs)
+    op = _op(L.mm_swiglu_quant_impl, L._mm_swiglu_quant, (a, a_scales, b13, b13_scales), (offs,),
+             (elem_dtype, out_dtype), (), (scale_mode, backend or ""), (emit_hp,))
+    return op(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, backend or "", offs)
 
 
 def mm_dswiglu_quant(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, h13: Tensor, *, gate_up_tile: int,
@@ -349,5 +369,6 @@ def mm_dswiglu_quant(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, h
     _check_gate_up_tile(gate_up_tile)
     _check_offs(offs)
     _check_types(True, emit_hp, a=a, a_scales=a_scales, b=b, b_scales=b_scales, h13=h13)
-    return L._mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, backend or "",
-                               offs)
+    op = _op(L.mm_dswiglu_quant_impl, L._mm_dswiglu_quant, (a, a_scales, b, b_scales, h13), (offs,), (elem_dtype,),
+             (), (scale_mode, backend or ""), (emit_hp,))
+    return op(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, backend or "", offs)

@@ -30,7 +30,7 @@ from . import gemm_sm90, gemm_sm100
 from .backends import Backend, register_backend
 from .gate_up import pack_gate_up_casts
 from .gemm_common import offs_limits
-from .group_meta import derived, validated_end
+from .group_meta import derived_tensors, validated_end
 from .shapes import colwise_shapes, rowwise_shapes
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
@@ -149,7 +149,7 @@ def _group_args(device: torch.device, offs) -> tuple:
 
 def _tile_starts(offs):
     """:func:`~cute_mxfp8.formats.group_tile_starts` of ``offs``, once per offsets tensor."""
-    return derived(offs, "tile_starts", lambda: F.group_tile_starts(offs))
+    return derived_tensors(offs, "tile_starts", F.group_tile_starts)
 
 
 @functools.lru_cache(maxsize=None)
@@ -166,8 +166,10 @@ def _amax_buffers(device: torch.device, shape: tuple, offs) -> tuple:
     *lead, m, k = shape
     e = lead[0] if lead else 1
     blocks = 4 * (m // 128 + offs.numel()) if offs is not None else -(-m // 32)
-    return (torch.zeros(e, m, -(-k // 128), dtype=torch.int32, device=device),
-            torch.zeros(e, -(-blocks // 4), k, dtype=torch.int32, device=device))
+    rows, cols = (e, m, -(-k // 128)), (e, -(-blocks // 4), k)
+    split = -(-math.prod(rows) // 4) * 4  # the second buffer starts 16-byte aligned, as a fresh allocation would
+    flat = torch.zeros(split + math.prod(cols), dtype=torch.int32, device=device)  # one fill launch for both
+    return flat[:math.prod(rows)].view(rows), flat[split:].view(cols)
 
 
 def _launch_phases(build, args: tuple, device: torch.device, shape: tuple, offs, scale_block: int) -> None:

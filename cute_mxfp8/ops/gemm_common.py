@@ -46,19 +46,22 @@ def group_schedule(offs: torch.Tensor, tile_m: int) -> torch.Tensor:
 
 
 def safe_offsets(offs: torch.Tensor, t: int) -> torch.Tensor:
-    """:func:`device_offsets` of ``offs`` over ``t`` rows, once per offsets tensor (:func:`.group_meta.derived`)."""
-    from .group_meta import derived
+    """:func:`device_offsets` of ``offs`` over ``t`` rows, once per offsets tensor (from its host copy where one
+    is known: :func:`.group_meta.derived_tensors`)."""
+    from .group_meta import derived_tensors
 
-    return derived(offs, "device_offsets", lambda: device_offsets(offs, t), t)
+    return derived_tensors(offs, "device_offsets", lambda o: device_offsets(o, t), t)
 
 
 def schedule_m(offs: torch.Tensor, t: int, tile_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(safe offs, :func:`group_schedule`) of a 2d-3d launch over ``t`` rows in ``tile_m``-row tiles, computed
-    once per offsets tensor (:func:`.group_meta.derived`)."""
-    from .group_meta import derived
+    once per offsets tensor (:func:`.group_meta.derived_tensors`)."""
+    from .group_meta import derived_tensors
 
     safe = safe_offsets(offs, t)
-    return safe, derived(offs, "schedule_m", lambda: group_schedule(safe, tile_m), t, tile_m)
+    return safe, derived_tensors(offs, "schedule_m",
+                                 lambda o: group_schedule(safe if o is offs else device_offsets(o, t), tile_m),
+                                 t, tile_m)
 
 
 def run_grouped_mm(kernel: Callable, a, a_scales, b, b_scales, offs, out_dtype, tile_m: int) -> torch.Tensor:

@@ -43,6 +43,33 @@ def derived(offs: torch.Tensor, name: str, compute: Callable[[], object], *key) 
     return values[k]
 
 
+def host_copy(offs: torch.Tensor) -> torch.Tensor | None:
+    """The host copy of ``offs`` that :func:`validated_end` read or :func:`known_host_copy` recorded for this
+    tensor and version, or None; never reads the device."""
+    if type(offs) is not torch.Tensor or torch.compiler.is_compiling():
+        return None
+    entry = _ENTRIES.get(id(offs))
+    if entry is None or entry[0]() is not offs or entry[1] != offs._version:
+        return None
+    return entry[2].get(("host copy",))
+
+
+def derived_tensors(offs: torch.Tensor, name: str, fn: Callable, *key):
+    """:func:`derived` of ``fn(o)``, a tensor or a tuple of tensors computed with torch ops from offsets ``o``.
+    When a host copy of a CUDA ``offs`` is known (:func:`host_copy`), ``o`` is that copy: ``fn``'s small ops run
+    on the CPU and each result reaches ``offs``'s device in one pinned, non-blocking copy (a few launches in all,
+    where ``fn`` on the device is one launch per op); else ``o`` is ``offs`` itself."""
+    def compute():
+        host = host_copy(offs) if offs.device.type == "cuda" else None
+        if host is None:
+            return fn(offs)
+        out = fn(host)
+        move = lambda t: t.pin_memory().to(offs.device, non_blocking=True)  # noqa: E731
+        return tuple(move(t) for t in out) if isinstance(out, tuple) else move(out)
+
+    return derived(offs, name, compute, *key)
+
+
 def validated_end(offs: torch.Tensor, total: int | None) -> int:
     """:func:`cute_mxfp8.formats.validate_offsets` (same checks, same ValueError, ``offs[-1]``) on a host copy of
     ``offs`` read once per offsets tensor and version (:func:`derived`): the grouped casts of a step validate the

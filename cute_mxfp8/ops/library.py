@@ -152,13 +152,16 @@ def _check_gate_up(w1: Tensor, w3: Tensor, gate_up_tile: int = 0, scale_block: i
     return tuple(packed)
 
 
-@torch.library.custom_op(f"{_NS}::quantize_gate_up", mutates_args=())
-def _quantize_gate_up(w1: Tensor, w3: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
-                      gate_up_tile: int, backend: str, scale_block: int = 32) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def quantize_gate_up_impl(w1: Tensor, w3: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
+                          gate_up_tile: int, backend: str,
+                          scale_block: int = 32) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     _check_gate_up(w1, w3, gate_up_tile, scale_block)
     return _call("quantize_gate_up", w1.device, backend, w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile,
                  scale_block)
+
+
+_quantize_gate_up = torch.library.custom_op(f"{_NS}::quantize_gate_up", quantize_gate_up_impl, mutates_args=())
 
 
 @_quantize_gate_up.register_fake
@@ -169,12 +172,14 @@ def _(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend, scale_bloc
 
 # ---- GEMMs ----------------------------------------------------------------------------------------------
 
-@torch.library.custom_op(f"{_NS}::mm", mutates_args=())
-def _mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, out_dtype: torch.dtype, backend: str,
-        bias: Optional[Tensor] = None, scale_block: int = 32) -> Tensor:
+def mm_impl(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, out_dtype: torch.dtype, backend: str,
+            bias: Optional[Tensor] = None, scale_block: int = 32) -> Tensor:
     S.check_mm(a, a_scales, b, b_scales, out_dtype, bias)
     S.check_scale_block(scale_block)
     return _call("mm", a.device, backend, a, a_scales, b, b_scales, out_dtype, bias, scale_block)
+
+
+_mm = torch.library.custom_op(f"{_NS}::mm", mm_impl, mutates_args=())
 
 
 @_mm.register_fake
@@ -183,12 +188,14 @@ def _(a, a_scales, b, b_scales, out_dtype, backend, bias=None, scale_block=32):
     return _empty(a, S.check_mm(a, a_scales, b, b_scales, out_dtype, bias), out_dtype)
 
 
-@torch.library.custom_op(f"{_NS}::grouped_mm", mutates_args=())
-def _grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, out_dtype: torch.dtype,
-                backend: str, scale_block: int = 32) -> Tensor:
+def grouped_mm_impl(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, out_dtype: torch.dtype,
+                    backend: str, scale_block: int = 32) -> Tensor:
     S.check_grouped_mm(a, a_scales, b, b_scales, offs, out_dtype)
     S.check_scale_block(scale_block)
     return _call("grouped_mm", a.device, backend, a, a_scales, b, b_scales, offs, out_dtype, scale_block)
+
+
+_grouped_mm = torch.library.custom_op(f"{_NS}::grouped_mm", grouped_mm_impl, mutates_args=())
 
 
 @_grouped_mm.register_fake
@@ -197,12 +204,14 @@ def _(a, a_scales, b, b_scales, offs, out_dtype, backend, scale_block=32):
     return _empty(a, S.check_grouped_mm(a, a_scales, b, b_scales, offs, out_dtype), out_dtype)
 
 
-@torch.library.custom_op(f"{_NS}::grouped_mm_wgrad", mutates_args=())
-def _grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor,
-                      out_dtype: torch.dtype, backend: str, scale_block: int = 32) -> Tensor:
+def grouped_mm_wgrad_impl(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor,
+                          out_dtype: torch.dtype, backend: str, scale_block: int = 32) -> Tensor:
     S.check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype)
     S.check_scale_block(scale_block)
     return _call("grouped_mm_wgrad", a.device, backend, a, a_scales, b, b_scales, offs, out_dtype, scale_block)
+
+
+_grouped_mm_wgrad = torch.library.custom_op(f"{_NS}::grouped_mm_wgrad", grouped_mm_wgrad_impl, mutates_args=())
 
 
 @_grouped_mm_wgrad.register_fake
@@ -257,14 +266,16 @@ def _(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend, scale_bl
 
 # ---- GEMM + fused SwiGLU epilogues ------------------------------------------------------------------------
 
-@torch.library.custom_op(f"{_NS}::mm_swiglu_quant", mutates_args=())
-def _mm_swiglu_quant(a: Tensor, a_scales: Tensor, b13: Tensor, b13_scales: Tensor, scale_mode: str,
-                     elem_dtype: torch.dtype, emit_hp: bool, out_dtype: torch.dtype, backend: str,
-                     offs: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def mm_swiglu_quant_impl(a: Tensor, a_scales: Tensor, b13: Tensor, b13_scales: Tensor, scale_mode: str,
+                         elem_dtype: torch.dtype, emit_hp: bool, out_dtype: torch.dtype, backend: str,
+                         offs: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype)
     S.check_mm_swiglu(a, a_scales, b13, b13_scales, out_dtype, offs)
     return _call("mm_swiglu_quant", a.device, backend, a, a_scales, b13, b13_scales, scale_mode, elem_dtype,
                  emit_hp, out_dtype, offs)
+
+
+_mm_swiglu_quant = torch.library.custom_op(f"{_NS}::mm_swiglu_quant", mm_swiglu_quant_impl, mutates_args=())
 
 
 @_mm_swiglu_quant.register_fake
@@ -276,14 +287,16 @@ def _(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, 
             _empty(a, _hp_shape(emit_hp, (m, i)), torch.float32))
 
 
-@torch.library.custom_op(f"{_NS}::mm_dswiglu_quant", mutates_args=())
-def _mm_dswiglu_quant(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, h13: Tensor, scale_mode: str,
-                      elem_dtype: torch.dtype, emit_hp: bool, backend: str,
-                      offs: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def mm_dswiglu_quant_impl(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, h13: Tensor, scale_mode: str,
+                          elem_dtype: torch.dtype, emit_hp: bool, backend: str,
+                          offs: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype)
     S.check_mm_dswiglu(a, a_scales, b, b_scales, h13, offs)
     return _call("mm_dswiglu_quant", a.device, backend, a, a_scales, b, b_scales, h13, scale_mode, elem_dtype,
                  emit_hp, offs)
+
+
+_mm_dswiglu_quant = torch.library.custom_op(f"{_NS}::mm_dswiglu_quant", mm_dswiglu_quant_impl, mutates_args=())
 
 
 @_mm_dswiglu_quant.register_fake

@@ -6,7 +6,8 @@ starts on a column that is a multiple of ``align`` and the columns after a group
 start, are zero (the gather kernel :mod:`cute_mxfp8.kernels.token_align`).  SM90 uses ``align`` 16 (its kernel
 masks the bytes past a group's end in registers); SM100 uses 32, so every MX block of a group holds only its
 tokens and zeros (its MMAs read shared memory directly).  All tensors here are computed with torch on ``offs``'s
-device (no host sync) and, per offsets tensor, once (:func:`.group_meta.derived`).
+device (no host sync; or from a host copy of the offsets that an earlier op read, uploaded without a sync) and,
+per offsets tensor, once (:func:`.group_meta.derived_tensors`).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import torch
 
 from .. import formats as F
 from ..jit import compile_token_align
-from .gemm_common import MAX_ELEMENTS, offs_limits, operand_limits, safe_offsets
-from .group_meta import derived
+from .gemm_common import MAX_ELEMENTS, device_offsets, offs_limits, operand_limits, safe_offsets
+from .group_meta import derived_tensors
 
 
 def group_columns(offs: torch.Tensor, align: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -50,13 +51,14 @@ def aligned_token_layout(offs: torch.Tensor, t: int, align: int) -> tuple[torch.
 def schedule_k(offs: torch.Tensor, t: int, align: int):
     """(safe offs, aligned group ends, (2, G) int32 schedule) of a 2d-2d launch over T = ``t`` tokens, once per
     offsets tensor: row 0 the groups' first columns in the aligned layout, row 1 their first grouped-K scale
-    tiles (``formats.group_tile_starts``)."""
-    def compute():
-        safe = safe_offsets(offs, t)
+    tiles (``formats.group_tile_starts``); from the host copy of ``offs`` where one is known
+    (:func:`.group_meta.derived_tensors`)."""
+    def compute(o):
+        safe = safe_offsets(offs, t) if o is offs else device_offsets(o, t)
         _, starts, ends = group_columns(safe, align)
-        return safe, ends, torch.stack([starts, F.group_tile_starts(safe)])
+        return ends, torch.stack([starts, F.group_tile_starts(safe)])
 
-    return derived(offs, "schedule_k", compute, t, align)
+    return (safe_offsets(offs, t), *derived_tensors(offs, "schedule_k", compute, t, align))
 
 
 def aligned_operands(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, ends: torch.Tensor, t: int, align: int,
