@@ -41,9 +41,10 @@ _PLAIN = (Tensor, torch.nn.Parameter)
 def _direct(*tensors) -> bool:
     """Whether an op call may skip the custom-op dispatcher and run the op's own implementation: eager mode with
     plain tensors (or ``nn.Parameter``) and no torch function / dispatch mode active.  The result is the same (the
-    custom op calls that implementation); only the dispatcher's host time (tens of microseconds) is saved.  Under torch.compile,
-    fake tensors, subclasses, modes or inputs that require grad the call goes through ``torch.ops.cute_mxfp8`` as
-    usual (the ops have no autograd formula on any path: differentiate through :mod:`cute_mxfp8.ops.autograd`)."""
+    custom op calls that implementation); only the dispatcher's host time (tens of microseconds) is saved.  Under
+    torch.compile, fake tensors, subclasses, modes or inputs that require grad the call goes through
+    ``torch.ops.cute_mxfp8`` as usual (the ops have no autograd formula on any path: differentiate through
+    :mod:`cute_mxfp8.ops.autograd`)."""
     grad = torch.is_grad_enabled()  # under no_grad (e.g. inside an autograd.Function) no graph is built anyway
     return (not torch.compiler.is_compiling()
             and all(t is None or (type(t) in _PLAIN and not (grad and t.requires_grad)) for t in tensors)
