@@ -2,7 +2,9 @@
 
 python tools/profile_host.py [--calls N] [--out DIR]: prints the per-call host time of the three levels the bench
 reports, a cProfile of the documented wrapper (top functions by own time), and whether the dense MXFP8 SwiGLU MLP
-forward + backward captures into CUDA graphs (torch.cuda.make_graphed_callables), with eager vs replay times."""
+forward + backward captures into CUDA graphs (torch.cuda.make_graphed_callables), with eager vs replay times.
+``--grouped``: instead, the grouped experts step's wall / host / kernel time and launches (fast mode, plain MXFP8,
+bf16) and where its Python time goes (:func:`grouped_step`)."""
 
 from __future__ import annotations
 
@@ -62,11 +64,95 @@ def breakdown(x, dev, calls: int) -> dict:
     return {name: _per_call_us(fn, calls) for name, fn in pieces.items()}
 
 
+def sampled_frames(step, steps: int) -> dict:
+    """Share of samples (every ~0.2 ms, all threads: the backward runs on autograd's device thread) in which each
+    ``file:function`` of the package is on some thread's stack while ``step`` runs ``steps`` times; unlike
+    cProfile it sees through torch's dynamo-disable wrappers."""
+    import collections
+    import os
+    import sys
+    import threading
+
+    hits, samples, done = collections.Counter(), [0], threading.Event()
+
+    def sample():
+        me = threading.get_ident()  # the sampler's own thread is not sampled
+        while not done.is_set():
+            seen = set()
+            for tid, frame in sys._current_frames().items():
+                while frame is not None and tid != me:
+                    if "cute_mxfp8" in frame.f_code.co_filename:
+                        seen.add(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}")
+                    frame = frame.f_back
+            hits.update(seen)
+            samples[0] += 1
+            time.sleep(0.0002)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0002)
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    try:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    finally:
+        done.set()
+        th.join()
+        sys.setswitchinterval(interval)
+    return {k: v / max(samples[0], 1) for k, v in hits.most_common(40)}
+
+
+def grouped_step(steps: int) -> dict:
+    """One fwd + bwd step of the bench's grouped experts (T=32768 D=2048 I=1536 E=8, bf16) in the fast mode, in
+    plain MXFP8 and as bf16 ``torch._grouped_mm``: do_bench wall ms, host enqueue ms (``steps`` steps queued with
+    no sync: the host's time when it is the bound), GPU kernel ms and launches per step (torch.profiler), and the
+    MXFP8 steps' sampled Python frames.  (Written 2026-12-01 from the measurements of docs/sm90_gemm.md's eighth
+    session after that session's GPU time was spent: :func:`sampled_frames` ran on the CPU, this function has not
+    run yet.)"""
+    from cute_mxfp8 import MXFP8Config
+    from cute_mxfp8.cli.bench import _time_ms
+    from cute_mxfp8.cli.bench_mlp import _grouped, _step, kernel_breakdown
+
+    dev = torch.device("cuda")
+    shape = dict(m=32768, d=2048, i=1536, e=8)
+    report = {}
+    for name, config in (("fast mode", MXFP8Config(hopper_block_k=128)), ("plain MXFP8", MXFP8Config())):
+        bf16, mx, xshape, counts = _grouped(dev, config, **shape)
+        x = torch.randn(*xshape, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(*xshape, device=dev, dtype=torch.bfloat16)
+        fns = {name: lambda mx=mx, counts=counts: _step(lambda x: mx(x, counts), x, dy)}
+        if not report:
+            fns["bf16"] = lambda bf16=bf16: _step(bf16, x, dy)
+        for label, step in fns.items():
+            wall = _time_ms(step, dev, 1.0)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step()
+            enqueue = (time.perf_counter() - t0) / steps * 1e3
+            kernels = kernel_breakdown(step, dev, top=10**6)
+            report[label] = {"wall_ms": wall, "enqueue_ms": enqueue, "kernel_ms": sum(r[2] for r in kernels),
+                             "launches": sum(r[1] for r in kernels)}
+            if label != "bf16":
+                report[label]["frames"] = sampled_frames(step, steps)
+            print(label, {k: round(v, 3) for k, v in report[label].items() if k != "frames"})
+    return report
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=20000)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--grouped", action="store_true",
+                    help="only the grouped experts step's host profile (grouped_step), then exit")
     args = ap.parse_args()
+    if args.grouped:
+        report = grouped_step(50)
+        if args.out:
+            with open(f"{args.out}/host_grouped.json", "w") as f:
+                json.dump(report, f, indent=1)
+        return
     from cute_mxfp8 import MXFP8SwiGLUMLP, ops
     from cute_mxfp8.cli.bench import launch_overhead_us
     import cute_mxfp8.cli.bench as bench
