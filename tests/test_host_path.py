@@ -138,3 +138,37 @@ def test_eager_wrappers_run_the_implementation_and_traced_calls_the_custom_op(mo
     assert torch.equal(L._mm(a, a_s, b, b_s, torch.bfloat16, "", None, 32), y)
     assert torch.equal(L._grouped_mm(ga, ga_s, gb, gb_s, offs, torch.bfloat16, "", 32), gy)
     assert torch.equal(L._grouped_mm_wgrad(ca, ca_s, cb, cb_s, offs, torch.float32, "", 32), gw)
+
+
+def test_wrappers_name_bad_argument_types_and_meta_tensors_take_the_op(rng):
+    """Bad argument types raise TypeError naming the argument on every wrapper (never an AttributeError deep in
+    the op or a silent coercion); meta tensors go through the op's fake (its output shapes), not the eager path."""
+    x, w = torch.randn(64, 96, generator=rng), torch.randn(32, 96, generator=rng)
+    (a, a_s), (b, b_s) = ops.quantize_rowwise(x), ops.quantize_rowwise(w)
+    offs = torch.tensor([20, 64], dtype=torch.int32)
+    ga, ga_s = ops.quantize_rowwise(x, offs=offs)
+    gb, gb_s = ops.quantize_rowwise(torch.randn(2, 32, 96, generator=rng))
+    w1 = w3 = torch.randn(64, 96, generator=rng)
+    bad = {
+        "a must be a torch.Tensor": lambda: ops.mm(None, a_s, b, b_s),
+        "bias must be a torch.Tensor": lambda: ops.mm(a, a_s, b, b_s, bias=[0.0] * 32),
+        "backend must be None or a str": lambda: ops.mm(a, a_s, b, b_s, backend=0),
+        "out_dtype must be a torch.dtype": lambda: ops.mm(a, a_s, b, b_s, out_dtype=5),
+        "b_scales must be a torch.Tensor": lambda: ops.grouped_mm(ga, ga_s, gb, None, offs),
+        "a must be a torch.Tensor ": lambda: ops.grouped_mm_wgrad(None, a_s, b, b_s, offs),
+        "w1 must be a torch.Tensor": lambda: ops.quantize_gate_up(None, w3),
+        "blocked must be a bool": lambda: ops.quantize_gate_up(w1, w3, blocked=1),
+        "gate_up_tile must be an int": lambda: ops.quantize_gate_up(w1, w3, gate_up_tile=True),
+        "emit_hp must be a bool": lambda: ops.mm_swiglu_quant(a, a_s, b, b_s, gate_up_tile=64, emit_hp=1),
+        "backend must be None or a str ": lambda: ops.quantize_rowwise(x, backend=False),
+    }
+    for msg, call in bad.items():
+        with pytest.raises(TypeError, match=msg.strip()):
+            call()
+    meta = lambda t: torch.empty_like(t, device="meta")  # noqa: E731
+    y = ops.grouped_mm(meta(ga), meta(ga_s), meta(gb), meta(gb_s), meta(offs))
+    assert y.device.type == "meta" and y.shape == (64, 32)
+    ca, ca_s = ops.quantize_colwise(x[:, :32], offs=offs)
+    cb, cb_s = ops.quantize_colwise(x, offs=offs)
+    dw = ops.grouped_mm_wgrad(meta(ca), meta(ca_s), meta(cb), meta(cb_s), meta(offs))
+    assert dw.device.type == "meta" and dw.shape == (2, 32, 96)

@@ -40,14 +40,16 @@ _PLAIN = (Tensor, torch.nn.Parameter)
 
 def _direct(*tensors) -> bool:
     """Whether an op call may skip the custom-op dispatcher and run the op's own implementation: eager mode with
-    plain tensors (or ``nn.Parameter``) and no torch function / dispatch mode active.  The result is the same (the
+    plain tensors (or ``nn.Parameter``; not on the meta device, which the op's fake answers) and no torch function /
+    dispatch mode active.  The result is the same (the
     custom op calls that implementation); only the dispatcher's host time (tens of microseconds) is saved.  Under
     torch.compile, fake tensors, subclasses, modes or inputs that require grad the call goes through
     ``torch.ops.cute_mxfp8`` as usual (the ops have no autograd formula on any path: differentiate through
     :mod:`cute_mxfp8.ops.autograd`)."""
     grad = torch.is_grad_enabled()  # under no_grad (e.g. inside an autograd.Function) no graph is built anyway
     return (not torch.compiler.is_compiling()
-            and all(t is None or (type(t) in _PLAIN and not (grad and t.requires_grad)) for t in tensors)
+            and all(t is None or (type(t) in _PLAIN and not t.is_meta and not (grad and t.requires_grad))
+                    for t in tensors)
             and not torch._C._is_torch_function_mode_enabled() and _get_current_dispatch_mode() is None)
 
 
@@ -81,7 +83,7 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
                 and not (x.requires_grad and torch.is_grad_enabled())
                 and not torch._C._is_torch_function_mode_enabled() and not torch._C._len_torch_dispatch_stack()):
             return run(x)
-    _check_types(blocked, offs=offs, x=x)
+    _check_types(blocked, offs=offs, backend=backend, x=x)
     direct = _direct(x, offs)
     out = (impl if direct else op)(x, scale_mode, elem_dtype, blocked, offs, backend or "", scale_block)
     if (key is not None and direct and key not in B.PLANS and x.is_contiguous() and x.layout == torch.strided
@@ -106,10 +108,21 @@ def _check_tensors(**tensors) -> None:
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
 
-def _check_types(blocked, emit_hp=False, offs=None, **tensors) -> None:
+def _check_call(backend=None, out_dtype=None, **tensors) -> None:
+    """The schema's type checks of a GEMM or gate/up wrapper, with errors naming the argument: every named tensor
+    a tensor (an optional one may be None: pass it only when given), ``backend`` None or a str, ``out_dtype`` a
+    torch.dtype (when given)."""
+    _check_tensors(**tensors)
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"backend must be None or a str ('reference', 'sm90', 'sm100'), got {type(backend).__name__}")
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise TypeError(f"out_dtype must be a torch.dtype (torch.bfloat16 or torch.float32), got {out_dtype!r}")
+
+
+def _check_types(blocked, emit_hp=False, offs=None, backend=None, **tensors) -> None:
     """The schema's type checks, for calls that skip the dispatcher (``tensors``: argument name -> value)."""
     _check_offs(offs)
-    _check_tensors(**tensors)
+    _check_call(backend, **tensors)
     for name, flag in (("blocked", blocked), ("emit_hp", emit_hp)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
@@ -191,6 +204,9 @@ def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_
         ``col`` (D, 2I) / (E, D, 2I) blocked along 2I (the w13 dgrad ``b``); scales as :func:`quantize_dual`.
     """
     S.check_scale_block(scale_block)  # before the schema's int check, which would raise a RuntimeError
+    _check_types(blocked, backend=backend, w1=w1, w3=w3)
+    if type(gate_up_tile) is not int:
+        raise TypeError(f"gate_up_tile must be an int (0, or a multiple of 32 dividing I), got {gate_up_tile!r}")
     op = _op(L.quantize_gate_up_impl, L._quantize_gate_up, (w1, w3), dtypes=(elem_dtype,),
              ints=(gate_up_tile, scale_block), strs=(scale_mode, backend or ""), bools=(blocked,))
     return op(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend or "", scale_block)
@@ -214,6 +230,8 @@ def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: t
     Returns: (M, N) in ``out_dtype``, contiguous.
     """
     S.check_scale_block(scale_block)
+    _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales,
+                **({} if bias is None else {"bias": bias}))
     op = _op(L.mm_impl, L._mm, (a, a_scales, b, b_scales), (bias,), (out_dtype,), (scale_block,), (backend or "",))
     return op(a, a_scales, b, b_scales, out_dtype, backend or "", bias, scale_block)
 
@@ -241,6 +259,7 @@ def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: T
     """
     _check_offs(offs, required=True)
     S.check_scale_block(scale_block)
+    _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales)
     op = _op(L.grouped_mm_impl, L._grouped_mm, (a, a_scales, b, b_scales, offs), (), (out_dtype,), (scale_block,),
              (backend or "",))
     return op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block)
@@ -269,6 +288,7 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
     """
     _check_offs(offs, required=True)
     S.check_scale_block(scale_block)
+    _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales)
     op = _op(L.grouped_mm_wgrad_impl, L._grouped_mm_wgrad, (a, a_scales, b, b_scales, offs), (), (out_dtype,),
              (scale_block,), (backend or "",))
     return op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block)
@@ -289,7 +309,7 @@ def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dt
         ``(h_row, h_row_scales, h_col, h_col_scales, h_hp)`` with the layouts of :func:`quantize_dual` for an
         (M, I) tensor.
     """
-    _check_types(blocked, emit_hp, offs, h13=h13)
+    _check_types(blocked, emit_hp, offs, backend, h13=h13)
     op = L.swiglu_quant_impl if _direct(h13, offs) else L._swiglu_quant
     return op(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block)
 
@@ -307,7 +327,7 @@ def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dt
     Returns:
         ``(dh13_row, row_scales, dh13_col, col_scales, dh13_hp)``, layouts of :func:`quantize_dual` for (M, 2I).
     """
-    _check_types(blocked, emit_hp, offs, dh=dh, h13=h13)
+    _check_types(blocked, emit_hp, offs, backend, dh=dh, h13=h13)
     op = L.dswiglu_quant_impl if _direct(dh, h13, offs) else L._dswiglu_quant
     return op(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block)
 
@@ -345,6 +365,8 @@ def mm_swiglu_quant(a: Tensor, a_scales: Tensor, b13: Tensor, b13_scales: Tensor
     """
     _check_gate_up_tile(gate_up_tile)
     _check_offs(offs)
+    _check_types(True, emit_hp, backend=backend, a=a, a_scales=a_scales, b13=b13, b13_scales=b13_scales)
+    _check_call(out_dtype=out_dtype)
     op = _op(L.mm_swiglu_quant_impl, L._mm_swiglu_quant, (a, a_scales, b13, b13_scales), (offs,),
              (elem_dtype, out_dtype), (), (scale_mode, backend or ""), (emit_hp,))
     return op(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, backend or "", offs)
@@ -369,7 +391,7 @@ def mm_dswiglu_quant(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, h
     """
     _check_gate_up_tile(gate_up_tile)
     _check_offs(offs)
-    _check_types(True, emit_hp, a=a, a_scales=a_scales, b=b, b_scales=b_scales, h13=h13)
+    _check_types(True, emit_hp, backend=backend, a=a, a_scales=a_scales, b=b, b_scales=b_scales, h13=h13)
     op = _op(L.mm_dswiglu_quant_impl, L._mm_dswiglu_quant, (a, a_scales, b, b_scales, h13), (offs,), (elem_dtype,),
              (), (scale_mode, backend or ""), (emit_hp,))
     return op(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, backend or "", offs)
