@@ -41,11 +41,10 @@ _PLAIN = (Tensor, torch.nn.Parameter)
 def _direct(*tensors) -> bool:
     """Whether an op call may skip the custom-op dispatcher and run the op's own implementation: eager mode with
     plain tensors (or ``nn.Parameter``; not on the meta device, which the op's fake answers) and no torch function /
-    dispatch mode active.  The result is the same (the
-    custom op calls that implementation); only the dispatcher's host time (tens of microseconds) is saved.  Under
-    torch.compile, fake tensors, subclasses, modes or inputs that require grad the call goes through
-    ``torch.ops.cute_mxfp8`` as usual (the ops have no autograd formula on any path: differentiate through
-    :mod:`cute_mxfp8.ops.autograd`)."""
+    dispatch mode active.  The result is the same (the custom op calls that implementation); only the dispatcher's
+    host time (tens of microseconds) is saved.  Under torch.compile, fake tensors, subclasses, modes or inputs that
+    require grad the call goes through ``torch.ops.cute_mxfp8`` as usual (the ops have no autograd formula on any
+    path: differentiate through :mod:`cute_mxfp8.ops.autograd`)."""
     grad = torch.is_grad_enabled()  # under no_grad (e.g. inside an autograd.Function) no graph is built anyway
     return (not torch.compiler.is_compiling()
             and all(t is None or (type(t) in _PLAIN and not t.is_meta and not (grad and t.requires_grad))
@@ -53,13 +52,11 @@ def _direct(*tensors) -> bool:
             and not torch._C._is_torch_function_mode_enabled() and _get_current_dispatch_mode() is None)
 
 
-def _op(impl, op, tensors: tuple, optional: tuple = (), dtypes: tuple = (), ints: tuple = (), strs: tuple = (),
-        bools: tuple = ()):
-    """``impl`` (the op's implementation) when :func:`_direct` allows it and every argument has its schema type
-    (so both paths raise the same errors), else ``op`` (the custom op)."""
-    plain = (all(type(t) in _PLAIN for t in tensors) and _direct(*tensors, *optional)
-             and all(isinstance(d, torch.dtype) for d in dtypes) and all(type(i) is int for i in ints)
-             and all(type(v) is str for v in strs) and all(type(b) is bool for b in bools))
+def _op(impl, op, tensors: tuple, scale_mode: str = "", elem_dtype: torch.dtype = E4M3):
+    """``impl`` (the op's implementation) when :func:`_direct` allows it for ``tensors``, else ``op`` (the custom
+    op).  The wrappers check their other arguments' types first (:func:`_check_call`, :func:`_check_types`); a
+    cast's ``scale_mode`` / ``elem_dtype`` of another type goes to the op, whose schema says so."""
+    plain = _direct(*tensors) and type(scale_mode) is str and isinstance(elem_dtype, torch.dtype)
     return impl if plain else op
 
 
@@ -207,8 +204,7 @@ def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_
     _check_types(blocked, backend=backend, w1=w1, w3=w3)
     if type(gate_up_tile) is not int:
         raise TypeError(f"gate_up_tile must be an int (0, or a multiple of 32 dividing I), got {gate_up_tile!r}")
-    op = _op(L.quantize_gate_up_impl, L._quantize_gate_up, (w1, w3), dtypes=(elem_dtype,),
-             ints=(gate_up_tile, scale_block), strs=(scale_mode, backend or ""), bools=(blocked,))
+    op = _op(L.quantize_gate_up_impl, L._quantize_gate_up, (w1, w3), scale_mode, elem_dtype)
     return op(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend or "", scale_block)
 
 
@@ -232,7 +228,7 @@ def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: t
     S.check_scale_block(scale_block)
     _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales,
                 **({} if bias is None else {"bias": bias}))
-    op = _op(L.mm_impl, L._mm, (a, a_scales, b, b_scales), (bias,), (out_dtype,), (scale_block,), (backend or "",))
+    op = _op(L.mm_impl, L._mm, (a, a_scales, b, b_scales, bias))
     return op(a, a_scales, b, b_scales, out_dtype, backend or "", bias, scale_block)
 
 
@@ -260,8 +256,7 @@ def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: T
     _check_offs(offs, required=True)
     S.check_scale_block(scale_block)
     _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales)
-    op = _op(L.grouped_mm_impl, L._grouped_mm, (a, a_scales, b, b_scales, offs), (), (out_dtype,), (scale_block,),
-             (backend or "",))
+    op = _op(L.grouped_mm_impl, L._grouped_mm, (a, a_scales, b, b_scales, offs))
     return op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block)
 
 
@@ -289,8 +284,7 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
     _check_offs(offs, required=True)
     S.check_scale_block(scale_block)
     _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales)
-    op = _op(L.grouped_mm_wgrad_impl, L._grouped_mm_wgrad, (a, a_scales, b, b_scales, offs), (), (out_dtype,),
-             (scale_block,), (backend or "",))
+    op = _op(L.grouped_mm_wgrad_impl, L._grouped_mm_wgrad, (a, a_scales, b, b_scales, offs))
     return op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block)
 
 
@@ -367,8 +361,7 @@ def mm_swiglu_quant(a: Tensor, a_scales: Tensor, b13: Tensor, b13_scales: Tensor
     _check_offs(offs)
     _check_types(True, emit_hp, backend=backend, a=a, a_scales=a_scales, b13=b13, b13_scales=b13_scales)
     _check_call(out_dtype=out_dtype)
-    op = _op(L.mm_swiglu_quant_impl, L._mm_swiglu_quant, (a, a_scales, b13, b13_scales), (offs,),
-             (elem_dtype, out_dtype), (), (scale_mode, backend or ""), (emit_hp,))
+    op = _op(L.mm_swiglu_quant_impl, L._mm_swiglu_quant, (a, a_scales, b13, b13_scales, offs), scale_mode, elem_dtype)
     return op(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, backend or "", offs)
 
 
@@ -392,6 +385,6 @@ def mm_dswiglu_quant(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, h
     _check_gate_up_tile(gate_up_tile)
     _check_offs(offs)
     _check_types(True, emit_hp, backend=backend, a=a, a_scales=a_scales, b=b, b_scales=b_scales, h13=h13)
-    op = _op(L.mm_dswiglu_quant_impl, L._mm_dswiglu_quant, (a, a_scales, b, b_scales, h13), (offs,), (elem_dtype,),
-             (), (scale_mode, backend or ""), (emit_hp,))
+    op = _op(L.mm_dswiglu_quant_impl, L._mm_dswiglu_quant, (a, a_scales, b, b_scales, h13, offs), scale_mode,
+             elem_dtype)
     return op(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, backend or "", offs)

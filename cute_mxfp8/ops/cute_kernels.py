@@ -167,9 +167,10 @@ def _amax_buffers(device: torch.device, shape: tuple, offs) -> tuple:
     e = lead[0] if lead else 1
     blocks = 4 * (m // 128 + offs.numel()) if offs is not None else -(-m // 32)
     rows, cols = (e, m, -(-k // 128)), (e, -(-blocks // 4), k)
-    split = -(-math.prod(rows) // 4) * 4  # the second buffer starts 16-byte aligned, as a fresh allocation would
+    n_rows = math.prod(rows)
+    split = -(-n_rows // 4) * 4  # the second buffer starts 16-byte aligned, as a fresh allocation would
     flat = torch.zeros(split + math.prod(cols), dtype=torch.int32, device=device)  # one fill launch for both
-    return flat[:math.prod(rows)].view(rows), flat[split:].view(cols)
+    return flat[:n_rows].view(rows), flat[split:].view(cols)
 
 
 def _launch_phases(build, args: tuple, device: torch.device, shape: tuple, offs, scale_block: int) -> None:

@@ -25,18 +25,29 @@ def _drop(key: int, ref: weakref.ref) -> None:
         del _ENTRIES[key]
 
 
-def derived(offs: torch.Tensor, name: str, compute: Callable[[], object], *key) -> object:
-    """``compute()`` for this ``offs`` tensor (same object, same version) and ``(name, *key)``, cached while
-    ``offs`` is alive.  Tensors under tracing (fake or functional tensors, ``torch.compile``) are not cached."""
+def _values(offs: torch.Tensor, create: bool) -> dict | None:
+    """The cached values of this ``offs`` tensor (same object, same version): a new empty dict when ``create``
+    and there are none yet, else None.  None for tensors under tracing (fake or functional tensors,
+    ``torch.compile``), which are never cached."""
     if type(offs) is not torch.Tensor or torch.compiler.is_compiling():
-        return compute()
+        return None
     slot = id(offs)
     entry = _ENTRIES.get(slot)
     if entry is None or entry[0]() is not offs or entry[1] != offs._version:
+        if not create:
+            return None
         ref = weakref.ref(offs, lambda r, slot=slot: _drop(slot, r))
         entry = (ref, offs._version, {})
         _ENTRIES[slot] = entry
-    values = entry[2]
+    return entry[2]
+
+
+def derived(offs: torch.Tensor, name: str, compute: Callable[[], object], *key) -> object:
+    """``compute()`` for this ``offs`` tensor (same object, same version) and ``(name, *key)``, cached while
+    ``offs`` is alive.  Tensors under tracing (fake or functional tensors, ``torch.compile``) are not cached."""
+    values = _values(offs, create=True)
+    if values is None:
+        return compute()
     k = (name, *key)
     if k not in values:
         values[k] = compute()
@@ -46,12 +57,8 @@ def derived(offs: torch.Tensor, name: str, compute: Callable[[], object], *key) 
 def host_copy(offs: torch.Tensor) -> torch.Tensor | None:
     """The host copy of ``offs`` that :func:`validated_end` read or :func:`known_host_copy` recorded for this
     tensor and version, or None; never reads the device."""
-    if type(offs) is not torch.Tensor or torch.compiler.is_compiling():
-        return None
-    entry = _ENTRIES.get(id(offs))
-    if entry is None or entry[0]() is not offs or entry[1] != offs._version:
-        return None
-    return entry[2].get(("host copy",))
+    values = _values(offs, create=False)
+    return None if values is None else values.get(("host copy",))
 
 
 def derived_tensors(offs: torch.Tensor, name: str, fn: Callable, *key):
