@@ -21,16 +21,10 @@ BUILDS = [("rowwise", False, False), ("rowwise", True, False), ("rowwise", False
           ("colwise", True, False), ("dual", False, False), ("dual", True, False)]
 
 
-# Builds in which ptxas spills (SASS LDL/STL) on SM100, found by `inspect --arch sm_100f` on 2026-12-01: the
-# grouped-K colwise cast of fp32 input with rceil and blocked scales keeps the group's start row in local memory
-# across the tile loads (1 STL + 1 LDL per tile).  Strict xfail: the test fails once a fix removes the spill.
-KNOWN_SM100_SPILLS = {("colwise", True, False, "float32", elem, "rceil", True) for elem in ("e4m3", "e5m2")}
-
-
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100f"])
 @pytest.mark.parametrize("direction,grouped,batched", BUILDS)
 @pytest.mark.parametrize("in_dtype,elem,mode,blocked", VARIANTS)
-def test_quant_kernels_compile_for_arch(request, arch, direction, grouped, batched, in_dtype, elem, mode, blocked):
+def test_quant_kernels_compile_for_arch(arch, direction, grouped, batched, in_dtype, elem, mode, blocked):
     from cute_mxfp8.cli import sass_facts
     from cute_mxfp8.jit import compile_quant
 
@@ -44,8 +38,6 @@ def test_quant_kernels_compile_for_arch(request, arch, direction, grouped, batch
     assert f"cvt.rn.satfinite.{elem}x2.f32" in ptx  # hardware RNE + saturating fp8 conversion
     assert ".local" not in ptx and "bar.sync" not in ptx  # no local-memory arrays, no shared-memory staging
     if sass_facts.find_nvdisasm() is not None:  # no register spills either (the test extra installs nvdisasm)
-        if arch != "sm_90a" and (direction, grouped, batched, in_dtype, elem, mode, blocked) in KNOWN_SM100_SPILLS:
-            request.applymarker(pytest.mark.xfail(strict=True, reason="known SM100 spill (KNOWN_SM100_SPILLS)"))
         counts = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
         spills = {op: n for op, n in counts.items() if op.split(".")[0] in ("LDL", "STL")}
         assert not spills, f"ptxas spilled to local memory: {spills}"

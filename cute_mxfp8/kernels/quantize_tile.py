@@ -174,34 +174,35 @@ class TileQuantKernel(MXCastParams):
             staging = cutlass.memory.SmemAllocator().allocate_tensor(
                 gx.element_type, cute.make_layout((VEC, 32, LANE_ROWS, nops, 2, WARPS)), 16)
             if cb * COL_LANES < kv:
-                self._staged(gx, gy, gq, s, gqt, st, ghp, tile_starts, staging, vblocks, kv, cb * COL_LANES + cg,
+                self._staged(gx, gy, gq, s, gqt, st, ghp, staging, vblocks, kv, cb * COL_LANES + cg,
                              e, warp, lane, rg, cg, vb, ra, ca)
         elif cb * COL_LANES < kv:
             cv = cb * COL_LANES + cg
             r0 = vb * BLOCK
             end = m
-            g = cutlass.Int32(0)
-            start = cutlass.Int32(0)
+            tile0 = cutlass.Int32(0)
             if cutlass.const_expr(self.grouped):
                 g = last_group_at_or_below(vb, tile_starts, cute.size(offs))
+                start = cutlass.Int32(0)
                 if g > 0:
                     start = offs[g - 1]
                 end = offs[g]
-                r0 = start + (vb - tile_starts[g] * 4) * BLOCK
+                tile0 = tile_starts[g]
+                r0 = start + (vb - tile0 * 4) * BLOCK
             if r0 < end:
                 rl = r0 + rg * LANE_ROWS  # this lane's first row
                 full = r0 + BLOCK <= end
                 t = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
-                pos = _Pos(e, r0, rl, lane, rg, cg, end, start, g, vb, vblocks, ra, ca)
+                pos = _Pos(e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca)
                 if cutlass.const_expr(self.prologue == "cast"):
                     _load_tile(t, gx, e, rl, end, full, cv)
-                    self._emit(t, pos, cv, gq, s, gqt, st, ghp, tile_starts)
+                    self._emit(t, pos, cv, gq, s, gqt, st, ghp)
                 elif cutlass.const_expr(self.prologue == "swiglu"):  # x = h13 (1, M, 2I): gate cv, up cv + I/4
                     u = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
                     _load_tile(t, gx, e, rl, end, full, cv)
                     _load_tile(u, gx, e, rl, end, full, cv + kv)
                     t.store(swiglu_fwd(t.load(), u.load()))
-                    self._emit(t, pos, cv, gq, s, gqt, st, ghp, tile_starts)
+                    self._emit(t, pos, cv, gq, s, gqt, st, ghp)
                 else:  # dswiglu: x = dh (1, M, I), y = h13; outputs dh13 = [dg | du] (1, M, 2I)
                     gate = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
                     u = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
@@ -211,8 +212,8 @@ class TileQuantKernel(MXCastParams):
                     dg, du = swiglu_bwd(t.load(), gate.load(), u.load())
                     t.store(dg)
                     u.store(du)
-                    self._emit(t, pos, cv, gq, s, gqt, st, ghp, tile_starts)
-                    self._emit(u, pos, cv + kv, gq, s, gqt, st, ghp, tile_starts)
+                    self._emit(t, pos, cv, gq, s, gqt, st, ghp)
+                    self._emit(u, pos, cv + kv, gq, s, gqt, st, ghp)
 
     @cute.jit
     def _operands(self, gx: cute.Tensor, gy: cute.Tensor, cv, kv):
@@ -237,7 +238,7 @@ class TileQuantKernel(MXCastParams):
 
     @cute.jit
     def _staged(self, gx: cute.Tensor, gy: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor,
-                st: cute.Tensor, ghp: cute.Tensor, tile_starts: cute.Tensor, staging: cute.Tensor, vblocks, kv, cv,
+                st: cute.Tensor, ghp: cute.Tensor, staging: cute.Tensor, vblocks, kv, cv,
                 e, warp, lane, rg, cg, vb0, ra: cute.Tensor, ca: cute.Tensor):
         """Row blocks ``vb0, vb0 + gridDim.x, ...`` of this warp's column block with the next block's loads in
         flight while the current one is computed: cp.async into a lane-private double buffer in shared memory
@@ -263,30 +264,30 @@ class TileQuantKernel(MXCastParams):
                 for i in cutlass.range_constexpr(LANE_ROWS):
                     tiles[k][(i, None)].store(staging[(None, lane, i, k, buf, warp)].load().to(cutlass.Float32))
             r0 = vb * BLOCK
-            pos = _Pos(e, r0, r0 + rg * LANE_ROWS, lane, rg, cg, m, cutlass.Int32(0), cutlass.Int32(0), vb,
+            pos = _Pos(e, r0, r0 + rg * LANE_ROWS, lane, rg, cg, m, cutlass.Int32(0), vb,
                        vblocks, ra, ca)
-            self._prologue_and_emit(tiles, pos, cv, kv, gq, s, gqt, st, ghp, tile_starts)
+            self._prologue_and_emit(tiles, pos, cv, kv, gq, s, gqt, st, ghp)
             buf = 1 - buf
 
     @cute.jit
     def _prologue_and_emit(self, tiles, pos, cv, kv, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor,
-                           st: cute.Tensor, ghp: cute.Tensor, tile_starts: cute.Tensor):
+                           st: cute.Tensor, ghp: cute.Tensor):
         """The prologue's math on the fp32 input tiles, then the casts of its output tile(s)."""
         if cutlass.const_expr(self.prologue == "cast"):
-            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp, tile_starts)
+            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp)
         elif cutlass.const_expr(self.prologue == "swiglu"):
             tiles[0].store(swiglu_fwd(tiles[0].load(), tiles[1].load()))
-            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp, tile_starts)
+            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp)
         else:
             dg, du = swiglu_bwd(tiles[0].load(), tiles[1].load(), tiles[2].load())
             tiles[0].store(dg)
             tiles[2].store(du)
-            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp, tile_starts)
-            self._emit(tiles[2], pos, cv + kv, gq, s, gqt, st, ghp, tile_starts)
+            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp)
+            self._emit(tiles[2], pos, cv + kv, gq, s, gqt, st, ghp)
 
     @cute.jit
     def _emit(self, t: cute.Tensor, pos, cv, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor, st: cute.Tensor,
-              ghp: cute.Tensor, tile_starts: cute.Tensor):
+              ghp: cute.Tensor):
         """Quantize the lane's tile ``t`` (rows past the end zeroed first) at output column vector ``cv``."""
         if pos.r0 + BLOCK > pos.end:
             for i in cutlass.range_constexpr(LANE_ROWS):
@@ -300,15 +301,14 @@ class TileQuantKernel(MXCastParams):
         mag.store(t.load().bitcast(cutlass.Int32) & 0x7FFFFFFF)
         if cutlass.const_expr(self.rowwise):
             kb = cute.size(gq, mode=[1, 2]) // COL_LANES  # rowwise blocks per output row
-            self._rowwise(t, mag, gq, s, pos.e, pos.rl, pos.lane, pos.cg, pos.end, pos.start, pos.g, tile_starts,
-                          cv, kb, pos.ra)
+            self._rowwise(t, mag, gq, s, pos.e, pos.r0, pos.rl, pos.lane, pos.cg, pos.end, pos.vb, cv, kb, pos.ra)
         if cutlass.const_expr(self.colwise):
-            self._colwise(t, mag, gqt, st, pos.e, pos.r0, pos.rl, pos.lane, pos.rg, pos.cg, pos.end, pos.start,
+            self._colwise(t, mag, gqt, st, pos.e, pos.r0, pos.rl, pos.lane, pos.rg, pos.cg, pos.end, pos.tile0,
                           pos.vb, pos.vblocks, cv, pos.ca)
 
     @cute.jit
-    def _rowwise(self, t: cute.Tensor, mag: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, e, rl, lane, cg, end,
-                 start, g, tile_starts: cute.Tensor, cv, kb, ra: cute.Tensor):
+    def _rowwise(self, t: cute.Tensor, mag: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, e, r0, rl, lane, cg, end,
+                 vb, cv, kb, ra: cute.Tensor):
         a = cute.make_rmem_tensor((LANE_ROWS,), cutlass.Int32)
         for i in cutlass.range_constexpr(LANE_ROWS):
             a[i] = _row_max(mag, i)
@@ -319,11 +319,11 @@ class TileQuantKernel(MXCastParams):
             if r < end:
                 cute.arch.atomic_max(ra.iterator + cute.crd2idx((e, r, cb // 4), ra.layout), a[0])
         else:
-            self._rowwise_cast(t, a[0], gq, s, e, rl, lane, cg, end, start, g, tile_starts, cv, kb, ra, cb, r)
+            self._rowwise_cast(t, a[0], gq, s, e, r0, rl, lane, cg, end, vb, cv, kb, ra, cb, r)
 
     @cute.jit
-    def _rowwise_cast(self, t: cute.Tensor, amax: cutlass.Int32, gq: cute.Tensor, s: cute.Tensor, e, rl, lane, cg,
-                      end, start, g, tile_starts: cute.Tensor, cv, kb, ra: cute.Tensor, cb, r):
+    def _rowwise_cast(self, t: cute.Tensor, amax: cutlass.Int32, gq: cute.Tensor, s: cute.Tensor, e, r0, rl, lane,
+                      cg, end, vb, cv, kb, ra: cute.Tensor, cb, r):
         if cutlass.const_expr(self.phase == "apply"):  # the row's 128-block amax from the amax pass (a row past
             # the end reads a clamped row: its data is not stored; a branch here made ptxas spill a predicate)
             amax = cutlass.Int32(ra[e, cutlass.min(r, ra.shape[1] - 1), cb // 4])
@@ -331,8 +331,8 @@ class TileQuantKernel(MXCastParams):
         if r < end:
             if cutlass.const_expr(self.blocked):
                 srow = r
-                if cutlass.const_expr(self.grouped):  # grouped-M layout: group g from tile tile_starts[g]
-                    srow = tile_starts[g] * 128 + (r - start)
+                if cutlass.const_expr(self.grouped):  # grouped-M layout: the group from tile tile_starts[g], so
+                    srow = vb * BLOCK + (r - r0)  # row r - start of the group is virtual row 32 vb + (r - r0)
                 s[e, blocked_scale_offset(srow, cb, kb)] = cutlass.Uint8(byte)
             else:
                 s[e, r, cb] = cutlass.Uint8(byte)
@@ -344,7 +344,7 @@ class TileQuantKernel(MXCastParams):
 
     @cute.jit
     def _colwise(self, t: cute.Tensor, mag: cute.Tensor, gqt: cute.Tensor, st: cute.Tensor, e, r0, rl, lane, rg,
-                 cg, end, start, vb, vblocks, cv, ca: cute.Tensor):
+                 cg, end, tile0, vb, vblocks, cv, ca: cute.Tensor):
         a = cute.make_rmem_tensor((VEC,), cutlass.Int32)
         for j in cutlass.range_constexpr(VEC):
             a[j] = _col_max(mag, j)
@@ -354,16 +354,16 @@ class TileQuantKernel(MXCastParams):
         if cutlass.const_expr(self.phase == "amax"):
             cute.arch.atomic_max(ca.iterator + cute.crd2idx((e, vb // 4, cv * VEC + rg), ca.layout), a[0])
         else:
-            self._colwise_cast(t, a[0], gqt, st, e, r0, rl, lane, rg, cg, end, start, vb, vblocks, cv, ca)
+            self._colwise_cast(t, a[0], gqt, st, e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, cv, ca)
 
     @cute.jit
     def _colwise_cast(self, t: cute.Tensor, amax: cutlass.Int32, gqt: cute.Tensor, st: cute.Tensor, e, r0, rl,
-                      lane, rg, cg, end, start, vb, vblocks, cv, ca: cute.Tensor):
+                      lane, rg, cg, end, tile0, vb, vblocks, cv, ca: cute.Tensor):
         if cutlass.const_expr(self.phase == "apply"):  # the column's 128-block amax from the amax pass
             amax = cutlass.Int32(ca[e, vb // 4, cv * VEC + rg])
         byte, factor = block_scale(amax, self.emax, self.rceil)
         if cutlass.const_expr(self.blocked and self.grouped):  # grouped-K: the group's tiles blocked on their own
-            tile0 = vb // 4 - (r0 - start) // (4 * BLOCK)  # the group's first scale tile
+            start = r0 - (vb - 4 * tile0) * BLOCK  # recomputed here: ptxas spilled it when it stayed live
             st[e, grouped_k_scale_offset(cv * VEC + rg, vb - 4 * tile0, tile0, (end - start + 127) // 128,
                                          gqt.shape[1])] = cutlass.Uint8(byte)
         elif cutlass.const_expr(self.blocked):
@@ -403,9 +403,10 @@ def _col_max(mag: cute.Tensor, j: cutlass.Constexpr[int]):
 class _Pos:
     """Where a lane's tile sits (plain Python holder of DSL values, passed to the emit helpers)."""
 
-    def __init__(self, e, r0, rl, lane, rg, cg, end, start, g, vb, vblocks, ra, ca):
+    def __init__(self, e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca):
         self.e, self.r0, self.rl, self.lane, self.rg, self.cg = e, r0, rl, lane, rg, cg
-        self.end, self.start, self.g, self.vb, self.vblocks = end, start, g, vb, vblocks
+        self.end, self.vb, self.vblocks = end, vb, vblocks
+        self.tile0 = tile0  # token groups: the group's first 128-row tile (``tile_starts[g]``); 0 otherwise
         self.ra, self.ca = ra, ca  # the 128-block amaxes (scale_block=128): (E, M, K/128), (E, blocks/4, K)
 
 
