@@ -342,6 +342,16 @@ def group_tile_starts(offs: torch.Tensor) -> torch.Tensor:
     return (torch.cumsum(tiles, 0) - tiles).to(torch.int32)
 
 
+def group_tile_starts_host(ends: list[int]) -> list[int]:
+    """:func:`group_tile_starts` of offsets given as Python ints (the grouped ops' host copy; no torch op)."""
+    out, tile, prev = [], 0, 0
+    for e in ends:
+        out.append(tile)
+        tile += -(-(e - prev) // _TILE_ROWS)
+        prev = e
+    return out
+
+
 def to_blocked_scales_grouped_m(scales: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """Plain (M, C) row scales of a 2d-3d operand grouped along M -> a blocked buffer in which every group starts
     on a fresh 128-row tile (:func:`group_tile_starts`).

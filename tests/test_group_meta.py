@@ -213,3 +213,29 @@ def test_schedules_from_a_host_copy_equal_the_device_ones(ends):
         assert len(want) == len(got)
         for w, g in zip(want, got):
             assert g.device == known.device and g.dtype == w.dtype and torch.equal(g, w), (ends, w, g)
+
+
+def test_host_schedules_equal_the_torch_ones():
+    """The grouped ops' schedules computed from the host copy's Python ints (group_meta.derived_tensors' host
+    path) equal the torch statements they replace, for random offsets in and out of contract (negative,
+    decreasing, past T, empty groups) and every tile / align the kernels use."""
+    from cute_mxfp8.ops import gemm_common as GC
+    from cute_mxfp8.ops import token_layout as TL
+
+    gen = torch.Generator().manual_seed(int(torch.randint(1 << 30, ())))
+    for trial in range(300):
+        g = int(torch.randint(1, 12, (), generator=gen))
+        t = int(torch.randint(0, 2000, (), generator=gen))
+        if trial % 3:
+            ends = torch.randint(-50, t + 300, (g,), generator=gen).to(torch.int32)
+        else:  # in contract: sorted, within [0, t]
+            ends = torch.randint(0, t + 1, (g,), generator=gen).sort().values.to(torch.int32)
+        host = ends.tolist()
+        assert F.group_tile_starts_host(host) == F.group_tile_starts(ends).tolist(), host
+        safe = GC.device_offsets(ends, t)
+        assert GC.device_offsets_host(host, t) == safe.tolist(), (host, t)
+        for tile_m in (64, 128, 256):
+            assert GC.group_schedule_host(safe.tolist(), tile_m) == GC.group_schedule(safe, tile_m).tolist()
+        for align in (16, 32, 128):
+            _, starts, cols = TL.group_columns(safe, align)
+            assert list(TL.group_columns_host(safe.tolist(), align)) == [starts.tolist(), cols.tolist()]

@@ -133,10 +133,12 @@ def grouped_step(steps: int) -> dict:
             enqueue = (time.perf_counter() - t0) / steps * 1e3
             kernels = kernel_breakdown(step, dev, top=10**6)
             report[label] = {"wall_ms": wall, "enqueue_ms": enqueue, "kernel_ms": sum(r[2] for r in kernels),
-                             "launches": sum(r[1] for r in kernels)}
+                             "launches": sum(r[1] for r in kernels), "top_kernels": kernels[:15]}
             if label != "bf16":
                 report[label]["frames"] = sampled_frames(step, steps)
-            print(label, {k: round(v, 3) for k, v in report[label].items() if k != "frames"})
+            print(label, {k: round(v, 3) for k, v in report[label].items() if k not in ("frames", "top_kernels")})
+            for row in kernels[:15]:
+                print("   ", row)
     return report
 
 

@@ -215,7 +215,10 @@ def offsets_from_counts(num_tokens_per_expert, num_experts: int, num_tokens: int
     if total > _INT32_MAX:
         raise ValueError(f"{name} sums to {total}, past the int32 token offsets ({_INT32_MAX}): split the batch")
     host_offs = torch.tensor(ends, dtype=torch.int32)
-    offs = host_offs.to(device)
+    if torch.device(device).type == "cuda":  # pinned: the upload does not wait for the stream to drain
+        offs = host_offs.pin_memory().to(device, non_blocking=True)
+    else:
+        offs = host_offs.to(device)
     if offs is not host_offs:  # the grouped ops validate offs on the host copy: no second device read
         known_host_copy(offs, host_offs)
     return offs

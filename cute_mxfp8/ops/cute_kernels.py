@@ -149,7 +149,7 @@ def _group_args(device: torch.device, offs) -> tuple:
 
 def _tile_starts(offs):
     """:func:`~cute_mxfp8.formats.group_tile_starts` of ``offs``, once per offsets tensor."""
-    return derived_tensors(offs, "tile_starts", F.group_tile_starts)
+    return derived_tensors(offs, "tile_starts", F.group_tile_starts, F.group_tile_starts_host)
 
 
 @functools.lru_cache(maxsize=None)
@@ -240,7 +240,7 @@ def _ops(arch: str) -> dict:
         if offs is not None:
             end = validated_end(offs, x.shape[0])
         qt, st = _outputs(colwise_shapes, x, elem_dtype, blocked, None if offs is None else offs.shape[0])
-        if offs is not None:
+        if offs is not None and end < x.shape[0]:
             qt[:, end:] = 0  # rows past offs[-1] belong to no group
         if x.numel() > 0 and (offs is None or end > 0):
             tile("colwise", x, scale_mode, elem_dtype, blocked, None, None, qt, st, offs, scale_block)
@@ -257,7 +257,8 @@ def _ops(arch: str) -> dict:
         if offs is None:
             tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, None, scale_block)
             return _e8m0(q, s, qt, st)
-        qt[:, end:] = 0
+        if end < x.shape[0]:
+            qt[:, end:] = 0
         if end > 0:
             tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs, scale_block)
         rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked, scale_block)

@@ -32,6 +32,15 @@ def device_offsets(offs: torch.Tensor, total: int) -> torch.Tensor:
     return offs.clamp(0, total).cummax(0).values
 
 
+def device_offsets_host(ends: list[int], total: int) -> list[int]:
+    """:func:`device_offsets` of offsets given as Python ints (no torch op)."""
+    out, hi = [], 0
+    for e in ends:
+        hi = max(hi, min(max(e, 0), total))
+        out.append(hi)
+    return out
+
+
 def group_schedule(offs: torch.Tensor, tile_m: int) -> torch.Tensor:
     """(2, G) int32 on ``offs``'s device, computed there (no sync): row 0 the cumulative count of each group's
     ``tile_m``-row M tiles (the 2d-3d kernels' tile -> group lookup; a group starts on a fresh tile), row 1 the
@@ -45,12 +54,25 @@ def group_schedule(offs: torch.Tensor, tile_m: int) -> torch.Tensor:
     return torch.stack([ends.to(torch.int32), F.group_tile_starts(offs)])
 
 
+def group_schedule_host(safe: list[int], tile_m: int) -> list[list[int]]:
+    """:func:`group_schedule` of sanitized offsets given as Python ints (:func:`device_offsets_host`)."""
+    from .. import formats as F
+
+    ends, n, prev = [], 0, 0
+    for e in safe:
+        n += -(-(e - prev) // tile_m)
+        ends.append(n)
+        prev = e
+    return [ends, F.group_tile_starts_host(safe)]
+
+
 def safe_offsets(offs: torch.Tensor, t: int) -> torch.Tensor:
     """:func:`device_offsets` of ``offs`` over ``t`` rows, once per offsets tensor (from its host copy where one
     is known: :func:`.group_meta.derived_tensors`)."""
     from .group_meta import derived_tensors
 
-    return derived_tensors(offs, "device_offsets", lambda o: device_offsets(o, t), t)
+    return derived_tensors(offs, "device_offsets", lambda o: device_offsets(o, t),
+                           lambda o: device_offsets_host(o, t), t)
 
 
 def schedule_m(offs: torch.Tensor, t: int, tile_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,9 +81,8 @@ def schedule_m(offs: torch.Tensor, t: int, tile_m: int) -> tuple[torch.Tensor, t
     from .group_meta import derived_tensors
 
     safe = safe_offsets(offs, t)
-    return safe, derived_tensors(offs, "schedule_m",
-                                 lambda o: group_schedule(safe if o is offs else device_offsets(o, t), tile_m),
-                                 t, tile_m)
+    return safe, derived_tensors(offs, "schedule_m", lambda o: group_schedule(safe, tile_m),
+                                 lambda o: group_schedule_host(device_offsets_host(o, t), tile_m), t, tile_m)
 
 
 def run_grouped_mm(kernel: Callable, a, a_scales, b, b_scales, offs, out_dtype, tile_m: int) -> torch.Tensor:

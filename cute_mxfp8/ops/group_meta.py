@@ -11,6 +11,7 @@ computed with torch on ``offs``'s device; the functions that compute each entry 
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Callable
 
@@ -61,20 +62,41 @@ def host_copy(offs: torch.Tensor) -> torch.Tensor | None:
     return None if values is None else values.get(("host copy",))
 
 
-def derived_tensors(offs: torch.Tensor, name: str, fn: Callable, *key):
-    """:func:`derived` of ``fn(o)``, a tensor or a tuple of tensors computed with torch ops from offsets ``o``.
-    When a host copy of a CUDA ``offs`` is known (:func:`host_copy`), ``o`` is that copy: ``fn``'s small ops run
-    on the CPU and each result reaches ``offs``'s device in one pinned, non-blocking copy (a few launches in all,
-    where ``fn`` on the device is one launch per op); else ``o`` is ``offs`` itself."""
+def derived_tensors(offs: torch.Tensor, name: str, fn: Callable, on_host: Callable, *key):
+    """:func:`derived` of ``fn(offs)``, an int32 tensor or a tuple of them computed with torch ops on ``offs``'s
+    device.  When a host copy of a CUDA ``offs`` is known (:func:`host_copy`), ``on_host(ends)`` computes the same
+    values instead from its Python ints (a list of ints, a list of such lists for a 2-D result, or a tuple of
+    those) and they reach ``offs``'s device in one pinned, non-blocking copy: no device op at all, where ``fn``
+    is one launch per torch op and the same ops on CPU tensors cost several microseconds each."""
     def compute():
-        host = host_copy(offs) if offs.device.type == "cuda" else None
+        host = host_list(offs) if offs.device.type == "cuda" else None
         if host is None:
             return fn(offs)
-        out = fn(host)
-        move = lambda t: t.pin_memory().to(offs.device, non_blocking=True)  # noqa: E731
-        return tuple(move(t) for t in out) if isinstance(out, tuple) else move(out)
+        out = on_host(host)
+        return _upload(out if isinstance(out, tuple) else (out,), offs.device, isinstance(out, tuple))
 
     return derived(offs, name, compute, *key)
+
+
+def _upload(values: tuple, device: torch.device, as_tuple: bool):
+    """int32 tensors on ``device`` from lists of ints (1-D) or lists of equal-length lists (2-D): one pinned
+    buffer, one non-blocking copy; each tensor starts 16-byte aligned in it."""
+    flat, parts = [], []
+    for v in values:
+        shape = (len(v), len(v[0])) if v and isinstance(v[0], list) else (len(v),)
+        parts.append((len(flat), shape))
+        flat.extend(x for row in v for x in row) if len(shape) == 2 else flat.extend(v)
+        flat.extend([0] * (-len(flat) % 4))
+    buf = torch.tensor(flat or [0], dtype=torch.int32, pin_memory=True).to(device, non_blocking=True)
+    out = tuple(buf[o:o + math.prod(shape)].view(shape) for o, shape in parts)
+    return out if as_tuple else out[0]
+
+
+def host_list(offs: torch.Tensor) -> list[int] | None:
+    """:func:`host_copy` of ``offs`` as Python ints (converted once per tensor and version), or None."""
+    if host_copy(offs) is None:
+        return None
+    return derived(offs, "host list", lambda: host_copy(offs).tolist())
 
 
 def validated_end(offs: torch.Tensor, total: int | None) -> int:
@@ -88,7 +110,11 @@ def validated_end(offs: torch.Tensor, total: int | None) -> int:
 
     if not isinstance(offs, torch.Tensor):
         return F.validate_offsets(offs, total)  # its error names the type
-    return F.validate_offsets(derived(offs, "host copy", lambda: offs.to("cpu", copy=True)), total)
+    host = derived(offs, "host copy", lambda: offs.to("cpu", copy=True))
+    end = derived(offs, "valid end", lambda: F.validate_offsets(host, None))  # a raise caches nothing
+    if total is not None and end > total:
+        F.validate_offsets(host, total)  # raises its ValueError
+    return end
 
 
 def known_host_copy(offs: torch.Tensor, host: torch.Tensor) -> None:

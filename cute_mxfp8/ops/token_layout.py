@@ -16,7 +16,7 @@ import torch
 
 from .. import formats as F
 from ..jit import compile_token_align
-from .gemm_common import MAX_ELEMENTS, device_offsets, offs_limits, operand_limits, safe_offsets
+from .gemm_common import MAX_ELEMENTS, device_offsets_host, offs_limits, operand_limits, safe_offsets
 from .group_meta import derived_tensors
 
 
@@ -27,6 +27,17 @@ def group_columns(offs: torch.Tensor, align: int) -> tuple[torch.Tensor, torch.T
     padded = (sizes + align - 1) // align * align
     ends = torch.cumsum(padded, 0)
     return sizes, (ends - padded).to(torch.int32), ends.to(torch.int32)
+
+
+def group_columns_host(offs: list[int], align: int) -> tuple[list[int], list[int]]:
+    """(starts, ends) of :func:`group_columns` for sanitized offsets given as Python ints (no torch op)."""
+    starts, ends, col, prev = [], [], 0, 0
+    for e in offs:
+        starts.append(col)
+        col += -(-(e - prev) // align) * align
+        ends.append(col)
+        prev = e
+    return starts, ends
 
 
 def aligned_width(t: int, g: int, align: int) -> int:
@@ -53,12 +64,16 @@ def schedule_k(offs: torch.Tensor, t: int, align: int):
     offsets tensor: row 0 the groups' first columns in the aligned layout, row 1 their first grouped-K scale
     tiles (``formats.group_tile_starts``); from the host copy of ``offs`` where one is known
     (:func:`.group_meta.derived_tensors`)."""
-    def compute(o):
-        safe = safe_offsets(offs, t) if o is offs else device_offsets(o, t)
-        _, starts, ends = group_columns(safe, align)
-        return ends, torch.stack([starts, F.group_tile_starts(safe)])
+    def on_device(o):
+        _, starts, ends = group_columns(safe_offsets(offs, t), align)
+        return ends, torch.stack([starts, F.group_tile_starts(safe_offsets(offs, t))])
 
-    return (safe_offsets(offs, t), *derived_tensors(offs, "schedule_k", compute, t, align))
+    def on_host(o):
+        safe = device_offsets_host(o, t)
+        starts, ends = group_columns_host(safe, align)
+        return ends, [starts, F.group_tile_starts_host(safe)]
+
+    return (safe_offsets(offs, t), *derived_tensors(offs, "schedule_k", on_device, on_host, t, align))
 
 
 def aligned_operands(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, ends: torch.Tensor, t: int, align: int,
