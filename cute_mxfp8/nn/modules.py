@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import MXFP8Config, resolve_config
-from ..ops.autograd import mxfp8_linear, mxfp8_swiglu_mlp
+from ..ops.autograd import mxfp8_linear, mxfp8_swiglu_mlp, swiglu_mlp_from_counts
 from ..ops.group_meta import known_host_copy
 from ..ops.shapes import fast_mode_hidden_reason, mxfp8_dims_reason
 
@@ -175,8 +175,9 @@ class MXFP8GroupedExperts(nn.Module):
     def forward(self, x: Tensor, num_tokens_per_expert: Tensor) -> Tensor:
         if x.dim() != 2:
             raise ValueError(f"x must be (tokens, dim) with tokens sorted by expert, got shape {tuple(x.shape)}")
-        offs = offsets_from_counts(num_tokens_per_expert, self.num_experts, x.shape[0], x.device)
-        return mxfp8_swiglu_mlp(x, *self._weights(), offs, self.config)
+        # the counts are read (a device sync) once the weights' casts are queued
+        return swiglu_mlp_from_counts(x, *self._weights(), lambda: offsets_from_counts(
+            num_tokens_per_expert, self.num_experts, x.shape[0], x.device), self.config)
 
 
 def offsets_from_counts(num_tokens_per_expert, num_experts: int, num_tokens: int, device) -> Tensor:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -204,10 +205,14 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         x2 = _rows(x)
         qw = dict(scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend)
         tile = GATE_UP_TILE if fused else None  # the fused epilogues want W13 (and so h13, dh13) interleaved
-        x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp, sb)
+        # the weights first: their casts do not need the token groups, whose first host read (the counts, or
+        # offs in the first grouped op) waits for the GPU, so they are queued while the GPU still has work
         w13_row, w13_row_s, w13_col, w13_col_s = api.quantize_gate_up(w1, w3, gate_up_tile=tile or 0, scale_block=sb,
                                                                       **qw)
         w2_row, w2_row_s, w2_col, w2_col_s = api.quantize_dual(w2, scale_block=sb, **qw)
+        if callable(offs):  # the grouped module's offsets, made from counts read on the host
+            offs = offs()
+        x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp, sb)
         if fused:  # GEMM1 with the SwiGLU + dual-quant epilogue (32-blocks only: fused is off when sb is 128)
             h13, h_row, h_row_s, h_col, h_col_s, h_hp = api.mm_swiglu_quant(
                 x_row, x_row_s, w13_row, w13_row_s, gate_up_tile=tile, emit_hp=wgrad_with_hp, out_dtype=x.dtype,
@@ -368,10 +373,28 @@ def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor
         offs: None (dense) or (E,) int32 cumulative end offsets of the token groups (grouped experts).
     Returns: x's shape and dtype.
     """
+    if offs is not None:
+        api._check_offs(offs, required=True)
+    return _swiglu_mlp(x, w1, w2, w3, offs, config)
+
+
+def swiglu_mlp_from_counts(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, make_offs: Callable[[], Tensor],
+                           config=None) -> Tensor:
+    """:func:`mxfp8_swiglu_mlp` with token groups whose offsets ``make_offs()`` returns, called after the weights'
+    casts are queued (for :class:`~cute_mxfp8.nn.MXFP8GroupedExperts`, whose offsets come from counts read on
+    the host: that read waits for the GPU, which by then has the weight casts to run instead of idling while the
+    host queues them).  ``make_offs`` must return a tensor :func:`mxfp8_swiglu_mlp` would accept as ``offs``."""
+    def offs():
+        o = make_offs()
+        api._check_offs(o, required=True)
+        return o
+
+    return _swiglu_mlp(x, w1, w2, w3, offs, config)
+
+
+def _swiglu_mlp(x, w1, w2, w3, offs, config):
     api._check_tensors(x=x, w1=w1, w2=w2, w3=w3)
     grouped = offs is not None
-    if grouped:
-        api._check_offs(offs, required=True)
     if w1.dim() != (3 if grouped else 2):
         raise ValueError(f"w1 must be {'(E, I, D) with offs' if grouped else '(I, D) without offs'}, got shape "
                          f"{tuple(w1.shape)}" + ("" if grouped else "; pass offs for (E, I, D) expert weights"))
