@@ -3,8 +3,8 @@
 python tools/profile_host.py [--calls N] [--out DIR]: prints the per-call host time of the three levels the bench
 reports, a cProfile of the documented wrapper (top functions by own time), and whether the dense MXFP8 SwiGLU MLP
 forward + backward captures into CUDA graphs (torch.cuda.make_graphed_callables), with eager vs replay times.
-``--grouped``: instead, the grouped experts step's wall / host / kernel time and launches (fast mode, plain MXFP8,
-bf16) and where its Python time goes (:func:`grouped_step`)."""
+``--grouped``: instead, the grouped experts step's wall / host / kernel time, launches and longest kernels (fast
+mode, plain MXFP8, bf16) and where its Python time goes (:func:`grouped_step`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import cProfile
 import io
 import json
 import pstats
+import statistics
 import time
 
 import torch
@@ -105,11 +106,11 @@ def sampled_frames(step, steps: int) -> dict:
 
 def grouped_step(steps: int) -> dict:
     """One fwd + bwd step of the bench's grouped experts (T=32768 D=2048 I=1536 E=8, bf16) in the fast mode, in
-    plain MXFP8 and as bf16 ``torch._grouped_mm``: do_bench wall ms, host enqueue ms (``steps`` steps queued with
-    no sync: the host's time when it is the bound), GPU kernel ms and launches per step (torch.profiler), and the
-    MXFP8 steps' sampled Python frames.  (Written 2026-12-01 from the measurements of docs/sm90_gemm.md's eighth
-    session after that session's GPU time was spent: :func:`sampled_frames` ran on the CPU, this function has not
-    run yet.)"""
+    plain MXFP8 and as bf16 ``torch._grouped_mm``: do_bench wall ms; host ms, the median time the host takes to
+    queue one step that starts on an idle GPU (so nothing in it waits for the GPU: the counts read returns at
+    once; ``steps`` steps queued back to back would instead measure the GPU once its launch queue fills); GPU
+    kernel ms and launches per step (torch.profiler), its 15 longest kernels, and the MXFP8 steps' sampled
+    Python frames.  First run on the H200 on 2026-12-01 (ninth session, docs/sm90_gemm.md)."""
     from cute_mxfp8 import MXFP8Config
     from cute_mxfp8.cli.bench import _time_ms
     from cute_mxfp8.cli.bench_mlp import _grouped, _step, kernel_breakdown
@@ -126,13 +127,15 @@ def grouped_step(steps: int) -> dict:
             fns["bf16"] = lambda bf16=bf16: _step(bf16, x, dy)
         for label, step in fns.items():
             wall = _time_ms(step, dev, 1.0)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
+            host = []
             for _ in range(steps):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
                 step()
-            enqueue = (time.perf_counter() - t0) / steps * 1e3
+                host.append((time.perf_counter() - t0) * 1e3)
             kernels = kernel_breakdown(step, dev, top=10**6)
-            report[label] = {"wall_ms": wall, "enqueue_ms": enqueue, "kernel_ms": sum(r[2] for r in kernels),
+            report[label] = {"wall_ms": wall, "host_ms": statistics.median(host),
+                             "kernel_ms": sum(r[2] for r in kernels),
                              "launches": sum(r[1] for r in kernels), "top_kernels": kernels[:15]}
             if label != "bf16":
                 report[label]["frames"] = sampled_frames(step, steps)
