@@ -402,6 +402,30 @@ def test_fast_mode_grouped_mm_wgrad_op_is_bit_exact_on_integer_data(sizes, n, k,
 
 @pytest.mark.gpu
 @sm90
+@pytest.mark.parametrize("block", [32, 128])
+def test_sm90_wgrad_in_bf16_is_the_fp32_result_rounded(block, rng):
+    """The autograd functions ask the wgrad GEMMs for the weight's dtype directly: on the SM90 kernels (dense and
+    2d-2d, fast mode and plain MXFP8) the bf16 output is byte for byte the fp32 output rounded by ``.to``, on
+    random data (not integers, so the rounding is exercised), tokens not a multiple of 128."""
+    t, n, k = 1000, 192, 320
+    offs = torch.tensor([130, 130, 700, 997], dtype=torch.int32, device="cuda")
+    dy = torch.randn(t, n, generator=rng).cuda() * torch.logspace(-2, 2, n, device="cuda")
+    x = torch.randn(t, k, generator=rng).cuda()
+    for grouped in (False, True):
+        o = offs if grouped else None
+        (a, a_s), (b, b_s) = (ops.quantize_colwise(v, offs=o, scale_block=block) for v in (dy, x))
+        if grouped:
+            run = lambda dt: ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, out_dtype=dt, backend="sm90",  # noqa: E731
+                                                  scale_block=block)
+        else:
+            run = lambda dt: ops.mm(a, a_s, b, b_s, out_dtype=dt, backend="sm90", scale_block=block)  # noqa: E731
+        wide, narrow = run(torch.float32), run(torch.bfloat16)
+        assert narrow.dtype == torch.bfloat16 and wide.abs().sum() > 0
+        assert torch.equal(narrow, wide.to(torch.bfloat16)), (grouped, block)
+
+
+@pytest.mark.gpu
+@sm90
 @pytest.mark.parametrize("grouped", [False, True])
 def test_fast_mode_mlp_on_sm90_matches_the_reference(grouped, rng):
     e = 4

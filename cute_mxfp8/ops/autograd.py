@@ -45,9 +45,12 @@ def _gemm(a, a_s, b, b_s, offs, out_dtype, backend, scale_block):
     return api.grouped_mm(a, a_s, b, b_s, offs, **kw)
 
 
-def _wgrad(a_col, a_s, b_col, b_s, offs, backend, scale_block):
-    """fp32 ``aᵀ·b`` over the token dim from two colwise-quantized operands (dense or 2d-2d grouped)."""
-    kw = dict(out_dtype=torch.float32, backend=backend, scale_block=scale_block)
+def _wgrad(a_col, a_s, b_col, b_s, offs, backend, scale_block, out_dtype):
+    """``aᵀ·b`` over the token dim from two colwise-quantized operands (dense or 2d-2d grouped), accumulated in
+    fp32 and rounded once to ``out_dtype`` (the weight's dtype) in the GEMM's epilogue: the same bytes as an fp32
+    output followed by ``.to(out_dtype)`` (both round to nearest even), without the fp32 tensor or the extra
+    pass over it."""
+    kw = dict(out_dtype=out_dtype, backend=backend, scale_block=scale_block)
     if offs is None:
         return api.mm(a_col, a_s, b_col, b_s, **kw)
     return api.grouped_mm_wgrad(a_col, a_s, b_col, b_s, offs, **kw)
@@ -156,7 +159,7 @@ class _LinearFn(torch.autograd.Function):
                         scale_block=sb).reshape(x_shape)
         if need_w:
             dw = _hp_wgrad(dy2, x_saved, None) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s, None, backend,
-                                                                 sb)
+                                                                 sb, w_dtype)
             dw = dw.to(w_dtype)
         if b_dtype is not False and ctx.needs_input_grad[2]:
             db = dy2.float().contiguous().sum(0).to(b_dtype)  # one summation order whatever dy's layout
@@ -192,7 +195,7 @@ class _GroupedMMFn(torch.autograd.Function):
             dx = _gemm(dy_row, dy_row_s, w_col, w_col_s, offs, x_dtype, backend, sb)
         if need_w:
             dw = _hp_wgrad(dy, x_saved, offs) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s, offs, backend,
-                                                                sb)
+                                                                sb, w_dtype)
             dw = dw.to(w_dtype)
         return dx, dw, None, None, None, None, None, None, None, None
 
@@ -256,8 +259,8 @@ class _SwiGLUMLPFn(torch.autograd.Function):
                 dw2 = _hp_wgrad(dy2, h_saved, offs)
                 dw13 = _hp_wgrad(dh13_hp, x_saved, offs)
             else:
-                dw2 = _wgrad(dy_col, dy_col_s, h_saved, h_col_s, offs, backend, sb)
-                dw13 = _wgrad(dh13_col, dh13_col_s, x_saved, x_col_s, offs, backend, sb)
+                dw2 = _wgrad(dy_col, dy_col_s, h_saved, h_col_s, offs, backend, sb, w2_dtype)
+                dw13 = _wgrad(dh13_col, dh13_col_s, x_saved, x_col_s, offs, backend, sb, w13_dtype)
             dw1, dw3 = (t.to(w13_dtype) for t in split_gate_up(dw13, dim=-2, tile=tile))
             dw2 = dw2.to(w2_dtype)
         return dx, dw1, dw2, dw3, None, None, None, None, None, None, None, None
