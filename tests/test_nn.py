@@ -269,5 +269,30 @@ def test_grouped_experts_counts_validation():
         ex(x.view(2, 3, 64), torch.tensor([2, 3]))
     with pytest.raises(ValueError, match=r"num_tokens_per_expert sums to 7 but x has 6"):
         ex(x, torch.tensor([4, 3]))
+    with pytest.raises(ValueError, match="meta device"):
+        ex(x, torch.tensor([2, 3], device="meta"))
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        ex(x.tolist(), torch.tensor([2, 3]))
     with pytest.raises(TypeError, match="MXFP8Config"):
         MXFP8Linear(64, 64, config={"scale_mode": "floor"})
+
+
+def test_grouped_experts_compile_keeps_the_mlp_in_one_graph(rng):
+    """Eager, the module hands the counts read to the autograd function (after the weights' casts); compiled, it
+    reads them first, so the only breaks are the counts read and the whole MLP stays one autograd graph (forward
+    and backward compiled), bit-identical to eager."""
+    torch._dynamo.reset()
+    ex = MXFP8GroupedExperts(64, 128, 4)
+    x = torch.randn(100, 64, generator=rng).requires_grad_()
+    counts = torch.tensor([20, 0, 50, 20])
+    explain = torch._dynamo.explain(ex)(x, counts)
+    assert explain.graph_break_count <= 2, explain.break_reasons
+    y = ex(x, counts)
+    y.sum().backward()
+    want = [y.detach(), x.grad.clone(), *(p.grad.clone() for p in ex.parameters())]
+    x.grad = None
+    ex.zero_grad(set_to_none=True)
+    yc = torch.compile(ex)(x, counts)
+    yc.sum().backward()
+    got = [yc.detach(), x.grad, *(p.grad for p in ex.parameters())]
+    assert all(torch.equal(g, w) for g, w in zip(got, want))

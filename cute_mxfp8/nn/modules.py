@@ -173,11 +173,15 @@ class MXFP8GroupedExperts(nn.Module):
         return new
 
     def forward(self, x: Tensor, num_tokens_per_expert: Tensor) -> Tensor:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"x must be a torch.Tensor (tokens, dim), got {type(x).__name__}")
         if x.dim() != 2:
             raise ValueError(f"x must be (tokens, dim) with tokens sorted by expert, got shape {tuple(x.shape)}")
-        # the counts are read (a device sync) once the weights' casts are queued
-        return swiglu_mlp_from_counts(x, *self._weights(), lambda: offsets_from_counts(
-            num_tokens_per_expert, self.num_experts, x.shape[0], x.device), self.config)
+        offs = lambda: offsets_from_counts(num_tokens_per_expert, self.num_experts, x.shape[0], x.device)  # noqa: E731
+        if torch.compiler.is_compiling():  # the counts read breaks the graph here, and the MLP stays one graph
+            return mxfp8_swiglu_mlp(x, *self._weights(), offs(), self.config)
+        # eager: the counts are read (a device sync) once the weights' casts are queued
+        return swiglu_mlp_from_counts(x, *self._weights(), offs, self.config)
 
 
 def offsets_from_counts(num_tokens_per_expert, num_experts: int, num_tokens: int, device) -> Tensor:
@@ -196,6 +200,8 @@ def offsets_from_counts(num_tokens_per_expert, num_experts: int, num_tokens: int
                 or counts.is_complex()):
             raise ValueError(f"{name} must be an integer tensor of shape ({num_experts},), got {counts.dtype} of "
                              f"shape {tuple(counts.shape)}")
+        if counts.is_meta:
+            raise ValueError(f"{name} is on the meta device and has no values to read: pass the real counts")
         host = counts.cpu().tolist()  # exact Python ints in the tensor's own dtype (uint64 too)
     else:
         try:
