@@ -342,14 +342,21 @@ def group_tile_starts(offs: torch.Tensor) -> torch.Tensor:
     return (torch.cumsum(tiles, 0) - tiles).to(torch.int32)
 
 
-def group_tile_starts_host(ends: list[int]) -> list[int]:
-    """:func:`group_tile_starts` of offsets given as Python ints (the grouped ops' host copy; no torch op)."""
-    out, tile, prev = [], 0, 0
+def group_units_host(ends: list[int], unit: int) -> list[int]:
+    """Running total of ``ceil(size_g / unit)`` over the groups of cumulative end offsets ``ends`` (Python ints,
+    no torch op): group g's units end at entry g and start at entry g - 1 (0 for g = 0).  The host form of the
+    grouped layouts' prefix sums (tiles, aligned columns)."""
+    out, n, prev = [], 0, 0
     for e in ends:
-        out.append(tile)
-        tile += -(-(e - prev) // _TILE_ROWS)
+        n += -(-(e - prev) // unit)
+        out.append(n)
         prev = e
     return out
+
+
+def group_tile_starts_host(ends: list[int]) -> list[int]:
+    """:func:`group_tile_starts` of offsets given as Python ints (the grouped ops' host copy; no torch op)."""
+    return ([0] + group_units_host(ends, _TILE_ROWS))[:-1]
 
 
 def to_blocked_scales_grouped_m(scales: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:

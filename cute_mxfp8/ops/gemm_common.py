@@ -58,12 +58,7 @@ def group_schedule_host(safe: list[int], tile_m: int) -> list[list[int]]:
     """:func:`group_schedule` of sanitized offsets given as Python ints (:func:`device_offsets_host`)."""
     from .. import formats as F
 
-    ends, n, prev = [], 0, 0
-    for e in safe:
-        n += -(-(e - prev) // tile_m)
-        ends.append(n)
-        prev = e
-    return [ends, F.group_tile_starts_host(safe)]
+    return [F.group_units_host(safe, tile_m), F.group_tile_starts_host(safe)]
 
 
 def safe_offsets(offs: torch.Tensor, t: int) -> torch.Tensor:

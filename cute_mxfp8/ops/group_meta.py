@@ -5,8 +5,9 @@ A grouped MLP step calls a dozen grouped ops with the same ``offs`` tensor (cast
 each derived tensor is several small torch kernels: computed per call they were ~150 launches of host time per step
 on the H200 (``bench mlp --profile``).  :func:`derived` keys the results on the tensor object, its version counter
 (an in-place change of ``offs`` recomputes) and the op's extra key (the token count), holds them as long as ``offs``
-lives, and never reads ``offs`` on the host (no sync), except :func:`validated_end`'s one read.  Everything here is
-computed with torch on ``offs``'s device; the functions that compute each entry live with their users.
+lives, and never reads ``offs`` on the host (no sync), except :func:`validated_end`'s one read.  Each entry is
+computed with torch on ``offs``'s device, or, once a host copy of ``offs`` is known, from that copy's Python ints
+and uploaded (:func:`derived_tensors`); the functions that compute each entry live with their users.
 """
 
 from __future__ import annotations
@@ -94,9 +95,8 @@ def _upload(values: tuple, device: torch.device, as_tuple: bool):
 
 def host_list(offs: torch.Tensor) -> list[int] | None:
     """:func:`host_copy` of ``offs`` as Python ints (converted once per tensor and version), or None."""
-    if host_copy(offs) is None:
-        return None
-    return derived(offs, "host list", lambda: host_copy(offs).tolist())
+    host = host_copy(offs)
+    return None if host is None else derived(offs, "host list", host.tolist)
 
 
 def validated_end(offs: torch.Tensor, total: int | None) -> int:

@@ -31,13 +31,8 @@ def group_columns(offs: torch.Tensor, align: int) -> tuple[torch.Tensor, torch.T
 
 def group_columns_host(offs: list[int], align: int) -> tuple[list[int], list[int]]:
     """(starts, ends) of :func:`group_columns` for sanitized offsets given as Python ints (no torch op)."""
-    starts, ends, col, prev = [], [], 0, 0
-    for e in offs:
-        starts.append(col)
-        col += -(-(e - prev) // align) * align
-        ends.append(col)
-        prev = e
-    return starts, ends
+    ends = [align * n for n in F.group_units_host(offs, align)]
+    return ([0] + ends)[:-1], ends
 
 
 def aligned_width(t: int, g: int, align: int) -> int:
@@ -65,8 +60,9 @@ def schedule_k(offs: torch.Tensor, t: int, align: int):
     tiles (``formats.group_tile_starts``); from the host copy of ``offs`` where one is known
     (:func:`.group_meta.derived_tensors`)."""
     def on_device(o):
-        _, starts, ends = group_columns(safe_offsets(offs, t), align)
-        return ends, torch.stack([starts, F.group_tile_starts(safe_offsets(offs, t))])
+        safe = safe_offsets(offs, t)
+        _, starts, ends = group_columns(safe, align)
+        return ends, torch.stack([starts, F.group_tile_starts(safe)])
 
     def on_host(o):
         safe = device_offsets_host(o, t)
