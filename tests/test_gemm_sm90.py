@@ -663,3 +663,32 @@ def test_fast_mode_gemm_clusters_are_bit_exact(cluster, m, n, k, rng):
         fn(a, b, a_s.view(torch.uint8), b_s.view(torch.uint8), got)
         want = ops.mm(a, a_s, b, b_s, out_dtype=out, backend="reference")
         assert torch.equal(got, want), f"{(got != want).sum().item()} of {m * n} differ"
+
+
+@pytest.mark.gpu
+@sm90
+def test_sm90_grouped_experts_device_counts_prefetch_matches_host_counts(rng):
+    """The module copies device counts to pinned host memory when its forward starts and waits only for that copy:
+    the step's results are bit-identical to passing the same counts as Python ints, a later in-place change of
+    the counts tensor is seen by the next call, and bad device counts raise the same errors as host ones."""
+    from cute_mxfp8.nn import MXFP8GroupedExperts
+
+    torch.manual_seed(0)
+    ex = MXFP8GroupedExperts(256, 256, 4, config=MXFP8Config(hopper_block_k=128)).cuda()
+    x = torch.randn(500, 256, generator=rng).cuda()
+    counts = torch.tensor([100, 0, 37, 263], device="cuda")
+    for host in ([100, 0, 37, 263], [1, 300, 0, 199]):
+        counts.copy_(torch.tensor(host))  # in place: the prefetch must read this call's values
+        outs = []
+        for c in (host, counts):
+            ex.zero_grad(set_to_none=True)
+            xi = x.clone().requires_grad_()
+            y = ex(xi, c)
+            y.backward(torch.ones_like(y))
+            outs.append([y.detach(), xi.grad] + [p.grad for p in ex.parameters()])
+        assert all(torch.equal(a, b) for a, b in zip(*outs))
+    for bad, match in (([5, -1, 0, 0], "must be >= 0"), ([400, 200, 0, 0], "sums to 600 but x has 500")):
+        with pytest.raises(ValueError, match=match):
+            ex(x, torch.tensor(bad, device="cuda"))
+        with pytest.raises(ValueError, match=match):
+            ex(x, torch.tensor(bad, device="cuda", dtype=torch.int32))

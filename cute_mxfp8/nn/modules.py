@@ -177,11 +177,38 @@ class MXFP8GroupedExperts(nn.Module):
             raise TypeError(f"x must be a torch.Tensor (tokens, dim), got {type(x).__name__}")
         if x.dim() != 2:
             raise ValueError(f"x must be (tokens, dim) with tokens sorted by expert, got shape {tuple(x.shape)}")
-        offs = lambda: offsets_from_counts(num_tokens_per_expert, self.num_experts, x.shape[0], x.device)  # noqa: E731
         if torch.compiler.is_compiling():  # the counts read breaks the graph here, and the MLP stays one graph
-            return mxfp8_swiglu_mlp(x, *self._weights(), offs(), self.config)
-        # eager: the counts are read (a device sync) once the weights' casts are queued
+            offs = offsets_from_counts(num_tokens_per_expert, self.num_experts, x.shape[0], x.device)
+            return mxfp8_swiglu_mlp(x, *self._weights(), offs, self.config)
+        # eager: the counts' copy to the host starts now and is waited for once the weights' casts are queued
+        counts = _prefetch_counts(num_tokens_per_expert, self.num_experts)
+        offs = lambda: offsets_from_counts(counts(), self.num_experts, x.shape[0], x.device)  # noqa: E731
         return swiglu_mlp_from_counts(x, *self._weights(), offs, self.config)
+
+
+_PREFETCH_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _prefetch_counts(counts, num_experts: int):
+    """A callable returning ``counts`` for :func:`offsets_from_counts`.  For an (E,) integer CUDA tensor it starts
+    the device-to-host copy now, non-blocking into pinned memory on the current stream, and the callable waits
+    for that copy alone (its event): the host then waits for whatever produced the counts (the router), not for
+    the work queued after this call (the weights' casts).  Anything else is returned as it is, to be read and
+    checked by :func:`offsets_from_counts` (same errors either way: the host copy has the tensor's shape and
+    dtype)."""
+    if (not isinstance(counts, Tensor) or type(counts) is not Tensor or not counts.is_cuda
+            or counts.shape != (num_experts,) or counts.dtype not in _PREFETCH_DTYPES):
+        return lambda: counts
+    host = torch.empty(counts.shape, dtype=counts.dtype, pin_memory=True)
+    host.copy_(counts, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(counts.device))  # the stream the copy ran on
+
+    def wait():
+        done.synchronize()
+        return host
+
+    return wait
 
 
 def offsets_from_counts(num_tokens_per_expert, num_experts: int, num_tokens: int, device) -> Tensor:
