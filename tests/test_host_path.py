@@ -22,22 +22,25 @@ def _bytes(outs):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("shape", [(128, 128), (200, 96), (33, 64)])
+@pytest.mark.parametrize("shape", [(128, 128), (200, 96), (33, 64), (3, 160, 256), (2, 96, 96)])
 @pytest.mark.parametrize("blocked", [True, False])
-def test_planned_casts_equal_the_full_path(shape, blocked, rng):
+@pytest.mark.parametrize("scale_block", [32, 128])
+def test_planned_casts_equal_the_full_path(shape, blocked, scale_block, rng):
     """Second and later calls of a key run its launch plan: the same bytes as the op's full implementation, on
-    fresh data each call, e4m3 and e5m2, blocked and plain scales, M not a multiple of 32 or 128."""
+    fresh data each call, e4m3 and e5m2, blocked and plain scales, 2-D and 3-D (expert weights), 32- and
+    128-blocks (the fast mode's two launches), M not a multiple of 32 or 128."""
     for name, impl in CASTS.items():
         for elem in (torch.float8_e4m3fn, torch.float8_e5m2):
             fn = getattr(ops, name)
             for i in range(3):
                 x = (torch.randn(shape, generator=rng) * 4).to("cuda", torch.bfloat16)
-                x[0, :32] = 0  # an all-zero block
-                got = fn(x, elem_dtype=elem, blocked=blocked)
-                want = impl(x, "rceil", elem, blocked, None, "")
+                x[..., 0, :32] = 0  # an all-zero block
+                x[..., 1, :8] *= 2.0 ** (i + 10)  # a block whose 128-block scale differs from its own
+                got = fn(x, elem_dtype=elem, blocked=blocked, scale_block=scale_block)
+                want = impl(x, "rceil", elem, blocked, None, "", scale_block)
                 for g, w in zip(_bytes(got), _bytes(want)):
                     assert g.shape == w.shape and torch.equal(g, w), (name, elem, i)
-            key = (name, x.shape, x.dtype, x.device, "rceil", elem, blocked, None, 32, None)
+            key = (name, x.shape, x.dtype, x.device, "rceil", elem, blocked, None, scale_block, None)
             assert B.PLANS.get(key) is not None, name  # the plan ran
 
 

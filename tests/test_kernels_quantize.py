@@ -155,14 +155,19 @@ def _cols_special(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("shape", [(192, 96), (2, 128, 256), (1, 64, 32)])
+@pytest.mark.parametrize("shape", [(192, 96), (2, 128, 256), (1, 64, 32), (3, 256, 96), (384, 64)])
 @pytest.mark.parametrize("tile", [0, 64])
 def test_gate_up_kernel_path_bit_exact(shape, tile, rng):
-    """quantize_gate_up on the kernel backend (two dual casts, packed) equals the reference, both layouts."""
+    """quantize_gate_up on the kernel backend (one dual cast of the packed W13) equals the reference (each
+    projection cast on its own, the casts packed), both layouts; with 128-blocks where I allows them."""
     w1, w3 = ((torch.randn(*shape, generator=rng) * torch.logspace(-8, 8, shape[-1])).to(torch.bfloat16)
               for _ in range(2))
+    if shape[-2] % 128 == 0 and tile == 64:
+        tile, sb = 128, 128
+    else:
+        sb = 128 if shape[-2] % 128 == 0 else 32
     for blocked in (False, True):
-        kw = dict(scale_mode="rceil", blocked=blocked, gate_up_tile=tile)
+        kw = dict(scale_mode="rceil", blocked=blocked, gate_up_tile=tile, scale_block=sb)
         got = ops.quantize_gate_up(w1.cuda(), w3.cuda(), backend="sm90", **kw)
         ref = ops.quantize_gate_up(w1, w3, backend="reference", **kw)
         for g, r in zip(got, ref):
