@@ -137,9 +137,10 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
       zero-filled; rowwise blocked scales in the grouped-M layout.  Unused outputs take placeholders of the right
       rank, dtype and divisibility.  ``batched`` only selects the tile kernel for rowwise (colwise and dual
       always run on it), and takes no groups.  Then ``amax_rows``, ``amax_cols``: int32 (E, M, ceil(K/128)) and
-      (E, ceil(blocks/4), K) for ``scale_block=128`` (zero-filled, shared by the ``phase="amax"`` launch and the
-      ``"apply"`` launch after it), placeholders otherwise.
-    * ``scale_block=128`` always runs the tile kernel (rowwise too, grouped or not), in two phases.
+      (E, ceil(blocks/4), K) for the two-launch ``scale_block=128`` form (zero-filled, shared by the
+      ``phase="amax"`` launch and the ``"apply"`` launch after it), placeholders otherwise.
+    * ``scale_block=128`` always runs the tile kernel (rowwise too, grouped or not): ``phase="cast"`` in one
+      launch (one CTA per run of four 32-row blocks; what the ops use), or ``"amax"`` then ``"apply"``.
 
     With ``keep_ptx`` the function is built for inspection only (its ``__ptx__`` holds the PTX).
     """
@@ -198,7 +199,7 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
     placeholder).
     ``direction="bwd"``: ``fn(dh, h13, q, s, qt, st, hp, offs, tile_starts)`` with dh (1, M, I), h13 (1, M, 2I),
     q (1, M, 2I), qt (1, 2I, Mp), hp (1, M, 2I).  Scales, groups and the trailing ``amax_rows``, ``amax_cols``
-    (``scale_block=128``'s two phases) as :func:`compile_quant`'s tile kernels.  ``h13_dtype`` (backward; default
+    (``scale_block=128``'s two-launch form) as :func:`compile_quant`'s tile kernels.  ``h13_dtype`` (backward; default
     ``in_dtype``, which is dh's and hp's): h13's dtype when it differs from dh's (an fp32 GEMM output dh beside the
     saved bf16 h13); such builds run one row block per CTA (the staged loop stages every operand in dh's dtype).
     """

@@ -449,22 +449,33 @@ def test_fast_mode_mlp_on_sm90_matches_the_reference(grouped, rng):
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100f"])
-def test_fast_mode_cast_kernels_compile_in_two_phases(arch):
-    """scale_block=128 builds of every tile-kernel cast: the amax phase only reduces (one global atomic max per
+def test_fast_mode_cast_kernels_compile_in_one_or_two_launches(arch):
+    """scale_block=128 builds of every tile-kernel cast.  One launch (``phase="cast"``, what the ops run for the
+    casts): no atomics, one CTA barrier between the reducing walk and the casting walk, the row amaxes in shared
+    memory (2 KB), no local memory; the SwiGLU kernels refuse it.  Two launches: the amax phase only reduces (one global atomic max per
     lane and cast, no shared memory, no local memory), the apply phase stores without atomics."""
     import re
 
     from cute_mxfp8.jit import compile_quant, compile_swiglu_quant
 
-    builds = [(compile_quant, (d, "bfloat16", "e4m3", "rceil", True, arch, True, g, b), {"dual": 2}.get(d, 1))
+    builds = [(compile_quant, (d, "bfloat16", "e4m3", "rceil", True, arch, True, g, b), {"dual": 2}.get(d, 1), True)
               for d, g, b in [("rowwise", False, False), ("rowwise", True, False), ("rowwise", False, True),
                               ("colwise", True, False), ("dual", False, False), ("dual", True, False)]]
-    builds += [(compile_swiglu_quant, (d, "float32", "e5m2", "floor", False, arch, True, g, False), n)
+    builds += [(compile_swiglu_quant, (d, "float32", "e5m2", "floor", False, arch, True, g, False), n, None)
                for d, n in (("fwd", 2), ("bwd", 4)) for g in (False, True)]
-    for fn, args, atomics in builds:
+    atomic = r"(?:atom|red)\.global[.a-z0-9]*\.max"
+    for fn, args, atomics, one_launch in builds:
         for phase, want in (("amax", atomics), ("apply", 0)):
             ptx = fn(*args, scale_block=128, phase=phase).__ptx__
-            assert len(re.findall(r"(?:atom|red)\.global[.a-z0-9]*\.max", ptx)) == want, (args, phase)
+            assert len(re.findall(atomic, ptx)) == want, (args, phase)
             assert ".local" not in ptx and "bar.sync" not in ptx
+        if one_launch is None:  # the SwiGLU kernels: two launches only
+            with pytest.raises(ValueError, match="two launches"):
+                fn(*args, scale_block=128)
+            continue
+        one = fn(*args, scale_block=128)
+        assert not re.findall(atomic, one.__ptx__) and ".local" not in one.__ptx__, args
+        assert len(re.findall(r"\bbar\.sync|\bbarrier\.sync", one.__ptx__)) == 1, args
+        assert one.launch_smem == (4 * 32 * 4 * 4,), (args, one.launch_smem)  # 4 x 32 rows x 4 warps, int32
     with pytest.raises(ValueError, match="phase"):
-        compile_quant("dual", "bfloat16", "e4m3", "rceil", True, arch, True, scale_block=128)
+        compile_quant("dual", "bfloat16", "e4m3", "rceil", True, arch, True, phase="amax")

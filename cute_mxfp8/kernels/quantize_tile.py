@@ -25,6 +25,7 @@ COL_LANES = BLOCK // VEC  # 8 lanes along K cover one rowwise block (32 columns)
 ROW_LANES = BLOCK // LANE_ROWS  # 4 lanes along M cover one colwise block (32 rows)
 WARPS = 4  # warps per CTA, side by side along K: a CTA tile is 32 rows x 128 columns
 CTA_COLS = WARPS * BLOCK
+RUN = 4  # 32-row blocks per 128-block along M: the one-pass 128-block cast's CTA covers one run
 
 
 PROLOGUES = ("cast", "swiglu", "dswiglu")
@@ -72,8 +73,13 @@ class TileQuantKernel(MXCastParams):
 
     ``scale_block=128`` (the Hopper fast mode's shared scales, ``formats.quantize_mxfp8(..., scale_block=128)``):
     every run of 4 blocks along the scaled dim, counted from its start (a token group's start with groups),
-    takes the scale of the run's amax, so the 4 stored scales are equal.  Two launches of the same tile walk:
-    ``phase="amax"`` reduces each lane's row and column amaxes as above and ``atomicMax``-es the fp32 bit patterns
+    takes the scale of the run's amax, so the 4 stored scales are equal.  ``phase="cast"`` (one launch, what the
+    ops run): a CTA owns one run of 4 (virtual) row blocks, so both 128-blocks of every element are inside it
+    (rows: the 4 warps' 32 columns; columns: the 4 row blocks).  It walks the run twice: the first walk only
+    reduces (column amaxes in a register per lane, row amaxes per warp in 2 KB of shared memory), one CTA
+    barrier, the second walk reloads the tiles (from L2: the CTA read them moments before) and casts with the
+    128-block amaxes.  So DRAM sees one read of the input, with no amax buffers and no atomics (the casts;
+    :class:`SwiGLUQuantKernel` keeps two launches, see there).  The two-launch form of the same math: ``phase="amax"`` reduces each lane's row and column amaxes as above and ``atomicMax``-es the fp32 bit patterns
     (non-negative, so integer order; NaN above Inf) into ``amax_rows`` (E, M, ceil(K/128)) and ``amax_cols``
     (E, ceil(blocks/4), K) int32, zero-filled by the caller, and stores nothing else; ``phase="apply"`` reads them
     back in place of its own amaxes and casts.  The input is read twice (the pre-pass computes the prologue too).
@@ -93,12 +99,14 @@ class TileQuantKernel(MXCastParams):
                              "scale_block=128 only)")
         if not isinstance(row_tiles, int) or row_tiles < 1:
             raise ValueError(f"row_tiles must be a positive int, got {row_tiles!r}")
-        if (scale_block, phase) not in ((32, "cast"), (128, "amax"), (128, "apply")):
-            raise ValueError(f"scale_block 32 casts in one pass (phase 'cast'), scale_block 128 in two (phases "
-                             f"'amax', 'apply'); got scale_block={scale_block!r}, phase={phase!r}")
+        if (scale_block, phase) not in ((32, "cast"), (128, "cast"), (128, "amax"), (128, "apply")):
+            raise ValueError(f"phase is 'cast' (one launch; scale_block 32 or 128), or for scale_block 128 the "
+                             f"two-launch 'amax' then 'apply'; got scale_block={scale_block!r}, phase={phase!r}")
         self.rowwise, self.colwise, self.grouped, self.emit_hp = rowwise, colwise, grouped, emit_hp
         self.scale_block, self.phase = scale_block, phase
-        self.row_tiles = 1 if grouped else row_tiles  # token groups: one (virtual) row block per CTA
+        self.one_pass = scale_block == 128 and phase == "cast"  # one CTA per run of 4 row blocks (above)
+        # token groups and the one-pass 128-block cast: one (virtual) row block (run) per CTA
+        self.row_tiles = 1 if grouped or self.one_pass else row_tiles
 
     @cute.jit
     def launch(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
@@ -126,11 +134,14 @@ class TileQuantKernel(MXCastParams):
         self.kernel(cute.zipped_divide(x, (1, 1, VEC)), cute.zipped_divide(y, (1, 1, VEC)),
                     cute.zipped_divide(q, (1, 1, VEC)), s, gqt, st, cute.zipped_divide(hp, (1, 1, VEC)), offs,
                     tile_starts, amax_rows, amax_cols, vblocks, k // VEC).launch(
-            grid=(cute.ceil_div(vblocks, self.row_tiles), cute.ceil_div(k, CTA_COLS), e), block=(32 * WARPS, 1, 1),
-            stream=stream, smem=self._staging_bytes(x.element_type), **self._launch_bounds())
+            grid=(cute.ceil_div(vblocks, RUN if self.one_pass else self.row_tiles), cute.ceil_div(k, CTA_COLS), e),
+            block=(32 * WARPS, 1, 1), stream=stream, smem=self._staging_bytes(x.element_type),
+            **self._launch_bounds())
 
     def _staging_bytes(self, dtype) -> int:
         """Shared memory of the cp.async staging buffers (``row_tiles > 1``): two tiles per operand per warp."""
+        if self.one_pass:  # the row amaxes of each warp
+            return RUN * BLOCK * WARPS * 4
         if self.row_tiles == 1:
             return 0
         return WARPS * 2 * len(self._operand_names()) * 32 * LANE_ROWS * VEC * dtype.width // 8
@@ -167,7 +178,6 @@ class TileQuantKernel(MXCastParams):
         lane = tidx - warp * 32
         rg = lane // COL_LANES
         cg = lane - rg * COL_LANES
-        m = cute.size(gx, mode=[1, 1])
         cb = bk * WARPS + warp  # this warp's 32-column block (warp-uniform)
         if cutlass.const_expr(self.row_tiles > 1):
             nops = len(self._operand_names())
@@ -176,44 +186,72 @@ class TileQuantKernel(MXCastParams):
             if cb * COL_LANES < kv:
                 self._staged(gx, gy, gq, s, gqt, st, ghp, staging, vblocks, kv, cb * COL_LANES + cg,
                              e, warp, lane, rg, cg, vb, ra, ca)
+        elif cutlass.const_expr(self.one_pass):
+            rows_s = cutlass.memory.SmemAllocator().allocate_tensor(
+                cutlass.Int32, cute.make_layout((RUN * BLOCK, WARPS)), 16)
+            cacc = cute.make_rmem_tensor((1,), cutlass.Int32)
+            cacc[0] = cutlass.Int32(0)  # a block or warp with no data leaves zeros
+            for i in cutlass.range_constexpr(RUN):
+                rows_s[i * BLOCK + lane, warp] = cutlass.Int32(0)
+            amaxes = (rows_s, cacc, warp)
+            if cb * COL_LANES < kv:
+                for i in cutlass.range_constexpr(RUN):
+                    self._block(gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, lane, rg,
+                                cg, vb * RUN + i, cb * COL_LANES + cg, "amax", amaxes)
+            cute.arch.barrier()  # every warp's row amaxes are in shared memory
+            if cb * COL_LANES < kv:
+                for i in cutlass.range_constexpr(RUN):
+                    self._block(gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, lane, rg,
+                                cg, vb * RUN + i, cb * COL_LANES + cg, "apply", amaxes)
         elif cb * COL_LANES < kv:
-            cv = cb * COL_LANES + cg
-            r0 = vb * BLOCK
-            end = m
-            tile0 = cutlass.Int32(0)
-            if cutlass.const_expr(self.grouped):
-                g = last_group_at_or_below(vb, tile_starts, cute.size(offs))
-                start = cutlass.Int32(0)
-                if g > 0:
-                    start = offs[g - 1]
-                end = offs[g]
-                tile0 = tile_starts[g]
-                r0 = start + (vb - tile0 * 4) * BLOCK
-            if r0 < end:
-                rl = r0 + rg * LANE_ROWS  # this lane's first row
-                full = r0 + BLOCK <= end
-                t = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
-                pos = _Pos(e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca)
-                if cutlass.const_expr(self.prologue == "cast"):
-                    _load_tile(t, gx, e, rl, end, full, cv)
-                    self._emit(t, pos, cv, gq, s, gqt, st, ghp)
-                elif cutlass.const_expr(self.prologue == "swiglu"):  # x = h13 (1, M, 2I): gate cv, up cv + I/4
-                    u = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
-                    _load_tile(t, gx, e, rl, end, full, cv)
-                    _load_tile(u, gx, e, rl, end, full, cv + kv)
-                    t.store(swiglu_fwd(t.load(), u.load()))
-                    self._emit(t, pos, cv, gq, s, gqt, st, ghp)
-                else:  # dswiglu: x = dh (1, M, I), y = h13; outputs dh13 = [dg | du] (1, M, 2I)
-                    gate = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
-                    u = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
-                    _load_tile(t, gx, e, rl, end, full, cv)
-                    _load_tile(gate, gy, e, rl, end, full, cv)
-                    _load_tile(u, gy, e, rl, end, full, cv + kv)
-                    dg, du = swiglu_bwd(t.load(), gate.load(), u.load())
-                    t.store(dg)
-                    u.store(du)
-                    self._emit(t, pos, cv, gq, s, gqt, st, ghp)
-                    self._emit(u, pos, cv + kv, gq, s, gqt, st, ghp)
+            self._block(gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, lane, rg, cg, vb,
+                        cb * COL_LANES + cg, self.phase, None)
+
+    @cute.jit
+    def _block(self, gx: cute.Tensor, gy: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor,
+               st: cute.Tensor, ghp: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor, ra: cute.Tensor,
+               ca: cute.Tensor, vblocks, kv, e, lane, rg, cg, vb, cv, step: cutlass.Constexpr, amaxes):
+        """(Virtual) row block ``vb`` of the lane's column vector ``cv``: load, prologue, then ``step``: ``"cast"``
+        (32-blocks), ``"amax"`` (reduce only) or ``"apply"`` (cast with the 128-block amaxes); ``amaxes`` is the
+        one-pass kernel's (row amaxes in shared memory, column amaxes in registers, warp), else None (the
+        two-launch form's global buffers ``ra`` / ``ca``)."""
+        m = cute.size(gx, mode=[1, 1])
+        r0 = vb * BLOCK
+        end = m
+        tile0 = cutlass.Int32(0)
+        if cutlass.const_expr(self.grouped):
+            g = last_group_at_or_below(vb, tile_starts, cute.size(offs))
+            start = cutlass.Int32(0)
+            if g > 0:
+                start = offs[g - 1]
+            end = offs[g]
+            tile0 = tile_starts[g]
+            r0 = start + (vb - tile0 * 4) * BLOCK
+        if r0 < end:  # (a block past the run's last, in the one-pass kernel, starts at or past the end too)
+            rl = r0 + rg * LANE_ROWS  # this lane's first row
+            full = r0 + BLOCK <= end
+            t = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
+            pos = _Pos(e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, amaxes)
+            if cutlass.const_expr(self.prologue == "cast"):
+                _load_tile(t, gx, e, rl, end, full, cv)
+                self._emit(t, pos, cv, gq, s, gqt, st, ghp, step)
+            elif cutlass.const_expr(self.prologue == "swiglu"):  # x = h13 (1, M, 2I): gate cv, up cv + I/4
+                u = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
+                _load_tile(t, gx, e, rl, end, full, cv)
+                _load_tile(u, gx, e, rl, end, full, cv + kv)
+                t.store(swiglu_fwd(t.load(), u.load()))
+                self._emit(t, pos, cv, gq, s, gqt, st, ghp, step)
+            else:  # dswiglu: x = dh (1, M, I), y = h13; outputs dh13 = [dg | du] (1, M, 2I)
+                gate = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
+                u = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
+                _load_tile(t, gx, e, rl, end, full, cv)
+                _load_tile(gate, gy, e, rl, end, full, cv)
+                _load_tile(u, gy, e, rl, end, full, cv + kv)
+                dg, du = swiglu_bwd(t.load(), gate.load(), u.load())
+                t.store(dg)
+                u.store(du)
+                self._emit(t, pos, cv, gq, s, gqt, st, ghp, step)
+                self._emit(u, pos, cv + kv, gq, s, gqt, st, ghp, step)
 
     @cute.jit
     def _operands(self, gx: cute.Tensor, gy: cute.Tensor, cv, kv):
@@ -265,7 +303,7 @@ class TileQuantKernel(MXCastParams):
                     tiles[k][(i, None)].store(staging[(None, lane, i, k, buf, warp)].load().to(cutlass.Float32))
             r0 = vb * BLOCK
             pos = _Pos(e, r0, r0 + rg * LANE_ROWS, lane, rg, cg, m, cutlass.Int32(0), vb,
-                       vblocks, ra, ca)
+                       vblocks, ra, ca, None)
             self._prologue_and_emit(tiles, pos, cv, kv, gq, s, gqt, st, ghp)
             buf = 1 - buf
 
@@ -274,26 +312,27 @@ class TileQuantKernel(MXCastParams):
                            st: cute.Tensor, ghp: cute.Tensor):
         """The prologue's math on the fp32 input tiles, then the casts of its output tile(s)."""
         if cutlass.const_expr(self.prologue == "cast"):
-            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp)
+            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp, self.phase)
         elif cutlass.const_expr(self.prologue == "swiglu"):
             tiles[0].store(swiglu_fwd(tiles[0].load(), tiles[1].load()))
-            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp)
+            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp, self.phase)
         else:
             dg, du = swiglu_bwd(tiles[0].load(), tiles[1].load(), tiles[2].load())
             tiles[0].store(dg)
             tiles[2].store(du)
-            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp)
-            self._emit(tiles[2], pos, cv + kv, gq, s, gqt, st, ghp)
+            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp, self.phase)
+            self._emit(tiles[2], pos, cv + kv, gq, s, gqt, st, ghp, self.phase)
 
     @cute.jit
     def _emit(self, t: cute.Tensor, pos, cv, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor, st: cute.Tensor,
-              ghp: cute.Tensor):
-        """Quantize the lane's tile ``t`` (rows past the end zeroed first) at output column vector ``cv``."""
+              ghp: cute.Tensor, step: cutlass.Constexpr):
+        """Quantize the lane's tile ``t`` (rows past the end zeroed first) at output column vector ``cv``, or with
+        ``step="amax"`` only reduce its 128-block amaxes."""
         if pos.r0 + BLOCK > pos.end:
             for i in cutlass.range_constexpr(LANE_ROWS):
                 if pos.rl + i >= pos.end:
                     t[(i, None)].store(cute.full_like(t[(i, None)].load(), 0.0))
-        if cutlass.const_expr(self.emit_hp and self.phase != "amax"):
+        if cutlass.const_expr(self.emit_hp and step != "amax"):
             for i in cutlass.range_constexpr(LANE_ROWS):
                 if pos.rl + i < pos.end:
                     ghp[(None, (pos.e, pos.rl + i, cv))].store(t[(i, None)].load().to(ghp.element_type))
@@ -301,32 +340,42 @@ class TileQuantKernel(MXCastParams):
         mag.store(t.load().bitcast(cutlass.Int32) & 0x7FFFFFFF)
         if cutlass.const_expr(self.rowwise):
             kb = cute.size(gq, mode=[1, 2]) // COL_LANES  # rowwise blocks per output row
-            self._rowwise(t, mag, gq, s, pos.e, pos.r0, pos.rl, pos.lane, pos.cg, pos.end, pos.vb, cv, kb, pos.ra)
+            self._rowwise(t, mag, gq, s, pos.e, pos.r0, pos.rl, pos.lane, pos.cg, pos.end, pos.vb, cv, kb, pos.ra,
+                          step, pos.amaxes)
         if cutlass.const_expr(self.colwise):
             self._colwise(t, mag, gqt, st, pos.e, pos.r0, pos.rl, pos.lane, pos.rg, pos.cg, pos.end, pos.tile0,
-                          pos.vb, pos.vblocks, cv, pos.ca)
+                          pos.vb, pos.vblocks, cv, pos.ca, step, pos.amaxes)
 
     @cute.jit
     def _rowwise(self, t: cute.Tensor, mag: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, e, r0, rl, lane, cg, end,
-                 vb, cv, kb, ra: cute.Tensor):
+                 vb, cv, kb, ra: cute.Tensor, step: cutlass.Constexpr, amaxes):
         a = cute.make_rmem_tensor((LANE_ROWS,), cutlass.Int32)
         for i in cutlass.range_constexpr(LANE_ROWS):
             a[i] = _row_max(mag, i)
         reduce_scatter_max(a, LANE_ROWS, 0, lane)  # lane cg: amax of its row group's row cg
         cb = cv // COL_LANES
         r = rl + cg
-        if cutlass.const_expr(self.phase == "amax"):  # the 128-block amax: 4 warps' 32-blocks of the row meet
-            if r < end:
+        if cutlass.const_expr(step == "amax"):  # the 128-block amax: 4 warps' 32-blocks of the row meet
+            if cutlass.const_expr(amaxes is not None):  # one pass: row r0 + lane of the run, this warp's slot
+                amaxes[0][(vb % RUN) * BLOCK + lane, amaxes[2]] = a[0]
+            elif r < end:
                 cute.arch.atomic_max(ra.iterator + cute.crd2idx((e, r, cb // 4), ra.layout), a[0])
         else:
-            self._rowwise_cast(t, a[0], gq, s, e, r0, rl, lane, cg, end, vb, cv, kb, ra, cb, r)
+            amax = a[0]
+            if cutlass.const_expr(amaxes is not None):  # the 4 warps' slots of the row
+                row = (vb % RUN) * BLOCK + lane
+                amax = amaxes[0][row, 0]
+                for w in cutlass.range_constexpr(1, WARPS):
+                    amax = cutlass.max(amax, amaxes[0][row, w])
+            elif cutlass.const_expr(step == "apply"):  # the row's 128-block amax from the amax pass (a row past
+                # the end reads a clamped row: its data is not stored; a branch here made ptxas spill a predicate)
+                amax = cutlass.Int32(ra[e, cutlass.min(r, ra.shape[1] - 1), cb // 4])
+            self._rowwise_cast(t, amax, gq, s, e, r0, rl, lane, cg, end, vb, cv, kb, r)
 
     @cute.jit
     def _rowwise_cast(self, t: cute.Tensor, amax: cutlass.Int32, gq: cute.Tensor, s: cute.Tensor, e, r0, rl, lane,
-                      cg, end, vb, cv, kb, ra: cute.Tensor, cb, r):
-        if cutlass.const_expr(self.phase == "apply"):  # the row's 128-block amax from the amax pass (a row past
-            # the end reads a clamped row: its data is not stored; a branch here made ptxas spill a predicate)
-            amax = cutlass.Int32(ra[e, cutlass.min(r, ra.shape[1] - 1), cb // 4])
+                      cg, end, vb, cv, kb, r):
+        cb = cv // COL_LANES
         byte, factor = block_scale(amax, self.emax, self.rceil)
         if r < end:
             if cutlass.const_expr(self.blocked):
@@ -344,23 +393,29 @@ class TileQuantKernel(MXCastParams):
 
     @cute.jit
     def _colwise(self, t: cute.Tensor, mag: cute.Tensor, gqt: cute.Tensor, st: cute.Tensor, e, r0, rl, lane, rg,
-                 cg, end, tile0, vb, vblocks, cv, ca: cute.Tensor):
+                 cg, end, tile0, vb, vblocks, cv, ca: cute.Tensor, step: cutlass.Constexpr, amaxes):
         a = cute.make_rmem_tensor((VEC,), cutlass.Int32)
         for j in cutlass.range_constexpr(VEC):
             a[j] = _col_max(mag, j)
         reduce_scatter_max(a, VEC, 3, lane)  # lane rg: amax of its column rg
         # 128-block amaxes: (virtual) row blocks 4 b .. 4 b + 3 of the column (a group's blocks start on a multiple
         # of 4, so they never reach into the next group)
-        if cutlass.const_expr(self.phase == "amax"):
-            cute.arch.atomic_max(ca.iterator + cute.crd2idx((e, vb // 4, cv * VEC + rg), ca.layout), a[0])
+        if cutlass.const_expr(step == "amax"):
+            if cutlass.const_expr(amaxes is not None):  # one pass: the lane's column over the run's 4 blocks
+                amaxes[1][0] = cutlass.max(amaxes[1][0], a[0])
+            else:
+                cute.arch.atomic_max(ca.iterator + cute.crd2idx((e, vb // 4, cv * VEC + rg), ca.layout), a[0])
         else:
-            self._colwise_cast(t, a[0], gqt, st, e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, cv, ca)
+            amax = a[0]
+            if cutlass.const_expr(amaxes is not None):
+                amax = amaxes[1][0]
+            elif cutlass.const_expr(step == "apply"):  # the column's 128-block amax from the amax pass
+                amax = cutlass.Int32(ca[e, vb // 4, cv * VEC + rg])
+            self._colwise_cast(t, amax, gqt, st, e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, cv)
 
     @cute.jit
     def _colwise_cast(self, t: cute.Tensor, amax: cutlass.Int32, gqt: cute.Tensor, st: cute.Tensor, e, r0, rl,
-                      lane, rg, cg, end, tile0, vb, vblocks, cv, ca: cute.Tensor):
-        if cutlass.const_expr(self.phase == "apply"):  # the column's 128-block amax from the amax pass
-            amax = cutlass.Int32(ca[e, vb // 4, cv * VEC + rg])
+                      lane, rg, cg, end, tile0, vb, vblocks, cv):
         byte, factor = block_scale(amax, self.emax, self.rceil)
         if cutlass.const_expr(self.blocked and self.grouped):  # grouped-K: the group's tiles blocked on their own
             start = r0 - (vb - 4 * tile0) * BLOCK  # recomputed here: ptxas spilled it when it stayed live
@@ -403,11 +458,13 @@ def _col_max(mag: cute.Tensor, j: cutlass.Constexpr[int]):
 class _Pos:
     """Where a lane's tile sits (plain Python holder of DSL values, passed to the emit helpers)."""
 
-    def __init__(self, e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca):
+    def __init__(self, e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, amaxes):
         self.e, self.r0, self.rl, self.lane, self.rg, self.cg = e, r0, rl, lane, rg, cg
         self.end, self.vb, self.vblocks = end, vb, vblocks
         self.tile0 = tile0  # token groups: the group's first 128-row tile (``tile_starts[g]``); 0 otherwise
-        self.ra, self.ca = ra, ca  # the 128-block amaxes (scale_block=128): (E, M, K/128), (E, blocks/4, K)
+        self.ra, self.ca = ra, ca  # the two-launch 128-block amaxes: (E, M, K/128), (E, blocks/4, K)
+        self.amaxes = amaxes  # the one-pass kernel's (row amaxes (4 x 32, warps) in shared memory, the lane's
+        # column amax (a register), warp), or None
 
 
 @cute.jit
@@ -447,6 +504,10 @@ class SwiGLUQuantKernel(TileQuantKernel):
                  emit_hp: bool = False, row_tiles: int | None = None, scale_block: int = 32, phase: str = "cast"):
         if prologue not in ("swiglu", "dswiglu"):
             raise ValueError(f"prologue must be 'swiglu' or 'dswiglu', got {prologue!r}")
+        if scale_block == 128 and phase == "cast":
+            raise ValueError("the SwiGLU kernels take scale_block=128 in two launches, phase 'amax' then 'apply' "
+                             "(a one-launch form measured 1.6-1.9x slower on the H200: a CTA's 128-row run of "
+                             "fp32 h13 / dh is 64-128 KB, and the runs in flight do not stay in L2 for the reload)")
         if row_tiles is None:  # the backward with its high-precision store, or reading the 128-block amaxes back,
             # would spill in the staged loop (255 registers + 8 bytes of local memory, measured for sm_90a)
             row_tiles = 1 if prologue == "dswiglu" and (emit_hp or phase == "apply") else self.ROW_TILES

@@ -136,8 +136,9 @@ def quantize_rowwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
             on a fresh 128-row tile (:func:`cute_mxfp8.formats.to_blocked_scales_grouped_m`).
         scale_block: 32 (MXFP8, OCP MX v1.0) or 128, the Hopper fast mode's shared scales: every run of 4 blocks
             along the scaled dim takes the largest of their 4 scales (:func:`cute_mxfp8.formats.quantize_mxfp8`);
-            same layouts, the 4 stored scales equal.  Here and in the other casts the kernels read the input twice
-            for it (an amax pass, then the cast).
+            same layouts, the 4 stored scales equal.  Here and in the other casts the kernels take one launch
+            for it (each CTA reduces a 128-row run's amaxes, then reloads it from L2 and casts); the SwiGLU
+            casts take two (an amax pass, then the cast).
     Returns:
         ``(data, scales)``: data of ``x``'s shape; scales plain (M, K/32) / (E, N, K/32), or blocked: 1-D
         ``blocked_scales_numel(M, K/32)`` (grouped: ``(M // 128 + G) * 128 * ceil4(K/32)``) / (E, numel).

@@ -159,35 +159,32 @@ def _no_amax(device: torch.device) -> tuple:
     return none, none
 
 
-def _amax_spec(shape: tuple, groups: int | None) -> tuple:
-    """(numel, (start, shape) of amax_rows, (start, shape) of amax_cols) of :func:`_amax_buffers`."""
-    *lead, m, k = shape
-    e = lead[0] if lead else 1
-    blocks = 4 * (m // 128 + groups) if groups is not None else -(-m // 32)
-    rows, cols = (e, m, -(-k // 128)), (e, -(-blocks // 4), k)
-    split = -(-math.prod(rows) // 4) * 4  # the second buffer starts 16-byte aligned, as a fresh allocation would
-    return split + math.prod(cols), (0, rows), (split, cols)
-
-
-def _amax_alloc(device: torch.device, spec: tuple) -> tuple:
-    numel, (r0, rows), (c0, cols) = spec
-    flat = torch.zeros(numel, dtype=torch.int32, device=device)  # one fill launch for both
-    return flat[r0:r0 + math.prod(rows)].view(rows), flat[c0:].view(cols)
-
-
 def _amax_buffers(device: torch.device, shape: tuple, offs) -> tuple:
     """Zeroed int32 (amax_rows, amax_cols) of a ``scale_block=128`` tile cast whose output is (E,) M x K (``shape``;
     for the SwiGLU kernels the cast's (M, width)): (E, M, ceil(K/128)) and (E, ceil(row blocks / 4), K), row blocks
     the kernel's (virtual, with token groups) 32-row blocks."""
-    return _amax_alloc(device, _amax_spec(shape, None if offs is None else offs.numel()))
+    *lead, m, k = shape
+    e = lead[0] if lead else 1
+    blocks = 4 * (m // 128 + offs.numel()) if offs is not None else -(-m // 32)
+    rows, cols = (e, m, -(-k // 128)), (e, -(-blocks // 4), k)
+    n_rows = math.prod(rows)
+    split = -(-n_rows // 4) * 4  # the second buffer starts 16-byte aligned, as a fresh allocation would
+    flat = torch.zeros(split + math.prod(cols), dtype=torch.int32, device=device)  # one fill launch for both
+    return flat[:n_rows].view(rows), flat[split:].view(cols)
 
 
-def _launch_phases(build, args: tuple, device: torch.device, shape: tuple, offs, scale_block: int) -> None:
-    """Run a tile-kernel cast: ``build(scale_block, phase)`` -> the compiled kernel, called with ``args`` and the
-    amax buffers.  32-blocks: one ``"cast"`` launch; 128: the ``"amax"`` launch, then the ``"apply"`` launch, sharing
-    zeroed buffers (:func:`_amax_buffers` of the cast's output ``shape``)."""
+def _launch_tile(build, args: tuple, device: torch.device, scale_block: int) -> None:
+    """Run a cast on the tile kernel: ``build(scale_block, "cast")`` -> the compiled kernel, one launch for either
+    scale block (128: the one-pass kernel), called with ``args`` and the unused two-launch amax placeholders."""
+    build(scale_block, "cast")(*args, *_no_amax(device))
+
+
+def _launch_swiglu(build, args: tuple, device: torch.device, shape: tuple, offs, scale_block: int) -> None:
+    """Run a SwiGLU tile kernel: ``build(scale_block, phase)`` -> the compiled kernel.  32-blocks: one ``"cast"``
+    launch; 128: the ``"amax"`` launch, then the ``"apply"`` launch, sharing zeroed buffers (:func:`_amax_buffers`
+    of the cast's output ``shape``; the SwiGLU kernels have no one-launch 128-block form)."""
     if scale_block == 32:
-        build(32, "cast")(*args, *_no_amax(device))
+        _launch_tile(build, args, device, 32)
         return
     amax = _amax_buffers(device, shape, offs)
     for phase in ("amax", "apply"):
@@ -211,9 +208,8 @@ def _ops(arch: str) -> dict:
         unused = _unused_outputs(x.device, elem_dtype, blocked)
         q, s, qt, st = (_batch(t, three_d) if t is not None else unused[i % 2] for i, t in enumerate((q, s, qt, st)))
         flags = (offs is not None, three_d and direction == "rowwise")
-        _launch_phases(lambda sb, phase: kernel(direction, x, scale_mode, elem_dtype, blocked, *flags, sb, phase),
-                       (_batch(x, three_d), q, s, qt, st, *_group_args(x.device, offs)), x.device, x.shape, offs,
-                       scale_block)
+        _launch_tile(lambda sb, phase: kernel(direction, x, scale_mode, elem_dtype, blocked, *flags, sb, phase),
+                     (_batch(x, three_d), q, s, qt, st, *_group_args(x.device, offs)), x.device, scale_block)
 
     def rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked, scale_block=32):
         """Rows at or past offs[-1] belong to no group: their rowwise data (and plain scales) still exist."""
@@ -309,20 +305,17 @@ def _plans(arch: str) -> dict:
         return run
 
     def tiled(direction, shapes):
-        """The tile kernel's plan: 2-D (as E = 1) or 3-D input, one launch (32-blocks) or the amax and apply
-        launches on one zeroed amax buffer (128-blocks)."""
+        """The tile kernel's plan: 2-D (as E = 1) or 3-D input, one launch (either scale block)."""
         def plan(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
             if offs is not None or x.dim() not in (2, 3) or x.numel() == 0:
                 return None
             three_d = x.dim() == 3
-            phases = ("cast",) if scale_block == 32 else ("amax", "apply")
-            fns = [compile_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False,
-                                 three_d and direction == "rowwise", scale_block, p) for p in phases]
+            fn = compile_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False,
+                               three_d and direction == "rowwise", scale_block, "cast")
             dev = x.device
             specs = [_output_spec(sh, tuple(x.shape), blocked) for sh in shapes]
             unused = _unused_outputs(dev, elem_dtype, blocked)
-            group_args = _group_args(dev, None)
-            amax_spec = _amax_spec(tuple(x.shape), None) if scale_block == 128 else None
+            fixed = (*_group_args(dev, None), *_no_amax(dev))
 
             def run(x):
                 outs = []
@@ -331,10 +324,7 @@ def _plans(arch: str) -> dict:
                              alloc(sshape, dtype=torch.uint8, device=dev)]
                 slots = outs if three_d else [t.unsqueeze(0) for t in outs]  # the kernel's batched views (E = 1)
                 slots = {"dual": slots, "rowwise": (*slots, *unused), "colwise": (*unused, *slots)}[direction]
-                amax = _no_amax(dev) if amax_spec is None else _amax_alloc(dev, amax_spec)
-                xin = x if three_d else x.unsqueeze(0)
-                for fn in fns:
-                    fn(xin, *slots, *group_args, *amax)
+                fn(x if three_d else x.unsqueeze(0), *slots, *fixed)
                 return tuple(t.view(e8m0) if i % 2 else t for i, t in enumerate(outs))
             return run
         return plan
@@ -392,7 +382,7 @@ def _swiglu_ops(arch: str) -> dict:
             hp_arg = hp.unsqueeze(0) if emit_hp else _placeholder(dev, x.dtype, (1, 32, 32))
             args = (*(t.unsqueeze(0) for t in inputs), q.unsqueeze(0), _batch(s, False), qt.unsqueeze(0),
                     _batch(st, False), hp_arg, *_group_args(dev, offs))
-            _launch_phases(lambda sb, phase: compile_swiglu_quant(
+            _launch_swiglu(lambda sb, phase: compile_swiglu_quant(
                 direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, offs is not None,
                 emit_hp, sb, phase, _IN[inputs[-1].dtype]), args, dev, (m, width), offs, scale_block)
         return (*_e8m0(q, s, qt, st), hp)
