@@ -76,14 +76,14 @@ FAMILIES = [
              functools.partial(jit.compile_swiglu_quant, grouped=grouped, emit_hp=hp),
              {"direction": [d], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, **_BLOCKED})
       for d in ("fwd", "bwd") for grouped in (False, True) for hp in (False, True)),
-    # the Hopper fast mode's casts (scale_block=128, issue 16): the one-launch cast the ops run and the two-launch
-    # form (the 128-block amax pass, then the cast pass; the SwiGLU kernels have only this one); the other dtype /
-    # layout axes build the same code as the 32-block families above
-    *(Family(f"quantize_{d}{'_grouped_k' if grouped else ''}_fast_mode_{phase}",
-             functools.partial(jit.compile_quant, grouped=grouped, scale_block=128, phase=phase),
-             {"direction": [d], "in_dtype": ["bfloat16"], "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})
-      for d, grouped in (("rowwise", False), ("colwise", False), ("dual", False), ("dual", True))
-      for phase in ("cast", "amax", "apply")),
+    # the Hopper fast mode's casts (scale_block=128, issue 16): the one-launch casts and the SwiGLU kernels' two
+    # launches (the 128-block amax pass, then the cast pass), as the ops run them; the other dtype / layout axes
+    # build the same code as the 32-block families above
+    *(Family(f"quantize_{d}{'_grouped_k' if grouped else ''}{'_3d' if batched else ''}_fast_mode",
+             functools.partial(jit.compile_quant, grouped=grouped, batched=batched, scale_block=128),
+             {"direction": [d], "in_dtype": IN_DTYPES, "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})
+      for d, grouped, batched in (("rowwise", False, False), ("rowwise", False, True), ("colwise", False, False),
+                                  ("dual", False, False), ("dual", True, False))),
     *(Family(f"swiglu_quant_{d}_fast_mode_{phase}",
              functools.partial(jit.compile_swiglu_quant, scale_block=128, phase=phase),
              {"direction": [d], "in_dtype": ["bfloat16"], "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})

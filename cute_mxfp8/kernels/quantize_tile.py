@@ -79,7 +79,8 @@ class TileQuantKernel(MXCastParams):
     reduces (column amaxes in a register per lane, row amaxes per warp in 2 KB of shared memory), one CTA
     barrier, the second walk reloads the tiles (from L2: the CTA read them moments before) and casts with the
     128-block amaxes.  So DRAM sees one read of the input, with no amax buffers and no atomics (the casts;
-    :class:`SwiGLUQuantKernel` keeps two launches, see there).  The two-launch form of the same math: ``phase="amax"`` reduces each lane's row and column amaxes as above and ``atomicMax``-es the fp32 bit patterns
+    :class:`SwiGLUQuantKernel` keeps two launches, see there).  The two-launch form of the same math:
+    ``phase="amax"`` reduces each lane's row and column amaxes as above and ``atomicMax``-es the fp32 bit patterns
     (non-negative, so integer order; NaN above Inf) into ``amax_rows`` (E, M, ceil(K/128)) and ``amax_cols``
     (E, ceil(blocks/4), K) int32, zero-filled by the caller, and stores nothing else; ``phase="apply"`` reads them
     back in place of its own amaxes and casts.  The input is read twice (the pre-pass computes the prologue too).
