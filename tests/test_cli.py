@@ -75,8 +75,15 @@ def test_bench_mlp_in_the_fast_mode_says_so_and_records_it(tmp_path, capsys):
     out = json.loads(path.read_text())
     assert out["mlp_hopper_block_k"] == 128 and out["mlp_steps"] and out["mlp_steps"][0][3] > 0
     assert "Hopper fast mode: MXFP8Config(hopper_block_k=128)" in capsys.readouterr().out
-    assert main(["bench", "quantize", "--hopper-block-k", "128", "--device", "cpu"]) == 0
-    assert "--hopper-block-k applies to the mlp group only" in capsys.readouterr().out
+    path = tmp_path / "casts.json"
+    assert main(["bench", "quantize", "swiglu", "--hopper-block-k", "128", "--device", "cpu", "--json",
+                 str(path)]) == 0
+    assert "scale_block=128 casts" in capsys.readouterr().out
+    rows = json.loads(path.read_text())["rows"]
+    assert {r["op"] for r in rows} == {"quantize_rowwise", "quantize_colwise", "quantize_dual", "swiglu_quant",
+                                       "dswiglu_quant"} and all(r["ms"] > 0 for r in rows)
+    assert main(["bench", "gemm", "--hopper-block-k", "128", "--device", "cpu"]) == 0
+    assert "--hopper-block-k does not apply to the gemm group" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["bench", "mlp", "--hopper-block-k", "64"])
 

@@ -52,7 +52,13 @@ class Case:
     make: Callable[[torch.device], tuple]  # -> (callable(backend) -> None, bytes moved, flops or None)
 
 
-def _quantize_cases(large: bool) -> list[Case]:
+def _block_32_baseline(fn, dev, *inputs) -> dict:
+    """The same cast in MX 32-blocks (automatic backend): the baseline of a ``scale_block=128`` (Hopper fast mode)
+    row, so its "vs baseline" is the 128-block cast's cost against the one-pass MXFP8 cast."""
+    return {"same op, 32-blocks (automatic)": lambda: fn(*inputs)} if dev.type == "cuda" else {}
+
+
+def _quantize_cases(large: bool, scale_block: int = 32) -> list[Case]:
     # 2-D activations (M, K) and a 3-D expert weight (E, N, K): rowwise along K, colwise along N
     shapes = [(16384, 16384), (16384, 7168), (65536, 2048), (8, 7168, 2048)] if large else [(1024, 1024), (4096, 256),
                                                                                           (4, 256, 128)]
@@ -64,9 +70,10 @@ def _quantize_cases(large: bool) -> list[Case]:
             writes = 2 if which == "dual" else 1
 
             def run(b):
-                return fn(x, backend=b)
-            ao = _torchao_to_mx(f"quantize_{which}", dev)
-            if ao is not None:
+                return fn(x, backend=b, scale_block=scale_block)
+            if scale_block != 32:
+                run.baselines = _block_32_baseline(fn, dev, x)
+            elif (ao := _torchao_to_mx(f"quantize_{which}", dev)) is not None:
                 run.baselines = {"torchao.to_mx+compile": lambda: ao(x)}
             return run, x.numel() * (2 + writes * _FP8_OUT), None
         for which in ("rowwise", "colwise", "dual"):
@@ -98,7 +105,7 @@ def _torchao_to_mx(op: str, device: torch.device):
     return torch.compile(body, dynamic=False)
 
 
-def _swiglu_cases(large: bool) -> list[Case]:
+def _swiglu_cases(large: bool, scale_block: int = 32) -> list[Case]:
     shapes = [(16384, 4096), (65536, 1536), (8192, 14336)] if large else [(1024, 512)]
     cases = []
     for m, i in shapes:
@@ -106,8 +113,10 @@ def _swiglu_cases(large: bool) -> list[Case]:
             h13 = torch.randn(m, 2 * i, device=dev, dtype=torch.bfloat16)
 
             def run(b):
-                return _q.swiglu_quant(h13, backend=b)
-            if dev.type == "cuda":
+                return _q.swiglu_quant(h13, backend=b, scale_block=scale_block)
+            if scale_block != 32:
+                run.baselines = _block_32_baseline(_q.swiglu_quant, dev, h13)
+            elif dev.type == "cuda":
                 run.baselines = {"unfused: compiled SwiGLU + 2 casts": lambda: _unfused(_swiglu_hp(), h13)}
             return run, m * i * (4 + 2 * _FP8_OUT), None
 
@@ -116,8 +125,10 @@ def _swiglu_cases(large: bool) -> list[Case]:
             h13 = torch.randn(m, 2 * i, device=dev, dtype=torch.bfloat16)
 
             def run(b):
-                return _q.dswiglu_quant(dh, h13, backend=b)
-            if dev.type == "cuda":
+                return _q.dswiglu_quant(dh, h13, backend=b, scale_block=scale_block)
+            if scale_block != 32:
+                run.baselines = _block_32_baseline(_q.dswiglu_quant, dev, dh, h13)
+            elif dev.type == "cuda":
                 run.baselines = {"unfused: compiled dSwiGLU + 2 casts": lambda: _unfused(_dswiglu_hp(), dh, h13)}
             return run, m * i * (2 + 4 + 4 * _FP8_OUT), None
         cases += [Case("swiglu", "swiglu_quant", f"{m}x{i}", fwd), Case("swiglu", "dswiglu_quant", f"{m}x{i}", bwd)]
@@ -330,10 +341,16 @@ def main(args) -> int:
     if getattr(args, "profile", 0) and "mlp" not in groups:
         print(f"bench: --profile applies to the mlp group only; ignored for {groups}")
     large = device.type == "cuda"
+    hopper_block_k = getattr(args, "hopper_block_k", 32) or 32
+    if hopper_block_k != 32 and "gemm" in groups:
+        print("bench: --hopper-block-k does not apply to the gemm group (its operands are MX 32-block casts); the "
+              "fast mode's GEMM: python tools/fast_mode_gemm.py")
     cases = []
     for g in groups:
-        if g != "mlp":
-            cases += {"quantize": _quantize_cases, "swiglu": _swiglu_cases, "gemm": _gemm_cases}[g](large)
+        if g in ("quantize", "swiglu"):
+            cases += {"quantize": _quantize_cases, "swiglu": _swiglu_cases}[g](large, hopper_block_k)
+        elif g == "gemm":
+            cases += _gemm_cases(large)
     print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
           f"backends registered: {ops.registered_backends()}")
     for name in ops.registered_backends():
@@ -387,10 +404,10 @@ def main(args) -> int:
               "on SM100 only (`python -m cute_mxfp8 inspect --arch sm_100f` reports their builds).")
     if device.type == "cpu":
         print("note: on CPU these time the torch reference (emulation), not kernels.")
+    if hopper_block_k == 128 and any(g in groups for g in ("quantize", "swiglu")):
+        print("quantize / swiglu rows: scale_block=128 casts (the Hopper fast mode's operands); 'vs baseline' is "
+              "against the same op in 32-blocks")
     mlp = []
-    hopper_block_k = getattr(args, "hopper_block_k", 32) or 32
-    if hopper_block_k != 32 and "mlp" not in groups:
-        print(f"bench: --hopper-block-k applies to the mlp group only; ignored for {groups}")
     if "mlp" in groups:
         from cute_mxfp8.cli.bench_mlp import mlp_rows
 

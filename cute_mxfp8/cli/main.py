@@ -109,8 +109,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                          help="mlp group on CUDA: also print the N GPU kernels that take the most time in each "
                               "MXFP8 step (torch.profiler)")
     p_bench.add_argument("--hopper-block-k", type=int, choices=[32, 128], default=32,
-                         help="mlp group: the MXFP8 modules' MXFP8Config(hopper_block_k=...): 128 runs the Hopper "
-                              "fast mode on SM90 (default: %(default)s, plain MXFP8)")
+                         help="128: the Hopper fast mode; the mlp group's modules take MXFP8Config(hopper_block_k="
+                              "128), the quantize and swiglu groups time scale_block=128 casts against the same op "
+                              "in 32-blocks; not the gemm group (default: %(default)s, plain MXFP8)")
     p_bench.set_defaults(func=_run_bench)
 
     p_inspect = sub.add_parser("inspect", help="compile every kernel variant for an arch (no GPU) and report",
