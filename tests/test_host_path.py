@@ -28,7 +28,7 @@ def _bytes(outs):
 def test_planned_casts_equal_the_full_path(shape, blocked, scale_block, rng):
     """Second and later calls of a key run its launch plan: the same bytes as the op's full implementation, on
     fresh data each call, e4m3 and e5m2, blocked and plain scales, 2-D and 3-D (expert weights), 32- and
-    128-blocks (the fast mode's two launches), M not a multiple of 32 or 128."""
+    128-blocks (the fast mode's one-launch casts), M not a multiple of 32 or 128."""
     for name, impl in CASTS.items():
         for elem in (torch.float8_e4m3fn, torch.float8_e5m2):
             fn = getattr(ops, name)
@@ -104,6 +104,9 @@ def test_a_backend_plan_runs_from_the_second_call_on(rng):
         assert all(torch.equal(o[0].view(torch.uint8), outs[0][0].view(torch.uint8)) for o in outs)
         ops.quantize_rowwise(x.t().contiguous().t())  # not contiguous: the full path, no plan
         ops.quantize_rowwise(x.requires_grad_())  # requires grad with grad mode on: the custom op, no plan
+        assert len(calls) == 2
+        with pytest.raises(ValueError, match="scale_block"):  # 32.0 == 32 as a key: never answered by the plan
+            ops.quantize_rowwise(x.detach(), scale_block=32.0)
         assert len(calls) == 2
     finally:
         del B._BACKENDS["probe"]

@@ -100,9 +100,11 @@ class TileQuantKernel(MXCastParams):
                              "scale_block=128 only)")
         if not isinstance(row_tiles, int) or row_tiles < 1:
             raise ValueError(f"row_tiles must be a positive int, got {row_tiles!r}")
-        if (scale_block, phase) not in ((32, "cast"), (128, "cast"), (128, "amax"), (128, "apply")):
-            raise ValueError(f"phase is 'cast' (one launch; scale_block 32 or 128), or for scale_block 128 the "
-                             f"two-launch 'amax' then 'apply'; got scale_block={scale_block!r}, phase={phase!r}")
+        if scale_block not in (32, 128) or type(scale_block) is not int:
+            raise ValueError(f"scale_block must be 32 (MX blocks) or 128 (the Hopper fast mode), got {scale_block!r}")
+        if phase not in ("cast", "amax", "apply") or (scale_block == 32 and phase != "cast"):
+            raise ValueError(f"phase is 'cast' (one launch), or for scale_block 128 also the two-launch 'amax' then "
+                             f"'apply'; got phase={phase!r} with scale_block={scale_block}")
         self.rowwise, self.colwise, self.grouped, self.emit_hp = rowwise, colwise, grouped, emit_hp
         self.scale_block, self.phase = scale_block, phase
         self.one_pass = scale_block == 128 and phase == "cast"  # one CTA per run of 4 row blocks (above)

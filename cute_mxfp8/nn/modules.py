@@ -192,8 +192,8 @@ _PREFETCH_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uin
 def _prefetch_counts(counts, num_experts: int):
     """A callable returning ``counts`` for :func:`offsets_from_counts`.  For an (E,) integer CUDA tensor it starts
     the device-to-host copy now, non-blocking into pinned memory on the current stream, and the callable waits
-    for that copy alone (its event): the host then waits for whatever produced the counts (the router), not for
-    the work queued after this call (the weights' casts).  Anything else is returned as it is, to be read and
+    for that copy alone (its event): the host then waits for the work queued on that stream before this call
+    (which produced the counts: the router), not for the work queued after it (the weights' casts).  Anything else is returned as it is, to be read and
     checked by :func:`offsets_from_counts` (same errors either way: the host copy has the tensor's shape and
     dtype)."""
     if (not isinstance(counts, Tensor) or type(counts) is not Tensor or not counts.is_cuda
@@ -238,7 +238,8 @@ def offsets_from_counts(num_tokens_per_expert, num_experts: int, num_tokens: int
             raise ValueError(f"{name} must be an integer tensor or a sequence of ints of length {num_experts}, got "
                              f"{num_tokens_per_expert!r}") from None
         if len(host) != num_experts or any(isinstance(c, bool) for c in items):
-            raise ValueError(f"{name} must hold {num_experts} integer counts (one per expert), got {host}")
+            raise ValueError(f"{name} must hold {num_experts} integer counts (one per expert; not bools), got "
+                             f"{items!r}")
     if any(c < 0 for c in host):
         raise ValueError(f"{name} must be >= 0, got {host}")
     ends = list(itertools.accumulate(host))

@@ -68,7 +68,9 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
     contiguous, 16-byte aligned ``x`` under :func:`_direct`'s conditions run the plan (allocation + kernel).
     Everything a plan skips is fixed by the key, so results are the same bytes; only host time differs."""
     key = None
-    if not torch.compiler.is_compiling() and offs is None and type(x) in _PLAIN and type(blocked) is bool:
+    # exact types where a key must not equal another type's (True == 1, 128.0 == 128: the full path refuses those)
+    if (not torch.compiler.is_compiling() and offs is None and type(x) in _PLAIN and type(blocked) is bool
+            and type(scale_block) is int):
         key = (name, x.shape, x.dtype, x.device, scale_mode, elem_dtype, blocked, backend, scale_block,
                os.environ.get(B.ENV_VAR))
         try:
@@ -188,8 +190,9 @@ def quantize_dual(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dty
 def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
                      blocked: bool = True, gate_up_tile: int = 0, backend: str | None = None,
                      scale_block: int = 32):
-    """Quantize the gate (``w1``) and up (``w3``) projections straight into the fused W13 layout
-    (:mod:`cute_mxfp8.swiglu`), with no high-precision copy of W13.
+    """Quantize the gate (``w1``) and up (``w3``) projections into the fused W13 layout (:mod:`cute_mxfp8.swiglu`):
+    the same bytes as casting each projection and packing the casts.  The kernel backends pack W13 in the weights'
+    dtype first (a temporary copy of both) and cast it once; the reference casts each and packs the casts.
 
     Args:
         w1, w3: (I, D) or (E, I, D), bf16/fp32, ``I % 32 == 0`` and ``D % 32 == 0``.

@@ -26,6 +26,7 @@ import torch
 
 from .. import formats as F
 from ..swiglu import pack_gate_up
+from .gate_up import pack_gate_up_casts
 from ..jit import SM100_TARGET, compile_quant, compile_swiglu_quant
 from . import gemm_sm90, gemm_sm100
 from .backends import Backend, register_backend
@@ -160,8 +161,8 @@ def _no_amax(device: torch.device) -> tuple:
 
 
 def _amax_buffers(device: torch.device, shape: tuple, offs) -> tuple:
-    """Zeroed int32 (amax_rows, amax_cols) of a ``scale_block=128`` tile cast whose output is (E,) M x K (``shape``;
-    for the SwiGLU kernels the cast's (M, width)): (E, M, ceil(K/128)) and (E, ceil(row blocks / 4), K), row blocks
+    """Zeroed int32 (amax_rows, amax_cols) of a two-launch ``scale_block=128`` tile cast (the SwiGLU kernels') whose
+    output is (E,) M x K (``shape``; for the SwiGLU kernels the cast's (M, width)): (E, M, ceil(K/128)) and (E, ceil(row blocks / 4), K), row blocks
     the kernel's (virtual, with token groups) 32-row blocks."""
     *lead, m, k = shape
     e = lead[0] if lead else 1
@@ -173,18 +174,12 @@ def _amax_buffers(device: torch.device, shape: tuple, offs) -> tuple:
     return flat[:n_rows].view(rows), flat[split:].view(cols)
 
 
-def _launch_tile(build, args: tuple, device: torch.device, scale_block: int) -> None:
-    """Run a cast on the tile kernel: ``build(scale_block, "cast")`` -> the compiled kernel, one launch for either
-    scale block (128: the one-pass kernel), called with ``args`` and the unused two-launch amax placeholders."""
-    build(scale_block, "cast")(*args, *_no_amax(device))
-
-
 def _launch_swiglu(build, args: tuple, device: torch.device, shape: tuple, offs, scale_block: int) -> None:
     """Run a SwiGLU tile kernel: ``build(scale_block, phase)`` -> the compiled kernel.  32-blocks: one ``"cast"``
     launch; 128: the ``"amax"`` launch, then the ``"apply"`` launch, sharing zeroed buffers (:func:`_amax_buffers`
     of the cast's output ``shape``; the SwiGLU kernels have no one-launch 128-block form)."""
     if scale_block == 32:
-        _launch_tile(build, args, device, 32)
+        build(32, "cast")(*args, *_no_amax(device))
         return
     amax = _amax_buffers(device, shape, offs)
     for phase in ("amax", "apply"):
@@ -202,14 +197,14 @@ def _ops(arch: str) -> dict:
                              grouped, batched, scale_block, phase)
 
     def tile(direction, x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs=None, scale_block=32):
-        """Launch the tile kernel (colwise / dual / 3-D rowwise; every cast with ``scale_block=128``: its amax
-        pass, then its cast pass); unused output slots take placeholders."""
+        """Launch the tile kernel (colwise / dual / 3-D rowwise; every cast with ``scale_block=128``, in one
+        launch); unused output slots take placeholders."""
         three_d = x.dim() == 3
         unused = _unused_outputs(x.device, elem_dtype, blocked)
         q, s, qt, st = (_batch(t, three_d) if t is not None else unused[i % 2] for i, t in enumerate((q, s, qt, st)))
         flags = (offs is not None, three_d and direction == "rowwise")
-        _launch_tile(lambda sb, phase: kernel(direction, x, scale_mode, elem_dtype, blocked, *flags, sb, phase),
-                     (_batch(x, three_d), q, s, qt, st, *_group_args(x.device, offs)), x.device, scale_block)
+        kernel(direction, x, scale_mode, elem_dtype, blocked, *flags, scale_block)(
+            _batch(x, three_d), q, s, qt, st, *_group_args(x.device, offs), *_no_amax(x.device))
 
     def rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked, scale_block=32):
         """Rows at or past offs[-1] belong to no group: their rowwise data (and plain scales) still exist."""
@@ -270,13 +265,18 @@ def _ops(arch: str) -> dict:
         return _e8m0(q, s, qt, st)
 
     def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32):
-        """W13 packed in the input dtype, then one dual cast of it (blocked scales written by the kernel).  The
-        same bytes as casting w1 and w3 on their own and packing the casts (the reference): the op's checks
-        make every colwise block along 2I hold features of one projection (I and the tile are multiples of the
-        scale block), and rowwise blocks run along D.  One copy of the weights and one cast, where the two casts
-        and the packing of their four outputs were ~3x the launches and ~6x the host time per step."""
-        w13 = pack_gate_up(w1, w3, dim=-2, tile=gate_up_tile or None)
-        return quantize_dual(w13, scale_mode, elem_dtype, blocked, None, scale_block)
+        """W13 packed in the input dtype (a temporary copy of both weights), then one dual cast of it (blocked
+        scales written by the kernel).  The same bytes as casting w1 and w3 on their own and packing the casts
+        (the reference): the op's checks make every colwise block along 2I hold features of one projection (I
+        and the tile are multiples of the scale block), and rowwise blocks run along D.  One copy and one cast,
+        where the two casts and the packing of their four outputs took ~3x the launches and ~3.5x the host time
+        (H200).  A W13 past the kernels' 32-bit indexing takes that older path (each projection fits)."""
+        tile = gate_up_tile or None
+        if _packed_limits(w1, blocked) is not None:
+            casts = [quantize_dual(w, scale_mode, elem_dtype, False, None, scale_block) for w in (w1, w3)]
+            return pack_gate_up_casts(*casts, blocked, tile)
+        return quantize_dual(pack_gate_up(w1, w3, dim=-2, tile=tile), scale_mode, elem_dtype, blocked, None,
+                             scale_block)
 
     return {"quantize_rowwise": quantize_rowwise, "quantize_colwise": quantize_colwise,
             "quantize_dual": quantize_dual, "quantize_gate_up": quantize_gate_up}
@@ -397,13 +397,14 @@ def _swiglu_ops(arch: str) -> dict:
 
 
 def _gate_up_limits(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32):
-    why = _limits(w1, scale_mode, elem_dtype, False) or _limits(w3, scale_mode, elem_dtype, False)
-    if why is not None:
-        return why
-    packed = (*w1.shape[:-2], 2 * w1.shape[-2], w1.shape[-1])  # the one cast runs on W13
+    return _limits(w1, scale_mode, elem_dtype, False) or _limits(w3, scale_mode, elem_dtype, False)
+
+
+def _packed_limits(w1, blocked: bool) -> str | None:
+    """Why the packed W13 of ``w1``'s shape cannot be cast in one launch (32-bit indexing), or None."""
+    packed = (*w1.shape[:-2], 2 * w1.shape[-2], w1.shape[-1])
     if math.prod(packed) > _MAX_ELEMENTS:
-        return (f"W13 (w1 and w3 packed, {tuple(packed)}) would have {math.prod(packed)} elements; the kernels "
-                f"index with int32 (at most {_MAX_ELEMENTS}): split the experts")
+        return f"W13 {packed} has more than {_MAX_ELEMENTS} elements"
     return _scale_limits(packed, blocked, None)
 
 
