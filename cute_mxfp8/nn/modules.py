@@ -193,9 +193,9 @@ def _prefetch_counts(counts, num_experts: int):
     """A callable returning ``counts`` for :func:`offsets_from_counts`.  For an (E,) integer CUDA tensor it starts
     the device-to-host copy now, non-blocking into pinned memory on the current stream, and the callable waits
     for that copy alone (its event): the host then waits for the work queued on that stream before this call
-    (which produced the counts: the router), not for the work queued after it (the weights' casts).  Anything else is returned as it is, to be read and
-    checked by :func:`offsets_from_counts` (same errors either way: the host copy has the tensor's shape and
-    dtype)."""
+    (which produced the counts: the router), not for the work queued after it (the weights' casts).  Anything
+    else is returned as it is, to be read and checked by :func:`offsets_from_counts` (same errors either way: the
+    host copy has the tensor's shape and dtype)."""
     if (not isinstance(counts, Tensor) or type(counts) is not Tensor or not counts.is_cuda
             or counts.shape != (num_experts,) or counts.dtype not in _PREFETCH_DTYPES):
         return lambda: counts

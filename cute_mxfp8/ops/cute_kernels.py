@@ -25,11 +25,11 @@ import math
 import torch
 
 from .. import formats as F
-from ..swiglu import pack_gate_up
-from .gate_up import pack_gate_up_casts
 from ..jit import SM100_TARGET, compile_quant, compile_swiglu_quant
+from ..swiglu import pack_gate_up
 from . import gemm_sm90, gemm_sm100
 from .backends import Backend, register_backend
+from .gate_up import pack_gate_up_casts
 from .gemm_common import offs_limits
 from .group_meta import derived_tensors, validated_end
 from .shapes import colwise_shapes, rowwise_shapes
@@ -161,9 +161,9 @@ def _no_amax(device: torch.device) -> tuple:
 
 
 def _amax_buffers(device: torch.device, shape: tuple, offs) -> tuple:
-    """Zeroed int32 (amax_rows, amax_cols) of a two-launch ``scale_block=128`` tile cast (the SwiGLU kernels') whose
-    output is (E,) M x K (``shape``; for the SwiGLU kernels the cast's (M, width)): (E, M, ceil(K/128)) and (E, ceil(row blocks / 4), K), row blocks
-    the kernel's (virtual, with token groups) 32-row blocks."""
+    """Zeroed int32 (amax_rows, amax_cols) of a two-launch ``scale_block=128`` tile cast (the SwiGLU kernels')
+    whose output is (E,) M x K (``shape``; for the SwiGLU kernels the cast's (M, width)): (E, M, ceil(K/128)) and
+    (E, ceil(row blocks / 4), K), row blocks the kernel's (virtual, with token groups) 32-row blocks."""
     *lead, m, k = shape
     e = lead[0] if lead else 1
     blocks = 4 * (m // 128 + offs.numel()) if offs is not None else -(-m // 32)
