@@ -17,7 +17,7 @@ from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from .blockscaled import SF_VEC, scale_layout
 from .gemm_epilogue import EPILOGUES, GATE_UP_TILE, TRANSPOSE_BYTES, dswiglu_block, swiglu_block
-from .mx_math import group_of_tile, group_origin
+from .mx_math import group_of_tile, group_origin, group_start
 from .tile_scheduler import PersistentTiles, grid_clusters
 
 _K_MAJOR = cute.nvgpu.OperandMajorMode.K
@@ -511,9 +511,7 @@ class MXGemmSm100:
         per_e = (m + self.TILE_M - 1) // self.TILE_M
         e = mt // per_e
         lmt = mt - e * per_e
-        start = cutlass.Int32(0)
-        if e > 0:
-            start = offs[e - 1]
+        start = group_start(offs, e)
         size = offs[e] - start
         kt = (size + 127) // 128  # K tiles, and the group's scale tiles per 128-row tile
         blocks = ((size + SF_VEC - 1) // SF_VEC) % self.K_STAGE_BLOCKS

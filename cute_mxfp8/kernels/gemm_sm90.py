@@ -21,7 +21,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from .gemm_epilogue import EPILOGUES, GATE_UP_TILE, dswiglu_block, swiglu_block
 from .tile_scheduler import PersistentTiles, grid_clusters
 from .mx_math import (BLOCK, MXCastParams, dequant_pair_bf16, e8m0_bf16x2, e8m0_to_f32, gemm_dtypes,
-                      group_of_tile, pack_bf16x2)
+                      group_of_tile, group_start, pack_bf16x2)
 
 _K_MAJOR = utils.LayoutEnum.ROW_MAJOR  # A (M, K) and B (N, K) with K contiguous
 
@@ -458,9 +458,7 @@ class MXGemmSm90:
             per_g = (m + self.TILE_M - 1) // self.TILE_M
             g = bm // per_g
             t = bm - g * per_g
-            start = zero
-            if g > 0:
-                start = offs[g - 1]
+            start = group_start(offs, g)
             k_tiles = (offs[g] - start + self.K_STAGE - 1) // self.K_STAGE
             a_row0 = t * self.TILE_M
             k0 = sched[0, g]

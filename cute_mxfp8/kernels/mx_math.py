@@ -134,6 +134,16 @@ def group_of_row(r: cutlass.Int32, offs: cute.Tensor, num_groups: cutlass.Int32)
 
 
 @cute.jit
+def group_start(offs: cute.Tensor, g: cutlass.Int32):
+    """First row (token) of token group ``g``: ``offs[g - 1]``, 0 for the first group (``offs`` holds the groups'
+    cumulative END offsets)."""
+    start = cutlass.Int32(0)
+    if g > 0:
+        start = offs[g - 1]
+    return start
+
+
+@cute.jit
 def group_origin(g: cutlass.Int32, offs: cute.Tensor, sched: cute.Tensor):
     """2d-3d grouped GEMMs: (first row, M tiles of the groups before it) of group ``g`` in ``[0, size(offs)]``,
     with ``sched[0]`` the groups' cumulative tile counts; ``g = size(offs)`` is the tail past the last group,

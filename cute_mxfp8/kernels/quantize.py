@@ -12,7 +12,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
-from .mx_math import BLOCK, MXCastParams, blocked_scale_offset, group_of_row, quantize_block
+from .mx_math import BLOCK, MXCastParams, blocked_scale_offset, group_of_row, group_start, quantize_block
 
 THREADS = 256  # threads per CTA
 
@@ -61,9 +61,7 @@ class RowwiseQuantKernel(MXCastParams):
             if cutlass.const_expr(self.grouped):
                 g = group_of_row(r, offs, num_groups)
                 if g < num_groups:  # rows at or past offs[-1] have no scales
-                    start = cutlass.Int32(0)
-                    if g > 0:
-                        start = offs[g - 1]
+                    start = group_start(offs, g)
                     # the group's own blocked matrix, placed at its first tile: tile rows advance by 128 rows
                     s[blocked_scale_offset(tile_starts[g] * 128 + r - start, c, cols)] = cutlass.Uint8(byte)
             elif cutlass.const_expr(self.blocked):

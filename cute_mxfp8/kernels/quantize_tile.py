@@ -16,8 +16,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
-from .mx_math import (BLOCK, MXCastParams, apply_scale, block_scale, blocked_scale_offset, grouped_k_scale_offset,
-                      last_group_at_or_below, reduce_scatter_max, swiglu_bwd, swiglu_fwd)
+from .mx_math import (BLOCK, MXCastParams, apply_scale, block_scale, blocked_scale_offset, group_start,
+                      grouped_k_scale_offset, last_group_at_or_below, reduce_scatter_max, swiglu_bwd, swiglu_fwd)
 
 VEC = 4  # columns per lane
 LANE_ROWS = 8  # rows per lane
@@ -224,9 +224,7 @@ class TileQuantKernel(MXCastParams):
         tile0 = cutlass.Int32(0)
         if cutlass.const_expr(self.grouped):
             g = last_group_at_or_below(vb, tile_starts, cute.size(offs))
-            start = cutlass.Int32(0)
-            if g > 0:
-                start = offs[g - 1]
+            start = group_start(offs, g)
             end = offs[g]
             tile0 = tile_starts[g]
             r0 = start + (vb - tile0 * 4) * BLOCK
