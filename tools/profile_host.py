@@ -68,7 +68,9 @@ def breakdown(x, dev, calls: int) -> dict:
 def sampled_frames(step, steps: int) -> dict:
     """Share of samples (every ~0.2 ms, all threads: the backward runs on autograd's device thread) in which each
     ``file:function`` of the package is on some thread's stack while ``step`` runs ``steps`` times; unlike
-    cProfile it sees through torch's dynamo-disable wrappers."""
+    cProfile it sees through torch's dynamo-disable wrappers.  The shares say which functions are on the stack,
+    not where the time goes: torch ops release the GIL, so the sampler lands on lines that call them whatever
+    they cost (2026-12-02; cProfile of single ops in a loop measured their host time instead)."""
     import collections
     import os
     import sys

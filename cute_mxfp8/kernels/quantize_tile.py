@@ -138,12 +138,13 @@ class TileQuantKernel(MXCastParams):
                     cute.zipped_divide(q, (1, 1, VEC)), s, gqt, st, cute.zipped_divide(hp, (1, 1, VEC)), offs,
                     tile_starts, amax_rows, amax_cols, vblocks, k // VEC).launch(
             grid=(cute.ceil_div(vblocks, RUN if self.one_pass else self.row_tiles), cute.ceil_div(k, CTA_COLS), e),
-            block=(32 * WARPS, 1, 1), stream=stream, smem=self._staging_bytes(x.element_type),
+            block=(32 * WARPS, 1, 1), stream=stream, smem=self._smem_bytes(x.element_type),
             **self._launch_bounds())
 
-    def _staging_bytes(self, dtype) -> int:
-        """Shared memory of the cp.async staging buffers (``row_tiles > 1``): two tiles per operand per warp."""
-        if self.one_pass:  # the row amaxes of each warp
+    def _smem_bytes(self, dtype) -> int:
+        """Dynamic shared memory per CTA: the one-pass 128-block cast's row amaxes (4 x 32 rows x 4 warps, int32),
+        or the staged loop's cp.async buffers (``row_tiles > 1``: two tiles per operand per warp), else none."""
+        if self.one_pass:
             return RUN * BLOCK * WARPS * 4
         if self.row_tiles == 1:
             return 0
@@ -371,12 +372,11 @@ class TileQuantKernel(MXCastParams):
             elif cutlass.const_expr(step == "apply"):  # the row's 128-block amax from the amax pass (a row past
                 # the end reads a clamped row: its data is not stored; a branch here made ptxas spill a predicate)
                 amax = cutlass.Int32(ra[e, cutlass.min(r, ra.shape[1] - 1), cb // 4])
-            self._rowwise_cast(t, amax, gq, s, e, r0, rl, lane, cg, end, vb, cv, kb, r)
+            self._rowwise_cast(t, amax, gq, s, e, r0, rl, lane, cg, end, vb, cv, kb, cb, r)
 
     @cute.jit
     def _rowwise_cast(self, t: cute.Tensor, amax: cutlass.Int32, gq: cute.Tensor, s: cute.Tensor, e, r0, rl, lane,
-                      cg, end, vb, cv, kb, r):
-        cb = cv // COL_LANES
+                      cg, end, vb, cv, kb, cb, r):
         byte, factor = block_scale(amax, self.emax, self.rceil)
         if r < end:
             if cutlass.const_expr(self.blocked):
