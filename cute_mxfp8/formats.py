@@ -50,6 +50,8 @@ __all__ = [
     "validate_offsets",
     "group_bounds",
     "group_tile_starts",
+    "padded_group_offsets",
+    "pad_token_groups",
     "to_blocked_scales_grouped_m",
     "from_blocked_scales_grouped_m",
     "quantize_mxfp8_grouped_k",
@@ -357,6 +359,34 @@ def group_units_host(ends: list[int], unit: int) -> list[int]:
 def group_tile_starts_host(ends: list[int]) -> list[int]:
     """:func:`group_tile_starts` of offsets given as Python ints (the grouped ops' host copy; no torch op)."""
     return ([0] + group_units_host(ends, _TILE_ROWS))[:-1]
+
+
+def padded_group_offsets(offs: torch.Tensor, align: int = _TILE_ROWS) -> torch.Tensor:
+    """Cumulative END offsets of the groups of ``offs`` with every size rounded up to a multiple of ``align``:
+    group g then starts at column ``align * (the exclusive prefix sum of ceil(size / align))`` (for ``align`` 128,
+    ``128 * group_tile_starts(offs)[g]``).  int32 (G,), on ``offs``'s device, no host read."""
+    o = offs.to(torch.int64)
+    sizes = torch.diff(o, prepend=o.new_zeros(1))
+    return (torch.cumsum((sizes + align - 1) // align, 0) * align).to(torch.int32)
+
+
+def pad_token_groups(x: torch.Tensor, offs: torch.Tensor, align: int = _TILE_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` (M, K) with token groups ``offs`` -> ``(xp, padded)``: xp (align * (M // align + G), K) holds group g's
+    rows from row ``padded[g - 1]`` (0 for g = 0), then zero rows up to ``padded[g]``, and zero rows after the last
+    group (rows of ``x`` at or past ``offs[-1]`` are dropped); ``padded = padded_group_offsets(offs, align)``.
+
+    The colwise cast of a 2d-2d operand with ``token_align=128`` (``cute_mxfp8.ops.quantize_colwise``) is the
+    grouped colwise cast of ``xp`` with offsets ``padded``: every group starts on a 128-aligned token, which the
+    Hopper fast mode's wgrad reads without a gather.  The row count bounds the padded sizes
+    (``sum_g ceil(size_g / align) <= M // align + G``), so it is known without reading ``offs``."""
+    m, k = x.shape
+    g = offs.numel()
+    validate_offsets(offs, m)
+    padded = padded_group_offsets(offs, align)
+    xp = x.new_zeros(align * (m // align + g), k)
+    for (s, e), p in zip(group_bounds(offs), [0] + padded.tolist()[:-1]):
+        xp[p:p + e - s] = x[s:e]
+    return xp, padded
 
 
 def to_blocked_scales_grouped_m(scales: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:

@@ -120,7 +120,7 @@ def _recording_launch_smem():
 @disk_cached(skip_if="keep_ptx")
 def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
                   keep_ptx: bool = False, grouped: bool = False, batched: bool = False, scale_block: int = 32,
-                  phase: str = "cast"):
+                  phase: str = "cast", pad_groups: bool = False):
     """Compiled MXFP8 cast for ``arch`` (e.g. ``"sm_90a"``).  ``direction``: ``"rowwise"``, ``"colwise"`` or
     ``"dual"``; ``grouped``: token groups along M (``offs``); ``batched``: rowwise of 3-D (E, N, K) weights.
 
@@ -141,6 +141,10 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
       ``phase="amax"`` launch and the ``"apply"`` launch after it), placeholders otherwise.
     * ``scale_block=128`` always runs the tile kernel (rowwise too, grouped or not): ``phase="cast"`` in one
       launch (one CTA per run of four 32-row blocks; what the ops use), or ``"amax"`` then ``"apply"``.
+    * ``pad_groups`` (grouped colwise / dual): qt (1, K, 128 * (M // 128 + G)) in the 128-aligned group layout
+      (group g from column ``128 * tile_starts[g]``, zeros up to the next group and past the last), every column
+      written by the kernel, and st sized for that many tokens (``ops.shapes.colwise_shapes`` with
+      ``token_align=128``), zero-filled.
 
     With ``keep_ptx`` the function is built for inspection only (its ``__ptx__`` holds the PTX).
     """
@@ -171,12 +175,13 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
     if batched and grouped:
         raise ValueError("3-D (batched) inputs take no token groups")
     kernel = TileQuantKernel(elem, scale_mode, blocked, rowwise=direction != "colwise",
-                             colwise=direction != "rowwise", grouped=grouped, scale_block=scale_block, phase=phase)
+                             colwise=direction != "rowwise", grouped=grouped, scale_block=scale_block, phase=phase,
+                             pad_groups=pad_groups)
     # Every tensor gets its own symbols: the kernel takes its shapes from x, and an unused output slot may hold
     # another tensor (TVM-FFI checks that tensors sharing a symbol agree in that dimension).
     x = fake(x_dtype, (sym(), sym(), k))
     q = fake(kernel.elem_dtype, (sym(), sym(), sym(32)))
-    qt = fake(kernel.elem_dtype, (sym(), sym(32), sym(1 if grouped else 32)))
+    qt = fake(kernel.elem_dtype, (sym(), sym(32), sym(1 if grouped and not pad_groups else 32)))
     return _compile(kernel.launch, (x, q, _tile_scales(blocked), qt, _tile_scales(blocked), i32,
                                     fake(cutlass.Int32, (sym(),)), *_amax_buffers()), arch, keep_ptx)
 
@@ -191,7 +196,8 @@ def _amax_buffers():
 @disk_cached(skip_if="keep_ptx")
 def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
                          keep_ptx: bool = False, grouped: bool = False, emit_hp: bool = False,
-                         scale_block: int = 32, phase: str = "cast", h13_dtype: str | None = None):
+                         scale_block: int = 32, phase: str = "cast", h13_dtype: str | None = None,
+                         pad_groups: bool = False):
     """Compiled fused SwiGLU + dual MXFP8 cast (:class:`~cute_mxfp8.kernels.quantize_tile.SwiGLUQuantKernel`).
 
     ``direction="fwd"``: ``fn(h13, q, s, qt, st, hp, offs, tile_starts)`` with h13 (1, M, 2I) ``in_dtype``,
@@ -202,6 +208,7 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
     (``scale_block=128``'s two-launch form) as :func:`compile_quant`'s tile kernels.  ``h13_dtype`` (backward; default
     ``in_dtype``, which is dh's and hp's): h13's dtype when it differs from dh's (an fp32 GEMM output dh beside the
     saved bf16 h13); such builds run one row block per CTA (the staged loop stages every operand in dh's dtype).
+    ``pad_groups``: qt in the 128-aligned group layout, as :func:`compile_quant`'s.
     """
     h13_dtype = in_dtype if h13_dtype is None else h13_dtype
     for name, value in (("in_dtype", in_dtype), ("h13_dtype", h13_dtype)):
@@ -217,14 +224,15 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
 
     mixed = h13_dtype != in_dtype
     kernel = SwiGLUQuantKernel("swiglu" if direction == "fwd" else "dswiglu", elem, scale_mode, blocked, grouped,
-                               emit_hp, row_tiles=1 if mixed else None, scale_block=scale_block, phase=phase)
+                               emit_hp, row_tiles=1 if mixed else None, scale_block=scale_block, phase=phase,
+                               pad_groups=pad_groups)
     x_dtype, h_dtype = _hp_dtype(in_dtype), _hp_dtype(h13_dtype)
 
     fake, sym = _fake, _sym
     scales = functools.partial(_tile_scales, blocked)
     h13 = fake(h_dtype, (sym(), sym(), sym(64)))
     q = fake(kernel.elem_dtype, (sym(), sym(), sym(32)))
-    qt = fake(kernel.elem_dtype, (sym(), sym(32), sym(1 if grouped else 32)))
+    qt = fake(kernel.elem_dtype, (sym(), sym(32), sym(1 if grouped and not pad_groups else 32)))
     hp = fake(x_dtype, (sym(), sym(), sym(32)))
     groups = (fake(cutlass.Int32, (sym(),)), fake(cutlass.Int32, (sym(),)))
     if direction == "fwd":

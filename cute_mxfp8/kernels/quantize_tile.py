@@ -93,8 +93,10 @@ class TileQuantKernel(MXCastParams):
 
     def __init__(self, elem: str, scale_mode: str, blocked: bool, rowwise: bool, colwise: bool,
                  grouped: bool = False, emit_hp: bool = False, row_tiles: int = 1, scale_block: int = 32,
-                 phase: str = "cast"):
+                 phase: str = "cast", pad_groups: bool = False):
         super().__init__(elem, scale_mode, blocked)
+        if pad_groups and not grouped:
+            raise ValueError("pad_groups is a layout of token groups: it needs grouped=True")
         if not (rowwise or colwise) or (grouped and not colwise and scale_block == 32):
             raise ValueError("TileQuantKernel needs colwise output, or rowwise without groups (with groups: "
                              "scale_block=128 only)")
@@ -106,6 +108,7 @@ class TileQuantKernel(MXCastParams):
             raise ValueError(f"phase is 'cast' (one launch), or for scale_block 128 also the two-launch 'amax' then "
                              f"'apply'; got phase={phase!r} with scale_block={scale_block}")
         self.rowwise, self.colwise, self.grouped, self.emit_hp = rowwise, colwise, grouped, emit_hp
+        self.pad_groups = pad_groups
         self.scale_block, self.phase = scale_block, phase
         self.one_pass = scale_block == 128 and phase == "cast"  # one CTA per run of 4 row blocks (above)
         # token groups and the one-pass 128-block cast: one (virtual) row block (run) per CTA
@@ -128,6 +131,8 @@ class TileQuantKernel(MXCastParams):
         if cutlass.const_expr(self.grouped):  # the aligned grouped-K scale columns: 4 * (M // 128 + G)
             vblocks = 4 * (m // 128 + cute.size(offs))
             gqt = qt  # (1, K, M), any M: stored bytewise
+            if cutlass.const_expr(self.pad_groups):  # (1, K, 32 * vblocks): virtual block vb at column 32 vb
+                gqt = cute.zipped_divide(qt, (1, 1, LANE_ROWS))
         elif cutlass.const_expr(self.colwise):
             vblocks = qt.shape[2] // BLOCK
             gqt = cute.zipped_divide(qt, (1, 1, LANE_ROWS))
@@ -254,6 +259,17 @@ class TileQuantKernel(MXCastParams):
                 u.store(du)
                 self._emit(t, pos, cv, gq, s, gqt, st, ghp, step)
                 self._emit(u, pos, cv + kv, gq, s, gqt, st, ghp, step)
+        elif cutlass.const_expr(self.pad_groups and step != "amax"):
+            # a virtual block past its group's tokens: zero colwise data (the group's padding up to its 128-aligned
+            # end, or columns past the last group) and, inside the padded run, the run's scale
+            t = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
+            t.fill(0.0)
+            pos = _Pos(e, r0, r0 + rg * LANE_ROWS, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, amaxes)
+            mag = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Int32)
+            mag.fill(0)
+            for c in cutlass.range_constexpr(2 if self.prologue == "dswiglu" else 1):
+                self._colwise(t, mag, gqt, st, e, r0, pos.rl, lane, rg, cg, end, tile0, vb, vblocks, cv + c * kv,
+                              ca, step, amaxes)
 
     @cute.jit
     def _operands(self, gx: cute.Tensor, gy: cute.Tensor, cv, kv):
@@ -415,13 +431,26 @@ class TileQuantKernel(MXCastParams):
             self._colwise_cast(t, amax, gqt, st, e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, cv)
 
     @cute.jit
+    def _group_scale(self, st: cute.Tensor, byte, e, r0, rg, end, tile0, vb, cv, kdim):
+        """Store a grouped colwise block's scale: plain (E, K, 4 * tiles) or grouped-K blocked (each group's tiles
+        blocked on their own)."""
+        if cutlass.const_expr(self.blocked):
+            start = r0 - (vb - 4 * tile0) * BLOCK  # recomputed here: ptxas spilled it when it stayed live
+            st[e, grouped_k_scale_offset(cv * VEC + rg, vb - 4 * tile0, tile0, (end - start + 127) // 128,
+                                         kdim)] = cutlass.Uint8(byte)
+        else:
+            st[e, cv * VEC + rg, vb] = cutlass.Uint8(byte)
+
+    @cute.jit
     def _colwise_cast(self, t: cute.Tensor, amax: cutlass.Int32, gqt: cute.Tensor, st: cute.Tensor, e, r0, rl,
                       lane, rg, cg, end, tile0, vb, vblocks, cv):
         byte, factor = block_scale(amax, self.emax, self.rceil)
-        if cutlass.const_expr(self.blocked and self.grouped):  # grouped-K: the group's tiles blocked on their own
-            start = r0 - (vb - 4 * tile0) * BLOCK  # recomputed here: ptxas spilled it when it stayed live
-            st[e, grouped_k_scale_offset(cv * VEC + rg, vb - 4 * tile0, tile0, (end - start + 127) // 128,
-                                         gqt.shape[1])] = cutlass.Uint8(byte)
+        if cutlass.const_expr(self.grouped and self.pad_groups):
+            # a padding block past the group's 128-aligned end (or past the last group) stores no scale
+            if vb - 4 * tile0 < 4 * ((end - (r0 - (vb - 4 * tile0) * BLOCK) + 127) // 128):
+                self._group_scale(st, byte, e, r0, rg, end, tile0, vb, cv, cute.size(gqt, mode=[1, 1]))
+        elif cutlass.const_expr(self.grouped):
+            self._group_scale(st, byte, e, r0, rg, end, tile0, vb, cv, gqt.shape[1])
         elif cutlass.const_expr(self.blocked):
             st[e, blocked_scale_offset(cv * VEC + rg, vb, vblocks)] = cutlass.Uint8(byte)
         else:
@@ -430,7 +459,8 @@ class TileQuantKernel(MXCastParams):
             f = cute.arch.shuffle_sync(factor, offset=j * COL_LANES + cg)  # column j's factor, from lane rg == j
             qv = apply_scale(t[(None, j)].load(), f).to(self.elem_dtype)
             c = cv * VEC + j
-            if cutlass.const_expr(self.grouped):  # data (K, M): the block starts at any row; bytewise
+            if cutlass.const_expr(self.grouped and not self.pad_groups):  # data (K, M): the block starts at
+                # any row; bytewise
                 q8 = cute.make_rmem_tensor((LANE_ROWS,), self.elem_dtype)
                 q8.store(qv)
                 for i in cutlass.range_constexpr(LANE_ROWS):
@@ -502,7 +532,8 @@ class SwiGLUQuantKernel(TileQuantKernel):
     ROW_TILES = 8  # row blocks per CTA of the staged (cp.async double-buffered) loop
 
     def __init__(self, prologue: str, elem: str, scale_mode: str, blocked: bool, grouped: bool = False,
-                 emit_hp: bool = False, row_tiles: int | None = None, scale_block: int = 32, phase: str = "cast"):
+                 emit_hp: bool = False, row_tiles: int | None = None, scale_block: int = 32, phase: str = "cast",
+                 pad_groups: bool = False):
         if prologue not in ("swiglu", "dswiglu"):
             raise ValueError(f"prologue must be 'swiglu' or 'dswiglu', got {prologue!r}")
         if scale_block == 128 and phase == "cast":
@@ -512,7 +543,8 @@ class SwiGLUQuantKernel(TileQuantKernel):
         if row_tiles is None:  # the backward with its high-precision store, or reading the 128-block amaxes back,
             # would spill in the staged loop (255 registers + 8 bytes of local memory, measured for sm_90a)
             row_tiles = 1 if prologue == "dswiglu" and (emit_hp or phase == "apply") else self.ROW_TILES
-        super().__init__(elem, scale_mode, blocked, True, True, grouped, emit_hp, row_tiles, scale_block, phase)
+        super().__init__(elem, scale_mode, blocked, True, True, grouped, emit_hp, row_tiles, scale_block, phase,
+                         pad_groups)
         self.prologue = prologue
 
     @cute.jit

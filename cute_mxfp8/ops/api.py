@@ -60,17 +60,18 @@ def _op(impl, op, tensors: tuple, scale_mode: str = "", elem_dtype: torch.dtype 
     return impl if plain else op
 
 
-def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend, scale_block):
+def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend, scale_block, token_align=None):
     """One eager cast call, with a launch plan (:attr:`~cute_mxfp8.ops.backends.Backend.plans`) for repeats.
 
     The first call of a key (op, shape, dtypes, flags, device, backend request) runs the full path (checks,
     backend choice, the op) and then asks the chosen backend for a plan; later calls of that key with a
     contiguous, 16-byte aligned ``x`` under :func:`_direct`'s conditions run the plan (allocation + kernel).
-    Everything a plan skips is fixed by the key, so results are the same bytes; only host time differs."""
+    Everything a plan skips is fixed by the key, so results are the same bytes; only host time differs.
+    ``token_align``: the colwise casts' argument (None for the rowwise cast, which has none)."""
     key = None
     # exact types where a key must not equal another type's (True == 1, 128.0 == 128: the full path refuses those)
     if (not torch.compiler.is_compiling() and offs is None and type(x) in _PLAIN and type(blocked) is bool
-            and type(scale_block) is int):
+            and type(scale_block) is int and not token_align):  # (token_align without offs: the op raises)
         key = (name, x.shape, x.dtype, x.device, scale_mode, elem_dtype, blocked, backend, scale_block,
                os.environ.get(B.ENV_VAR))
         try:
@@ -84,7 +85,8 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
             return run(x)
     _check_types(blocked, offs=offs, backend=backend, x=x)
     direct = _direct(x, offs)
-    out = (impl if direct else op)(x, scale_mode, elem_dtype, blocked, offs, backend or "", scale_block)
+    extra = () if token_align is None else (token_align,)
+    out = (impl if direct else op)(x, scale_mode, elem_dtype, blocked, offs, backend or "", scale_block, *extra)
     if (key is not None and direct and key not in B.PLANS and x.is_contiguous() and x.layout == torch.strided
             and not torch._C._functorch.is_functorch_wrapped_tensor(x) and not x.data_ptr() % 16):
         B.remember_plan(key, B.make_plan(name, x.device, backend,
@@ -151,7 +153,7 @@ def quantize_rowwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
 
 def quantize_colwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
                      blocked: bool = True, offs: Tensor | None = None, backend: str | None = None,
-                     scale_block: int = 32):
+                     scale_block: int = 32, token_align: int = 0):
     """Colwise ("dim1", 32x1) MXFP8 quantization: blocks along dim -2, data stored transposed.
 
     The result is the K-major operand of the transposed product (``xᵀ`` as the ``a`` or ``b`` of
@@ -163,6 +165,13 @@ def quantize_colwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
             block is quantized as if zero-padded (:func:`cute_mxfp8.formats.quantize_mxfp8_grouped_k`).
         scale_block: 32 or 128 (as :func:`quantize_rowwise`; with ``offs`` the runs of 4 start at each group's
             first token).
+        token_align: 0, or 128 with ``offs``: the cast of the groups padded with zero tokens to multiples of 128
+            (:func:`cute_mxfp8.formats.pad_token_groups`), i.e. exactly ``quantize_colwise(xp, offs=padded)`` for
+            ``xp, padded = pad_token_groups(x, offs, 128)``: data_t (K, 128 * (M // 128 + G)) with group g from
+            column ``padded[g - 1]``, zeros between groups and after the last; scales of that cast.  Pass
+            ``padded`` (``formats.padded_group_offsets(offs)``) as the offsets of :func:`grouped_mm_wgrad`: the
+            result is the same as for the unpadded operands (the zero tokens add nothing), and the kernels skip
+            their gather into aligned groups when the offsets' host values are known.
     Returns:
         ``(data_t, scales)``:
         * 2-D, no offs: data_t (K, Mp) with Mp = ceil(M/32)*32, columns >= M are zero (padding written by the
@@ -174,17 +183,17 @@ def quantize_colwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
         * 3-D (E, N, K): data_t (E, K, N); scales (E, K, N/32) or (E, blocked numel).
     """
     return _cast("quantize_colwise", L.quantize_colwise_impl, L._quantize_colwise, x, scale_mode, elem_dtype, blocked,
-                 offs, backend, scale_block)
+                 offs, backend, scale_block, token_align)
 
 
 def quantize_dual(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
                   blocked: bool = True, offs: Tensor | None = None, backend: str | None = None,
-                  scale_block: int = 32):
+                  scale_block: int = 32, token_align: int = 0):
     """Rowwise and colwise quantization from one read of ``x``: ``(row_data, row_scales, col_data, col_scales)``,
     each exactly as :func:`quantize_rowwise` and :func:`quantize_colwise` return them (``K % 32 == 0``;
-    ``scale_block`` as there)."""
+    ``scale_block`` as there; ``token_align`` applies to the colwise outputs only)."""
     return _cast("quantize_dual", L.quantize_dual_impl, L._quantize_dual, x, scale_mode, elem_dtype, blocked,
-                 offs, backend, scale_block)
+                 offs, backend, scale_block, token_align)
 
 
 def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
@@ -294,7 +303,7 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
 
 def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3, blocked: bool = True,
                  emit_hp: bool = False, offs: Tensor | None = None, backend: str | None = None,
-                 scale_block: int = 32):
+                 scale_block: int = 32, token_align: int = 0):
     """Fused SwiGLU + dual MXFP8 quantization (forward): ``h = silu(g) · u`` in fp32 from ``h13 = [g | u]``.
 
     Args:
@@ -303,18 +312,20 @@ def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dt
         offs: token groups (grouped experts): colwise blocks never cross a group end.  Unlike the quantize ops,
             rows at or past ``offs[-1]`` (padding tokens) are zero in every output, rowwise and ``h`` included.
         scale_block: 32 or 128, h's casts as :func:`quantize_dual`.
+        token_align: 0, or 128 with ``offs``: h's colwise outputs in the padded group layout of
+            :func:`quantize_colwise`.
     Returns:
         ``(h_row, h_row_scales, h_col, h_col_scales, h_hp)`` with the layouts of :func:`quantize_dual` for an
         (M, I) tensor.
     """
     _check_types(blocked, emit_hp, offs, backend, h13=h13)
     op = L.swiglu_quant_impl if _direct(h13, offs) else L._swiglu_quant
-    return op(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block)
+    return op(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block, token_align)
 
 
 def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
                   blocked: bool = True, emit_hp: bool = False, offs: Tensor | None = None,
-                  backend: str | None = None, scale_block: int = 32):
+                  backend: str | None = None, scale_block: int = 32, token_align: int = 0):
     """Fused SwiGLU backward + dual MXFP8 quantization: ``dg = dh·u·silu'(g)``, ``du = dh·silu(g)`` in fp32.
 
     Args:
@@ -322,12 +333,14 @@ def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dt
         emit_hp: also return ``dh13 = [dg | du]`` in ``dh.dtype``; otherwise an empty (0,) tensor.
         offs: token groups, as for :func:`swiglu_quant` (rows at or past ``offs[-1]`` are zero in every output).
         scale_block: 32 or 128, dh13's casts as :func:`quantize_dual` (128-blocks along 2I may hold dg and du).
+        token_align: 0, or 128 with ``offs``: dh13's colwise outputs in the padded group layout of
+            :func:`quantize_colwise`.
     Returns:
         ``(dh13_row, row_scales, dh13_col, col_scales, dh13_hp)``, layouts of :func:`quantize_dual` for (M, 2I).
     """
     _check_types(blocked, emit_hp, offs, backend, dh=dh, h13=h13)
     op = L.dswiglu_quant_impl if _direct(dh, h13, offs) else L._dswiglu_quant
-    return op(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block)
+    return op(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block, token_align)
 
 
 def _check_gate_up_tile(gate_up_tile) -> None:

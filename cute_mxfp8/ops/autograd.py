@@ -34,6 +34,7 @@ from . import api
 from .amp import autocast_input, autocast_off
 from .backends import fuses_mlp, resolve_backend
 from .shapes import fast_mode_hidden_reason, mxfp8_dims_reason
+from .token_layout import padded_offsets
 
 __all__ = ["mxfp8_linear", "mxfp8_grouped_mm", "mxfp8_swiglu_mlp"]
 
@@ -103,12 +104,25 @@ def _rows(t: Tensor) -> Tensor:
     return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
 
 
-def _quant(x, dtype, scale_mode, backend, offs, need_col, scale_block):
-    """Rowwise (and, if ``need_col``, colwise) quantization: returns (row, row_s, col, col_s)."""
+def _quant(x, dtype, scale_mode, backend, offs, need_col, scale_block, token_align=0):
+    """Rowwise (and, if ``need_col``, colwise, in the padded group layout of ``token_align``) quantization:
+    returns (row, row_s, col, col_s)."""
     kw = dict(scale_mode=scale_mode, elem_dtype=dtype, offs=offs, backend=backend, scale_block=scale_block)
     if need_col:
-        return api.quantize_dual(x, **kw)
+        return api.quantize_dual(x, token_align=token_align, **kw)
     return (*api.quantize_rowwise(x, **kw), None, None)
+
+
+def _token_align(offs, scale_block: int) -> int:
+    """The token alignment of the 2d-2d wgrad operands' colwise casts: 128 in the Hopper fast mode with token
+    groups (each group padded with zero tokens to a multiple of 128, so the fast wgrad reads the casts as they
+    are, without gathering them into 128-aligned groups), else 0."""
+    return 128 if offs is not None and scale_block == 128 else 0
+
+
+def _wgrad_offs(offs, token_align: int):
+    """The offsets of the wgrad operands: those of the padded groups with ``token_align``, else ``offs``."""
+    return padded_offsets(offs, token_align) if token_align else offs
 
 
 def _weight_forward(weight, operands, scale_mode, elem_dtype, backend, scale_block):
@@ -171,7 +185,8 @@ class _GroupedMMFn(torch.autograd.Function):
     @_no_autocast
     def forward(ctx, x, weight, offs, operands, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend,
                 sb):
-        x_row, x_row_s, x_col, x_col_s = _quant(x, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp, sb)
+        x_row, x_row_s, x_col, x_col_s = _quant(x, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp, sb,
+                                                _token_align(offs, sb))
         w_row, w_row_s, w_col, w_col_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend, sb)
         y = _gemm(x_row, x_row_s, w_row, w_row_s, offs, x.dtype, backend, sb)
         ctx.save_for_backward(x if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s, offs)
@@ -188,14 +203,15 @@ class _GroupedMMFn(torch.autograd.Function):
         scale_mode, gdt, hp, backend, sb = ctx.cfg
         x_dtype, w_dtype = ctx.meta
         need_w = ctx.needs_input_grad[1]
-        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy, gdt, scale_mode, backend, offs, need_w and not hp, sb)
+        ta = _token_align(offs, sb)
+        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy, gdt, scale_mode, backend, offs, need_w and not hp, sb, ta)
         dx = dw = None
         if ctx.needs_input_grad[0]:
             w_col, w_col_s = _weight_dgrad(ctx.operands, w_col, w_col_s)
             dx = _gemm(dy_row, dy_row_s, w_col, w_col_s, offs, x_dtype, backend, sb)
         if need_w:
-            dw = _hp_wgrad(dy, x_saved, offs) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s, offs, backend,
-                                                                sb, w_dtype)
+            dw = _hp_wgrad(dy, x_saved, offs) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s,
+                                                                _wgrad_offs(offs, ta), backend, sb, w_dtype)
             dw = dw.to(w_dtype)
         return dx, dw, None, None, None, None, None, None, None, None
 
@@ -215,7 +231,8 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         w2_row, w2_row_s, w2_col, w2_col_s = api.quantize_dual(w2, scale_block=sb, **qw)
         if callable(offs):  # the grouped module's offsets, made from counts read on the host
             offs = offs()
-        x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp, sb)
+        ta = _token_align(offs, sb)  # 128 in the fast mode's grouped MLP (never fused: fused is 32-blocks only)
+        x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp, sb, ta)
         if fused:  # GEMM1 with the SwiGLU + dual-quant epilogue (32-blocks only: fused is off when sb is 128)
             h13, h_row, h_row_s, h_col, h_col_s, h_hp = api.mm_swiglu_quant(
                 x_row, x_row_s, w13_row, w13_row_s, gate_up_tile=tile, emit_hp=wgrad_with_hp, out_dtype=x.dtype,
@@ -224,7 +241,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
             acc = _gemm(x_row, x_row_s, w13_row, w13_row_s, offs, torch.float32, backend, sb)
             h13 = acc.to(x.dtype)
             h_row, h_row_s, h_col, h_col_s, h_hp = api.swiglu_quant(acc, emit_hp=wgrad_with_hp, offs=offs,
-                                                                    scale_block=sb, **qw)
+                                                                    scale_block=sb, token_align=ta, **qw)
         y = _gemm(h_row, h_row_s, w2_row, w2_row_s, offs, x.dtype, backend, sb)
         ctx.save_for_backward(x2 if wgrad_with_hp else x_col, x_col_s, h13, h_hp if wgrad_with_hp else h_col,
                               h_col_s, w13_col, w13_col_s, w2_col, w2_col_s, offs)
@@ -241,7 +258,8 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         x_shape, x_dtype, w13_dtype, w2_dtype = ctx.meta
         dy2 = _rows(dy)
         need_w = any(ctx.needs_input_grad[1:4])
-        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, offs, need_w and not hp, sb)
+        ta = _token_align(offs, sb)
+        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, offs, need_w and not hp, sb, ta)
         qg = dict(scale_mode=scale_mode, elem_dtype=gdt, emit_hp=hp, backend=backend)
         if tile:  # w2 dgrad with the dSwiGLU + dual-quant epilogue
             dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.mm_dswiglu_quant(
@@ -250,7 +268,8 @@ class _SwiGLUMLPFn(torch.autograd.Function):
             dh = _gemm(dy_row, dy_row_s, w2_col, w2_col_s, offs, torch.float32, backend, sb)  # w2 dgrad, (M, I)
             # dh fp32 (the accumulator) beside the saved h13 in the activation dtype: the kernel reads both
             dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.dswiglu_quant(dh, h13, offs=offs,
-                                                                                    scale_block=sb, **qg)
+                                                                                    scale_block=sb, token_align=ta,
+                                                                                    **qg)
         dx = dw1 = dw2 = dw3 = None
         if ctx.needs_input_grad[0]:
             dx = _gemm(dh13_row, dh13_row_s, w13_col, w13_col_s, offs, x_dtype, backend, sb).reshape(x_shape)
@@ -259,8 +278,9 @@ class _SwiGLUMLPFn(torch.autograd.Function):
                 dw2 = _hp_wgrad(dy2, h_saved, offs)
                 dw13 = _hp_wgrad(dh13_hp, x_saved, offs)
             else:
-                dw2 = _wgrad(dy_col, dy_col_s, h_saved, h_col_s, offs, backend, sb, w2_dtype)
-                dw13 = _wgrad(dh13_col, dh13_col_s, x_saved, x_col_s, offs, backend, sb, w13_dtype)
+                wg_offs = _wgrad_offs(offs, ta)
+                dw2 = _wgrad(dy_col, dy_col_s, h_saved, h_col_s, wg_offs, backend, sb, w2_dtype)
+                dw13 = _wgrad(dh13_col, dh13_col_s, x_saved, x_col_s, wg_offs, backend, sb, w13_dtype)
             dw1, dw3 = (t.to(w13_dtype) for t in split_gate_up(dw13, dim=-2, tile=tile))
             dw2 = dw2.to(w2_dtype)
         return dx, dw1, dw2, dw3, None, None, None, None, None, None, None, None

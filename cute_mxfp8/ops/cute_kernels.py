@@ -32,7 +32,7 @@ from .backends import Backend, register_backend
 from .gate_up import pack_gate_up_casts
 from .gemm_common import offs_limits
 from .group_meta import derived_tensors, validated_end
-from .shapes import colwise_shapes, rowwise_shapes
+from .shapes import colwise_shapes, padded_tokens, rowwise_shapes
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _IN = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -72,7 +72,7 @@ def _unavailable(name: str):
     return reason
 
 
-def _limits(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
+def _limits(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0):
     if not x.is_contiguous() or x.data_ptr() % 16:
         return "x must be contiguous with a 16-byte aligned data pointer (call .contiguous())"
     if x.shape[-1] % 32:
@@ -85,20 +85,28 @@ def _limits(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
         return f"E = {x.shape[0]} experts exceeds the kernels' grid limit ({_MAX_EXPERTS})"
     if x.dim() == 2 and _padded_rows(x.shape[0]) * x.shape[1] > _MAX_ELEMENTS:
         return "the colwise output (K, ceil(M / 32) * 32) would pass int32 indexing: split it"
-    why = offs_limits(offs)
+    why = offs_limits(offs) or _token_align_limits(x.shape, offs, token_align)
     if why is not None:
         return why
-    return _scale_limits(tuple(x.shape), blocked, None if offs is None else offs.numel())
+    return _scale_limits(tuple(x.shape), blocked, None if offs is None else offs.numel(), token_align)
+
+
+def _token_align_limits(shape, offs, token_align: int) -> str | None:
+    """The padded colwise output of ``token_align`` (``shape`` the cast's (M, width)) must fit int32 indexing."""
+    if token_align and offs is not None and padded_tokens(shape[0], offs.numel(), token_align) * shape[1] > \
+            _MAX_ELEMENTS:
+        return "the padded colwise output (width, 128 * (M // 128 + G)) would pass int32 indexing: split it"
+    return None
 
 
 def _padded_rows(m: int) -> int:
     return -(-m // 32) * 32
 
 
-def _scale_limits(shape: tuple, blocked: bool, groups: int | None) -> str | None:
+def _scale_limits(shape: tuple, blocked: bool, groups: int | None, token_align: int = 0) -> str | None:
     """Scale offsets are 32-bit in the kernels: the scale buffers (grouped layouts reserve M // 128 + G tiles, far
     more than x when groups are tiny) must stay below 2**31 bytes."""
-    for shapes in (rowwise_shapes, colwise_shapes):
+    for shapes in (rowwise_shapes, functools.partial(colwise_shapes, token_align=token_align)):
         numel = math.prod(shapes(shape, blocked, groups)[1])
         if numel > _MAX_ELEMENTS:
             return (f"the scale buffer would have {numel} bytes; the kernels address scales with int32 (at most "
@@ -120,6 +128,23 @@ def _outputs(shapes, x, elem_dtype, blocked, groups=None, shape=None):
     """New (data, scales) for a cast of ``x`` (or of a tensor of ``shape`` on ``x``'s device)."""
     dshape, sshape, alloc = _output_spec(shapes, tuple(x.shape) if shape is None else shape, blocked, groups)
     return torch.empty(dshape, dtype=elem_dtype, device=x.device), alloc(sshape, dtype=torch.uint8, device=x.device)
+
+
+def _colwise_shapes(token_align: int):
+    return functools.partial(colwise_shapes, token_align=token_align) if token_align else colwise_shapes
+
+
+def _zero_past_groups(qt: torch.Tensor, offs, end: int, token_align: int, launch: bool) -> None:
+    """Zero the colwise data the tile kernel does not write: with groups and no padding the columns of rows at or
+    past ``offs[-1]`` (they belong to no group); with ``token_align`` everything when no kernel runs (the kernel
+    writes every column of the padded layout otherwise)."""
+    if offs is None:
+        return
+    if token_align:
+        if not launch:
+            qt.zero_()
+    elif end < qt.shape[-1]:
+        qt[..., end:] = 0
 
 
 def _batch(t: torch.Tensor, three_d: bool) -> torch.Tensor:
@@ -192,18 +217,20 @@ def _e8m0(*ts):
 
 def _ops(arch: str) -> dict:
     def kernel(direction, x, scale_mode, elem_dtype, blocked, grouped=False, batched=False, scale_block=32,
-               phase="cast"):
+               phase="cast", pad_groups=False):
         return compile_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False,
-                             grouped, batched, scale_block, phase)
+                             grouped, batched, scale_block, phase, pad_groups)
 
-    def tile(direction, x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs=None, scale_block=32):
+    def tile(direction, x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs=None, scale_block=32,
+             token_align=0):
         """Launch the tile kernel (colwise / dual / 3-D rowwise; every cast with ``scale_block=128``, in one
-        launch); unused output slots take placeholders."""
+        launch); unused output slots take placeholders.  ``token_align`` 128: qt in the padded group layout,
+        every column written by the kernel."""
         three_d = x.dim() == 3
         unused = _unused_outputs(x.device, elem_dtype, blocked)
         q, s, qt, st = (_batch(t, three_d) if t is not None else unused[i % 2] for i, t in enumerate((q, s, qt, st)))
         flags = (offs is not None, three_d and direction == "rowwise")
-        kernel(direction, x, scale_mode, elem_dtype, blocked, *flags, scale_block)(
+        kernel(direction, x, scale_mode, elem_dtype, blocked, *flags, scale_block, "cast", bool(token_align))(
             _batch(x, three_d), q, s, qt, st, *_group_args(x.device, offs), *_no_amax(x.device))
 
     def rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked, scale_block=32):
@@ -236,32 +263,33 @@ def _ops(arch: str) -> dict:
             kernel("rowwise", x, scale_mode, elem_dtype, blocked)(x, q, s)
         return _e8m0(q, s)
 
-    def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
+    def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0):
         if offs is not None:
             end = validated_end(offs, x.shape[0])
-        qt, st = _outputs(colwise_shapes, x, elem_dtype, blocked, None if offs is None else offs.shape[0])
-        if offs is not None and end < x.shape[0]:
-            qt[:, end:] = 0  # rows past offs[-1] belong to no group
-        if x.numel() > 0 and (offs is None or end > 0):
-            tile("colwise", x, scale_mode, elem_dtype, blocked, None, None, qt, st, offs, scale_block)
+        qt, st = _outputs(_colwise_shapes(token_align), x, elem_dtype, blocked,
+                          None if offs is None else offs.shape[0])
+        launch = x.numel() > 0 and (offs is None or end > 0)
+        _zero_past_groups(qt, offs, end if offs is not None else 0, token_align, launch)
+        if launch:
+            tile("colwise", x, scale_mode, elem_dtype, blocked, None, None, qt, st, offs, scale_block, token_align)
         return _e8m0(qt, st)
 
-    def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
+    def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0):
         g = None if offs is None else offs.shape[0]
         if offs is not None:
             end = validated_end(offs, x.shape[0])
         q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, g if blocked else None)
-        qt, st = _outputs(colwise_shapes, x, elem_dtype, blocked, g)
-        if x.numel() == 0:
-            return _e8m0(q, s, qt, st)
+        qt, st = _outputs(_colwise_shapes(token_align), x, elem_dtype, blocked, g)
         if offs is None:
-            tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, None, scale_block)
+            if x.numel():
+                tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, None, scale_block)
             return _e8m0(q, s, qt, st)
-        if end < x.shape[0]:
-            qt[:, end:] = 0
-        if end > 0:
-            tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs, scale_block)
-        rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked, scale_block)
+        launch = x.numel() > 0 and end > 0
+        _zero_past_groups(qt, offs, end, token_align, launch)
+        if launch:
+            tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs, scale_block, token_align)
+        if x.numel():
+            rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked, scale_block)
         return _e8m0(q, s, qt, st)
 
     def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32):
@@ -335,33 +363,37 @@ def _plans(arch: str) -> dict:
 
 
 def _swiglu_limits(first, *rest):
-    """Limits of the fused SwiGLU kernels (``first`` is h13 forward, dh backward)."""
-    if rest and type(rest[-1]) is int:  # the trailing scale_block: any is taken
-        rest = rest[:-1]
-    tensors = [first] + [t for t in rest[:1] if isinstance(t, torch.Tensor)]
+    """Limits of the fused SwiGLU kernels: ``(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block,
+    token_align)`` forward, ``(dh, h13, ...)`` backward (the trailing arguments may be left at their defaults)."""
+    backward = bool(rest) and isinstance(rest[0], torch.Tensor)
+    tensors = [first, rest[0]] if backward else [first]
+    tail = rest[1:] if backward else rest  # (scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block, align)
+    offs = tail[4] if len(tail) > 4 else None
+    token_align = tail[6] if len(tail) > 6 else 0
     for t in tensors:
         if not t.is_contiguous() or t.data_ptr() % 16:
             return "inputs must be contiguous with 16-byte aligned data pointers (call .contiguous())"
         if t.numel() > _MAX_ELEMENTS:
             return f"{t.numel()} elements; the kernels index with int32 (at most {_MAX_ELEMENTS}): split it"
-    offs = rest[-1] if rest and (rest[-1] is None or isinstance(rest[-1], torch.Tensor)) else None
     why = offs_limits(offs)
     if why is not None:
         return why
     if first.shape[-1] > _MAX_K:
         return f"width {first.shape[-1]} exceeds the kernels' grid limit ({_MAX_K})"
-    backward = bool(rest) and isinstance(rest[0], torch.Tensor)  # (dh, h13, ...) vs (h13, ...)
     width = 2 * first.shape[-1] if backward else first.shape[-1] // 2  # the cast's K: 2I backward, I forward
     if _padded_rows(first.shape[0]) * width > _MAX_ELEMENTS:
         return "the colwise output (width, ceil(M / 32) * 32) would pass int32 indexing: split it"
-    return _scale_limits((first.shape[0], width), True, None if offs is None else offs.numel())
+    why = _token_align_limits((first.shape[0], width), offs, token_align)
+    if why is not None:
+        return why
+    return _scale_limits((first.shape[0], width), True, None if offs is None else offs.numel(), token_align)
 
 
 def _swiglu_ops(arch: str) -> dict:
     """``swiglu_quant`` / ``dswiglu_quant`` on the fused kernel (:class:`SwiGLUQuantKernel`), same signature and
     outputs as the reference implementations (inputs already checked by the op)."""
 
-    def run(direction, inputs, width, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block):
+    def run(direction, inputs, width, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block, token_align):
         x = inputs[0]
         m, dev = x.shape[0], x.device
         g = None if offs is None else offs.shape[0]
@@ -369,29 +401,33 @@ def _swiglu_ops(arch: str) -> dict:
         if offs is not None:
             end = validated_end(offs, m)  # one host read per offsets tensor; bad offsets raise ValueError
         q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, g if blocked else None, (m, width))
-        qt, st = _outputs(colwise_shapes, x, elem_dtype, blocked, g, (m, width))
+        qt, st = _outputs(_colwise_shapes(token_align), x, elem_dtype, blocked, g, (m, width))
         hp = torch.empty((m, width) if emit_hp else (0,), dtype=x.dtype, device=dev)
+        launch = m > 0 and end > 0 and width > 0  # I == 0: nothing to compute (and no grid to launch)
         if offs is not None and end < m:  # rows past offs[-1]: zero activation, zero data, zero plain scales
             q[end:] = 0
-            qt[:, end:] = 0
             if not blocked:
                 s[end:] = 0
             if emit_hp:
                 hp[end:] = 0
-        if m > 0 and end > 0 and width > 0:  # I == 0: nothing to compute (and no grid to launch)
+        _zero_past_groups(qt, offs, end, token_align, launch)
+        if launch:
             hp_arg = hp.unsqueeze(0) if emit_hp else _placeholder(dev, x.dtype, (1, 32, 32))
             args = (*(t.unsqueeze(0) for t in inputs), q.unsqueeze(0), _batch(s, False), qt.unsqueeze(0),
                     _batch(st, False), hp_arg, *_group_args(dev, offs))
             _launch_swiglu(lambda sb, phase: compile_swiglu_quant(
                 direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, offs is not None,
-                emit_hp, sb, phase, _IN[inputs[-1].dtype]), args, dev, (m, width), offs, scale_block)
+                emit_hp, sb, phase, _IN[inputs[-1].dtype], bool(token_align)), args, dev, (m, width), offs,
+                scale_block)
         return (*_e8m0(q, s, qt, st), hp)
 
-    def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32):
-        return run("fwd", (h13,), h13.shape[1] // 2, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block)
+    def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32, token_align=0):
+        return run("fwd", (h13,), h13.shape[1] // 2, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block,
+                   token_align)
 
-    def dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32):
-        return run("bwd", (dh, h13), h13.shape[1], scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block)
+    def dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32, token_align=0):
+        return run("bwd", (dh, h13), h13.shape[1], scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block,
+                   token_align)
 
     return {"swiglu_quant": swiglu_quant, "dswiglu_quant": dswiglu_quant}
 

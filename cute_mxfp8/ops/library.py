@@ -89,45 +89,53 @@ def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32):
 
 
 def quantize_colwise_impl(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
-                          offs: Optional[Tensor], backend: str, scale_block: int = 32) -> tuple[Tensor, Tensor]:
+                          offs: Optional[Tensor], backend: str, scale_block: int = 32,
+                          token_align: int = 0) -> tuple[Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_quantize_input(x, offs, colwise=True, rowwise=False)
-    return _call("quantize_colwise", x.device, backend, x, scale_mode, elem_dtype, blocked, offs, scale_block)
+    S.check_token_align(token_align, offs)
+    return _call("quantize_colwise", x.device, backend, x, scale_mode, elem_dtype, blocked, offs, scale_block,
+                 token_align)
 
 
 _quantize_colwise = torch.library.custom_op(f"{_NS}::quantize_colwise", quantize_colwise_impl, mutates_args=())
 
 
 @_quantize_colwise.register_fake
-def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32):
+def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32, token_align=0):
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_quantize_input(x, offs, colwise=True, rowwise=False)
-    d, s = S.colwise_shapes(tuple(x.shape), blocked, _num_groups(offs))
+    S.check_token_align(token_align, offs)
+    d, s = S.colwise_shapes(tuple(x.shape), blocked, _num_groups(offs), token_align)
     return _empty(x, d, elem_dtype), _empty(x, s, _E8M0)
 
 
 def quantize_dual_impl(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
-                       offs: Optional[Tensor], backend: str, scale_block: int = 32) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                       offs: Optional[Tensor], backend: str, scale_block: int = 32,
+                       token_align: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_quantize_input(x, offs, colwise=True, rowwise=True)
-    return _call("quantize_dual", x.device, backend, x, scale_mode, elem_dtype, blocked, offs, scale_block)
+    S.check_token_align(token_align, offs)
+    return _call("quantize_dual", x.device, backend, x, scale_mode, elem_dtype, blocked, offs, scale_block,
+                 token_align)
 
 
 _quantize_dual = torch.library.custom_op(f"{_NS}::quantize_dual", quantize_dual_impl, mutates_args=())
 
 
-def _dual_fake(x_shape, like, elem_dtype, blocked, g):
+def _dual_fake(x_shape, like, elem_dtype, blocked, g, token_align=0):
     rd, rs = S.rowwise_shapes(x_shape, blocked, g)
-    cd, cs = S.colwise_shapes(x_shape, blocked, g)
+    cd, cs = S.colwise_shapes(x_shape, blocked, g, token_align)
     return (_empty(like, rd, elem_dtype), _empty(like, rs, _E8M0),
             _empty(like, cd, elem_dtype), _empty(like, cs, _E8M0))
 
 
 @_quantize_dual.register_fake
-def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32):
+def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32, token_align=0):
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_quantize_input(x, offs, colwise=True, rowwise=True)
-    return _dual_fake(tuple(x.shape), x, elem_dtype, blocked, _num_groups(offs))
+    S.check_token_align(token_align, offs)
+    return _dual_fake(tuple(x.shape), x, elem_dtype, blocked, _num_groups(offs), token_align)
 
 
 def _check_gate_up(w1: Tensor, w3: Tensor, gate_up_tile: int = 0, scale_block: int = 32) -> tuple:
@@ -225,44 +233,48 @@ def _(a, a_scales, b, b_scales, offs, out_dtype, backend, scale_block=32):
 # ---- SwiGLU + dual quantization -------------------------------------------------------------------------
 
 def swiglu_quant_impl(h13: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool, emit_hp: bool,
-                      offs: Optional[Tensor], backend: str,
-                      scale_block: int = 32) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                      offs: Optional[Tensor], backend: str, scale_block: int = 32,
+                      token_align: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_swiglu(h13, offs)
+    S.check_token_align(token_align, offs)
     return _call("swiglu_quant", h13.device, backend, h13, scale_mode, elem_dtype, blocked, emit_hp, offs,
-                 scale_block)
+                 scale_block, token_align)
 
 
 _swiglu_quant = torch.library.custom_op(f"{_NS}::swiglu_quant", swiglu_quant_impl, mutates_args=())
 
 
 @_swiglu_quant.register_fake
-def _(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend, scale_block=32):
+def _(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend, scale_block=32, token_align=0):
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     i = S.check_swiglu(h13, offs)
+    S.check_token_align(token_align, offs)
     m = h13.shape[0]
-    return (*_dual_fake((m, i), h13, elem_dtype, blocked, _num_groups(offs)),
+    return (*_dual_fake((m, i), h13, elem_dtype, blocked, _num_groups(offs), token_align),
             _empty(h13, _hp_shape(emit_hp, (m, i)), h13.dtype))
 
 
 def dswiglu_quant_impl(dh: Tensor, h13: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
-                       emit_hp: bool, offs: Optional[Tensor], backend: str,
-                       scale_block: int = 32) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                       emit_hp: bool, offs: Optional[Tensor], backend: str, scale_block: int = 32,
+                       token_align: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_swiglu(h13, offs, dh)
+    S.check_token_align(token_align, offs)
     return _call("dswiglu_quant", dh.device, backend, dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs,
-                 scale_block)
+                 scale_block, token_align)
 
 
 _dswiglu_quant = torch.library.custom_op(f"{_NS}::dswiglu_quant", dswiglu_quant_impl, mutates_args=())
 
 
 @_dswiglu_quant.register_fake
-def _(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend, scale_block=32):
+def _(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend, scale_block=32, token_align=0):
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_swiglu(h13, offs, dh)
+    S.check_token_align(token_align, offs)
     shape = tuple(h13.shape)
-    return (*_dual_fake(shape, h13, elem_dtype, blocked, _num_groups(offs)),
+    return (*_dual_fake(shape, h13, elem_dtype, blocked, _num_groups(offs), token_align),
             _empty(h13, _hp_shape(emit_hp, shape), dh.dtype))
 
 

@@ -33,8 +33,10 @@ def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=
     return data, _block(scales, blocked)
 
 
-def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
+def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0):
     kw = {"scale_mode": scale_mode, "elem_dtype": elem_dtype, "scale_block": scale_block}
+    if token_align:  # the cast of the groups padded with zero tokens (the op's definition)
+        x, offs = F.pad_token_groups(x, offs, token_align)
     if x.dim() == 3:
         data, scales = F.quantize_mxfp8(x, dim=1, **kw)
         return data.transpose(1, 2).contiguous(), _block(scales.transpose(1, 2).contiguous(), blocked)
@@ -51,9 +53,9 @@ def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=
     return data.t().contiguous(), _block(scales.t().contiguous(), blocked)
 
 
-def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
+def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0):
     return (*quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs, scale_block),
-            *quantize_colwise(x, scale_mode, elem_dtype, blocked, offs, scale_block))
+            *quantize_colwise(x, scale_mode, elem_dtype, blocked, offs, scale_block, token_align))
 
 
 def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32):
@@ -144,21 +146,22 @@ def _hp_out(t: torch.Tensor, dtype: torch.dtype, emit_hp: bool) -> torch.Tensor:
     return t.to(dtype) if emit_hp else t.new_empty(0, dtype=dtype)
 
 
-def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32):
+def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32, token_align=0):
     g, u = split_gate_up(h13)
     h = swiglu(g, u)  # fp32, never rounded to bf16 before quantization
     if offs is not None:
         h = _zero_rows_past_end(h, offs)
-    return (*quantize_dual(h, scale_mode, elem_dtype, blocked, offs, scale_block), _hp_out(h, h13.dtype, emit_hp))
+    return (*quantize_dual(h, scale_mode, elem_dtype, blocked, offs, scale_block, token_align),
+            _hp_out(h, h13.dtype, emit_hp))
 
 
-def dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32):
+def dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32, token_align=0):
     g, u = split_gate_up(h13)
     dg, du = dswiglu(dh, g, u)
     dh13 = pack_gate_up(dg, du)
     if offs is not None:
         dh13 = _zero_rows_past_end(dh13, offs)
-    return (*quantize_dual(dh13, scale_mode, elem_dtype, blocked, offs, scale_block),
+    return (*quantize_dual(dh13, scale_mode, elem_dtype, blocked, offs, scale_block, token_align),
             _hp_out(dh13, dh.dtype, emit_hp))
 
 

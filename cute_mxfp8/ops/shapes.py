@@ -121,8 +121,29 @@ def rowwise_shapes(x_shape, blocked: bool, g: int | None):
     return (m, k), (grouped_m_scales_numel(m, g, kb),)
 
 
-def colwise_shapes(x_shape, blocked: bool, g: int | None):
-    """(data shape, scales shape) of colwise quantization (blocks along dim -2, data stored transposed)."""
+TOKEN_ALIGNS = (0, 128)
+
+
+def check_token_align(token_align, offs) -> None:
+    """``token_align``: 0 (token groups back to back) or 128 (each group's colwise data padded with zeros to a
+    multiple of 128 tokens, :func:`cute_mxfp8.formats.pad_token_groups`); 128 needs token groups."""
+    if type(token_align) is not int or token_align not in TOKEN_ALIGNS:
+        raise ValueError(f"token_align must be 0 or 128, got {token_align!r}")
+    if token_align and offs is None:
+        raise ValueError("token_align=128 pads the token groups of a 2d-2d operand: pass offs, or token_align=0")
+
+
+def padded_tokens(m: int, g: int, token_align: int) -> int:
+    """Columns of a colwise 2d-2d operand of M tokens in G groups with ``token_align`` (M itself for 0): the
+    padded groups' bound ``align * (M // align + G)`` (:func:`cute_mxfp8.formats.pad_token_groups`)."""
+    return token_align * (m // token_align + g) if token_align else m
+
+
+def colwise_shapes(x_shape, blocked: bool, g: int | None, token_align: int = 0):
+    """(data shape, scales shape) of colwise quantization (blocks along dim -2, data stored transposed); with
+    ``token_align`` those of the padded groups' tensor (:func:`padded_tokens` rows, G groups)."""
+    if token_align:
+        x_shape = (padded_tokens(x_shape[0], g, token_align), x_shape[1])
     if len(x_shape) == 3:
         e, n, k = x_shape
         nb = n // BLOCK_SIZE

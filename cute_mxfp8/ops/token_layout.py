@@ -17,7 +17,7 @@ import torch
 from .. import formats as F
 from ..jit import compile_token_align
 from .gemm_common import MAX_ELEMENTS, device_offsets_host, offs_limits, operand_limits, safe_offsets
-from .group_meta import derived_tensors
+from .group_meta import derived, derived_tensors, host_list, known_host_copy
 
 
 def group_columns(offs: torch.Tensor, align: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -85,11 +85,43 @@ def aligned_operands(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, ends:
     return out[0], out[1]
 
 
+def padded_offsets(offs: torch.Tensor, align: int = 128) -> torch.Tensor:
+    """:func:`cute_mxfp8.formats.padded_group_offsets` of ``offs`` (the offsets of operands cast with
+    ``token_align``), once per offsets tensor.  Where the host values of ``offs`` are known (the grouped casts
+    read them), the result is computed from them, uploaded without a sync and its host copy recorded, so the
+    wgrad sees that its groups are already aligned and skips the gather (:func:`run_wgrad`)."""
+    def compute():
+        host = host_list(offs) if offs.device.type == "cuda" else None
+        if host is None:
+            return F.padded_group_offsets(offs, align)
+        ends = torch.tensor([align * n for n in F.group_units_host(host, align)], dtype=torch.int32)
+        out = ends.pin_memory().to(offs.device, non_blocking=True)
+        known_host_copy(out, ends)
+        return out
+
+    return derived(offs, "padded offsets", compute, align)
+
+
+def _groups_aligned(offs: torch.Tensor, t: int, align: int) -> bool:
+    """Whether operands of ``t`` tokens with groups ``offs`` already are in the ``align``-aligned layout (every
+    group size and ``t`` multiples of ``align``), decided from the host copy of ``offs`` (False when none is
+    known: no device read)."""
+    def compute():
+        host = host_list(offs)
+        if host is None or t % align:
+            return False
+        safe = device_offsets_host(host, t)
+        return all((e - s) % align == 0 for s, e in zip([0] + safe[:-1], safe))
+
+    return bool(derived(offs, "groups aligned", compute, t, align))
+
+
 def run_wgrad(build, a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
               offs: torch.Tensor, out_dtype: torch.dtype, align: int, arch: str) -> torch.Tensor:
     """A 2d-2d (wgrad) launch, both archs: ``out[g] = a[:, tokens of g] · b[:, tokens of g]ᵀ`` (G, N, K) from
     token-major ``a`` (N, T), ``b`` (K, T); zeros without a launch for T = 0 or G = 0; else both operands gathered
-    into the ``align``-aligned layout and ``build()(a2, b2, a_scales, b_scales, out (G N, K), offs, schedule)``
+    into the ``align``-aligned layout (no copy where the groups already are aligned: :func:`_groups_aligned`) and
+    ``build()(a2, b2, a_scales, b_scales, out (G N, K), offs, schedule)``
     (``build`` returns the compiled kernel: nothing is compiled for an empty call) with the sanitized offsets and
     :func:`schedule_k`'s schedule."""
     (n, t), k = a.shape, b.shape[0]
@@ -98,8 +130,9 @@ def run_wgrad(build, a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b
         return torch.zeros(g, n, k, dtype=out_dtype, device=a.device)
     d = torch.empty(g, n, k, dtype=out_dtype, device=a.device)
     if d.numel():
+        aligned = _groups_aligned(offs, t, align)
         offs, ends, sched = schedule_k(offs, t, align)
-        a2, b2 = aligned_operands(a, b, offs, ends, t, align, arch)
+        a2, b2 = (a, b) if aligned else aligned_operands(a, b, offs, ends, t, align, arch)
         build()(a2, b2, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d.view(g * n, k), offs, sched)
     return d
 
