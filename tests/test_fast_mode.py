@@ -65,6 +65,9 @@ def test_fast_mode_casts_pass_opcheck(name, rng):
     op = getattr(L, f"_{name}")
     opcheck(op, (x, "rceil", E4M3, True, None, "", 128))
     opcheck(op, (x, "floor", E5M2, False, torch.tensor([5, 5, 130], dtype=torch.int32), "", 128))
+    if name != "quantize_rowwise":  # the padded group layout's shapes: fake == real
+        opcheck(op, (x, "rceil", E4M3, True, torch.tensor([5, 5, 130], dtype=torch.int32), "", 128, 128))
+        opcheck(op, (x, "rceil", E4M3, False, torch.tensor([0, 0], dtype=torch.int32), "", 32, 128))
 
 
 @pytest.mark.parametrize("shape,offs", [((127, 96), None), ((300, 416), None), ((3, 64, 256), None),
@@ -88,6 +91,69 @@ def test_reference_casts_are_the_formats_128_block_quantization(shape, offs, rng
     # the 32-block casts of the same tensor differ where a run's blocks have different scales (K > 32)
     if shape[-1] > 32:
         assert not torch.equal(_u8(s), _u8(ops.quantize_rowwise(x, blocked=False, offs=o)[1]))
+
+
+@pytest.mark.parametrize("sizes", [[5, 0, 37, 128], [300], [0, 0], [129, 1, 255]], ids=str)
+@pytest.mark.parametrize("scale_block", [32, 128])
+def test_token_align_pads_each_group_with_zero_tokens(sizes, scale_block, rng):
+    """``token_align=128``: group g's colwise data sits at column padded[g - 1] (the unpadded cast's columns
+    there), zeros fill the rest; each group's scales are the unpadded cast's, except that in the fast mode the
+    padding blocks of a group's last 128-run take the run's scale (they belong to it); rowwise outputs unchanged;
+    the wgrad of padded operands on the padded offsets equals the unpadded one."""
+    m = sum(sizes) + 9  # rows past offs[-1]: no group
+    x = torch.randn(m, 96, generator=rng) * torch.logspace(-3, 3, 96)
+    offs = torch.tensor(sizes, dtype=torch.int64).cumsum(0).to(torch.int32)
+    kw = dict(offs=offs, blocked=False, scale_block=scale_block)
+    q, s, qt, st = ops.quantize_dual(x, **kw)
+    pq, ps, pqt, pst = ops.quantize_dual(x, token_align=128, **kw)
+    assert torch.equal(_u8(pq), _u8(q)) and torch.equal(_u8(ps), _u8(s))
+    padded = F.padded_group_offsets(offs)
+    assert pqt.shape == (96, 128 * (m // 128 + len(sizes))) and pst.shape == (96, pqt.shape[1] // 32 + 4 * len(sizes))
+    want = torch.zeros_like(_u8(pqt))
+    tiles = F.group_tile_starts(offs).tolist()
+    for (a, b), p, t in zip(F.group_bounds(offs), [0] + padded.tolist()[:-1], tiles):
+        want[:, p:p + b - a] = _u8(qt)[:, a:b]
+        assert p == 128 * t
+        nb = -(-(b - a) // 32)  # the group's own blocks: the unpadded cast's scales
+        assert torch.equal(_u8(pst)[:, 4 * t:4 * t + nb], _u8(st)[:, 4 * t:4 * t + nb])
+        pad_blocks = _u8(pst)[:, 4 * t + nb:4 * t + 4 * -(-(b - a) // 128)]
+        if scale_block == 128 and pad_blocks.numel():  # padding blocks of the last run share its scale
+            assert torch.equal(pad_blocks, _u8(st)[:, 4 * t + nb - 1:4 * t + nb].expand_as(pad_blocks))
+        elif pad_blocks.numel():
+            assert torch.all(pad_blocks == 0)  # all-zero 32-blocks: amax 0, scale byte 0
+    assert torch.equal(_u8(pqt), want)
+    dy = torch.randn(m, 64, generator=rng)
+    (a, a_s), (b, b_s) = (ops.quantize_colwise(v, offs=offs, scale_block=scale_block) for v in (dy, x))
+    (pa, pa_s), (pb, pb_s) = (ops.quantize_colwise(v, offs=offs, scale_block=scale_block, token_align=128)
+                              for v in (dy, x))
+    w = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, scale_block=scale_block)
+    pw = ops.grouped_mm_wgrad(pa, pa_s, pb, pb_s, padded, scale_block=scale_block)
+    assert torch.allclose(pw, w, rtol=1e-5, atol=1e-5 * w.abs().max().item())
+
+
+def test_token_align_is_checked():
+    x, offs = torch.randn(64, 64), torch.tensor([10, 64], dtype=torch.int32)
+    for call, match in ((lambda: ops.quantize_colwise(x, token_align=128), "pass offs"),
+                        (lambda: ops.quantize_dual(x, offs=offs, token_align=16), "0 or 128"),
+                        (lambda: ops.swiglu_quant(x, offs=offs, token_align=True), "0 or 128"),
+                        (lambda: ops.dswiglu_quant(x[:, :32], x, token_align=128), "pass offs")):
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
+def test_groups_aligned_is_decided_from_the_host_copy_only():
+    """The wgrad skips its gather only where the offsets' host values are known and every group (and the token
+    count) is a multiple of the alignment."""
+    from cute_mxfp8.ops import group_meta
+    from cute_mxfp8.ops.token_layout import _groups_aligned
+
+    aligned, odd = torch.tensor([128, 128, 512], dtype=torch.int32), torch.tensor([128, 130, 512], dtype=torch.int32)
+    assert not _groups_aligned(aligned, 512, 128)  # no host copy known yet: no decision from the device
+    for o in (aligned, odd):
+        group_meta.validated_end(o, 512)
+    assert _groups_aligned(aligned, 512, 128) and not _groups_aligned(odd, 512, 128)
+    assert not _groups_aligned(aligned, 520, 128)  # the operands' width is not aligned
+    assert _groups_aligned(aligned, 512, 16) and not _groups_aligned(odd, 512, 16)
 
 
 def test_gate_up_128_blocks_hold_one_projection(rng):
@@ -298,6 +364,12 @@ def test_fast_mode_grouped_cast_kernels_bit_exact(sizes, tail, rng):
         for blocked in (False, True):
             kw = dict(blocked=blocked, scale_block=128)
             _equal(op(x.cuda(), offs=offs.cuda(), backend="sm90", **kw), op(x, offs=offs, backend="reference", **kw))
+            if op is ops.quantize_rowwise:
+                continue
+            for sb in (32, 128):  # the padded group layout (every column written by the kernel), either block
+                kw = dict(blocked=blocked, scale_block=sb, token_align=128)
+                _equal(op(x.cuda(), offs=offs.cuda(), backend="sm90", **kw),
+                       op(x, offs=offs, backend="reference", **kw))
 
 
 @pytest.mark.gpu
@@ -316,9 +388,11 @@ def test_fast_mode_swiglu_kernels_match_the_reference(m, i, grouped, emit_hp, rn
     dev_offs = None if offs is None else offs.cuda()
     from test_kernels_swiglu import _check  # the SwiGLU kernels' contract with the reference
 
-    for blocked in (False, True):
-        kw = dict(blocked=blocked, emit_hp=emit_hp, scale_block=128)
-        what = f"{m}x{i} grouped={grouped} blocked={blocked} hp={emit_hp}"
+    for blocked, token_align in ((False, 0), (True, 0), (False, 128), (True, 128)):
+        if token_align and not grouped:
+            continue
+        kw = dict(blocked=blocked, emit_hp=emit_hp, scale_block=128, token_align=token_align)
+        what = f"{m}x{i} grouped={grouped} blocked={blocked} hp={emit_hp} token_align={token_align}"
         _check(ops.swiglu_quant(h13.cuda(), offs=dev_offs, backend="sm90", **kw),
                ops.swiglu_quant(h13, offs=offs, backend="reference", **kw), "fwd " + what)
         _check(ops.dswiglu_quant(dh.cuda(), h13.cuda(), offs=dev_offs, backend="sm90", **kw),
@@ -398,6 +472,29 @@ def test_fast_mode_grouped_mm_wgrad_op_is_bit_exact_on_integer_data(sizes, n, k,
         assert torch.equal(got.isnan(), want.isnan()) and got[:-1].isnan().sum() == 0
         ok = ~want.isnan()
         assert torch.equal(got[ok], want[ok]), f"{(got[ok] != want[ok]).sum().item()} outputs differ"
+    # the same product from operands cast with token_align=128 on their padded offsets, read without a gather
+    # (the offsets' host values are known, as in the autograd functions)
+    from cute_mxfp8.ops import group_meta, token_layout
+
+    dev_offs = offs.cuda()
+    group_meta.known_host_copy(dev_offs, offs)
+    (pa, pa_s), (pb, pb_s) = (ops.quantize_colwise(v.contiguous().cuda(), offs=dev_offs, scale_block=128,
+                                                   token_align=128) for v in (dy, x))
+    padded = token_layout.padded_offsets(dev_offs)
+    assert torch.equal(padded.cpu(), F.padded_group_offsets(offs))
+
+    def no_gather(*args):
+        raise AssertionError("the padded operands were gathered")
+
+    orig, token_layout.aligned_operands = token_layout.aligned_operands, no_gather
+    try:
+        got = ops.grouped_mm_wgrad(pa, pa_s, pb, pb_s, padded, out_dtype=torch.float32, backend="sm90",
+                                   scale_block=128).cpu()
+    finally:
+        token_layout.aligned_operands = orig
+    want = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, out_dtype=torch.float32, scale_block=128)
+    ok = ~want.isnan()
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[ok], want[ok])
 
 
 @pytest.mark.gpu

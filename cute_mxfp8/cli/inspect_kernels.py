@@ -70,6 +70,10 @@ FAMILIES = [
     *(Family(f"quantize_{d}_grouped_k", functools.partial(jit.compile_quant, grouped=True),
              {"direction": [d], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, **_BLOCKED})
       for d in ("colwise", "dual")),
+    # token_align=128: the colwise output in the padded group layout (ops.quantize_colwise / quantize_dual)
+    *(Family(f"quantize_{d}_grouped_k_padded", functools.partial(jit.compile_quant, grouped=True, pad_groups=True),
+             {"direction": [d], "in_dtype": IN_DTYPES, "elem": ["e4m3"], "scale_mode": MODES, **_BLOCKED})
+      for d in ("colwise", "dual")),
     Family("quantize_rowwise_3d", functools.partial(jit.compile_quant, batched=True),
            {"direction": ["rowwise"], "in_dtype": IN_DTYPES, "elem": ELEMS, "scale_mode": MODES, **_BLOCKED}),
     *(Family(f"swiglu_quant_{d}{'_grouped' if grouped else ''}{'_hp' if hp else ''}",
@@ -79,15 +83,24 @@ FAMILIES = [
     # the Hopper fast mode's casts (scale_block=128, issue 16): the one-launch casts and the SwiGLU kernels' two
     # launches (the 128-block amax pass, then the cast pass), as the ops run them; the other dtype / layout axes
     # build the same code as the 32-block families above
-    *(Family(f"quantize_{d}{'_grouped_k' if grouped else ''}{'_3d' if batched else ''}_fast_mode",
-             functools.partial(jit.compile_quant, grouped=grouped, batched=batched, scale_block=128),
+    # (the grouped MLP's x / dy casts: dual with token_align=128, the padded group layout)
+    *(Family(f"quantize_{d}{'_grouped_k' if grouped else ''}{'_padded' if pad else ''}{'_3d' if batched else ''}"
+             "_fast_mode",
+             functools.partial(jit.compile_quant, grouped=grouped, batched=batched, scale_block=128, pad_groups=pad),
              {"direction": [d], "in_dtype": IN_DTYPES, "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})
-      for d, grouped, batched in (("rowwise", False, False), ("rowwise", False, True), ("colwise", False, False),
-                                  ("dual", False, False), ("dual", True, False))),
+      for d, grouped, batched, pad in (("rowwise", False, False, False), ("rowwise", False, True, False),
+                                       ("colwise", False, False, False), ("dual", False, False, False),
+                                       ("dual", True, False, False), ("dual", True, False, True))),
     *(Family(f"swiglu_quant_{d}_fast_mode_{phase}",
              functools.partial(jit.compile_swiglu_quant, scale_block=128, phase=phase),
              {"direction": [d], "in_dtype": ["bfloat16"], "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})
       for d in ("fwd", "bwd") for phase in ("amax", "apply")),
+    # ... and the grouped MLP's (fp32 GEMM outputs in, colwise outputs in the padded group layout)
+    *(Family(f"swiglu_quant_{d}_grouped_padded_fast_mode_apply",
+             functools.partial(jit.compile_swiglu_quant, grouped=True, scale_block=128, phase="apply",
+                               h13_dtype=h13, pad_groups=True),
+             {"direction": [d], "in_dtype": ["float32"], "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})
+      for d, h13 in (("fwd", None), ("bwd", "bfloat16"))),
     Family("gemm_sm90", jit.compile_gemm_sm90,
            {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["dequant", "promote"]},
            archs=("sm_90a",)),

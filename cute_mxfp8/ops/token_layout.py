@@ -106,10 +106,11 @@ def _groups_aligned(offs: torch.Tensor, t: int, align: int) -> bool:
     """Whether operands of ``t`` tokens with groups ``offs`` already are in the ``align``-aligned layout (every
     group size and ``t`` multiples of ``align``), decided from the host copy of ``offs`` (False when none is
     known: no device read)."""
+    host = host_list(offs)  # (not cached as "unknown": a later host read may still decide it)
+    if host is None or t % align:
+        return False
+
     def compute():
-        host = host_list(offs)
-        if host is None or t % align:
-            return False
         safe = device_offsets_host(host, t)
         return all((e - s) % align == 0 for s, e in zip([0] + safe[:-1], safe))
 
