@@ -322,7 +322,8 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
                       arch: str = "sm_90a", keep_ptx: bool = False, transform_warps: int = 8,
                       grouping: str = "none", epilogue: str = "plain", cast_elem: str = "e4m3",
                       scale_mode: str = "rceil", emit_hp: bool = False, max_ctas: int = 132, block_k: int = 32,
-                      n_tile: int = 128, cluster_mn: tuple = (1, 1), pingpong: bool = True):
+                      n_tile: int = 128, cluster_mn: tuple = (1, 1), pingpong: bool = True,
+                      split_halves: bool = False):
     """Compiled SM90 MXFP8 GEMM.  ``mainloop``: ``"dequant"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90Dequant`, bf16 WGMMA on scaled operands) or ``"promote"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`, fp8 WGMMA per block, dense only).
@@ -340,6 +341,9 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     * ``epilogue="swiglu"`` / ``"dswiglu"`` (dequant, dense or ``grouping="m"``): ``fn(a, b, sfa, sfb, h13, q, qs,
       qt, qts, hp, offs, sched)`` with the arguments and outputs of :func:`compile_gemm_sm100`'s fused epilogues
       (h cast to ``cast_elem`` / ``scale_mode``), grouped as ``MXGemmSm90Dequant.call_swiglu`` says.
+
+    ``split_halves`` (``grouping="k"``): d (G * N, K) holds the (2, G, N / 2, K) layout: each group's first N / 2
+    output rows in half 0, the others in half 1 (``MXGemmSm90``'s ``split_half_rows``; N % 256 == 0).
 
     ``transform_warps`` (dequant only): warps converting B, 4 (384 threads) or 8 (512).  ``max_ctas`` (promote, and
     dequant with the plain epilogue): the persistent grid's CTAs, at most one per SM (132 on an H100 / H200 SXM).  Trusts its arguments (the
@@ -359,9 +363,9 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     if mainloop == "promote" and epilogue != "plain":
         raise ValueError(f"the promote mainloop has the plain epilogue only, got {epilogue!r}")
     kernel = MXGemmSm90Dequant(a_elem, b_elem, out_dtype, transform_warps, grouping, epilogue, cast_elem,
-                               scale_mode, emit_hp, max_ctas) if mainloop == "dequant" else \
+                               scale_mode, emit_hp, max_ctas, split_halves) if mainloop == "dequant" else \
         MXGemmSm90(a_elem, b_elem, out_dtype, n_tile, block_k=block_k, max_ctas=max_ctas, cluster_mn=cluster_mn,
-                   pingpong=pingpong, grouping=grouping)
+                   pingpong=pingpong, grouping=grouping, split_halves=split_halves)
     fake, sym = _fake, _sym
     scales = [fake(cutlass.Uint8, (sym(),), align=16) for _ in range(2)]
     kdiv = 16 if grouping == "k" else 32  # 2d-2d: K is the token count, a multiple of 16 (TMA's row pitch)

@@ -131,6 +131,39 @@ def test_token_align_pads_each_group_with_zero_tokens(sizes, scale_block, rng):
     assert torch.allclose(pw, w, rtol=1e-5, atol=1e-5 * w.abs().max().item())
 
 
+@pytest.mark.parametrize("scale_block", [32, 128])
+def test_split_halves_is_the_wgrad_with_its_rows_regrouped(scale_block, rng):
+    """``grouped_mm_wgrad(..., split_halves=True)`` is (2, G, N / 2, K): every group's first N / 2 rows, then the
+    others, each half contiguous; the fake gives the same shape; N % 256 != 0 is refused."""
+    offs = torch.tensor([0, 130, 130, 400], dtype=torch.int32)
+    dh, x = torch.randn(400, 512, generator=rng), torch.randn(400, 96, generator=rng)
+    a, b = (ops.quantize_colwise(v, offs=offs, scale_block=scale_block) for v in (dh, x))
+    full = ops.grouped_mm_wgrad(*a, *b, offs, scale_block=scale_block, out_dtype=torch.bfloat16)
+    halves = ops.grouped_mm_wgrad(*a, *b, offs, scale_block=scale_block, out_dtype=torch.bfloat16, split_halves=True)
+    assert halves.shape == (2, 4, 256, 96) and halves.is_contiguous()
+    assert torch.equal(halves[0], full[:, :256]) and torch.equal(halves[1], full[:, 256:])
+    from test_ops import FP8_INPUT_CHECKS  # the schema check compares fp8 inputs with allclose, which torch lacks
+
+    opcheck(L._grouped_mm_wgrad, (*a, *b, offs, torch.float32, "", scale_block, True), test_utils=FP8_INPUT_CHECKS)
+    small = ops.quantize_colwise(dh[:, :384], offs=offs, scale_block=scale_block)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        ops.grouped_mm_wgrad(*small, *b, offs, scale_block=scale_block, split_halves=True)
+
+
+def test_fast_mode_grouped_mlp_gives_contiguous_gate_and_up_gradients(rng):
+    """The grouped fast mode's dW13 comes split: w1.grad and w3.grad are the parameters' own layout (no strided
+    copy by autograd), and equal the halves of the packed product."""
+    e, d, i = 3, 64, 128
+    offs = torch.tensor([50, 50, 300], dtype=torch.int32)
+    w1, w3 = (torch.randn(e, i, d, generator=rng).requires_grad_() for _ in range(2))
+    w2 = torch.randn(e, d, i, generator=rng).requires_grad_()
+    x = torch.randn(300, d, generator=rng)
+    AG.mxfp8_swiglu_mlp(x, w1, w2, w3, offs, MXFP8Config(hopper_block_k=128)).sum().backward()
+    for w in (w1, w3):
+        assert w.grad.shape == w.shape and w.grad.stride() == w.stride() and torch.isfinite(w.grad).all()
+    assert w1.grad[0].abs().sum() > 0 and w3.grad[2].abs().sum() > 0 and torch.all(w1.grad[1] == 0)
+
+
 def test_token_align_is_checked():
     x, offs = torch.randn(64, 64), torch.tensor([10, 64], dtype=torch.int32)
     for call, match in ((lambda: ops.quantize_colwise(x, token_align=128), "pass offs"),
@@ -495,6 +528,28 @@ def test_fast_mode_grouped_mm_wgrad_op_is_bit_exact_on_integer_data(sizes, n, k,
     want = ops.grouped_mm_wgrad(a, a_s, b, b_s, offs, out_dtype=torch.float32, scale_block=128)
     ok = ~want.isnan()
     assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got[ok], want[ok])
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("block", [32, 128])
+@pytest.mark.parametrize("sizes", [[0, 1, 127, 129, 300], [257], [0, 0]], ids=str)
+def test_sm90_wgrad_split_halves_writes_each_half_contiguous(block, sizes, rng):
+    """``split_halves=True`` on both SM90 2d-2d kernels (dequantize mainloop, fast mode): the bytes of the
+    unsplit output regrouped as (2, G, N / 2, K), empty groups zero, N = 512 and 768 (several 128-row tiles per
+    half), K not a multiple of the tile; random data (the same kernel math either way)."""
+    t = sum(sizes) + 20
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    x = torch.randn(t, 136, generator=rng).cuda()
+    for n in (512, 768):
+        dh = torch.randn(t, n, generator=rng).cuda()
+        a, b = (ops.quantize_colwise(v, offs=offs, scale_block=block) for v in (dh, x))
+        for out in (torch.bfloat16, torch.float32):
+            kw = dict(out_dtype=out, backend="sm90", scale_block=block)
+            full = ops.grouped_mm_wgrad(*a, *b, offs, **kw)
+            halves = ops.grouped_mm_wgrad(*a, *b, offs, split_halves=True, **kw)
+            assert halves.shape == (2, len(sizes), n // 2, 136) and full.abs().sum() > 0
+            assert torch.equal(halves[0], full[:, :n // 2]) and torch.equal(halves[1], full[:, n // 2:])
 
 
 @pytest.mark.gpu

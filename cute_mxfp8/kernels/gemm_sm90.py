@@ -44,6 +44,25 @@ def _tma_atoms(a: cute.Tensor, b: cute.Tensor, a_smem, b_smem, tile_m: int, tile
     return (*atom(a, a_smem, tile_m, mcast[0]), *atom(b, b_smem, tile_n, mcast[1]))
 
 
+def _check_split_halves(split_halves, grouping: str) -> bool:
+    if type(split_halves) is not bool or (split_halves and grouping != "k"):
+        raise ValueError(f"split_halves (a bool) is an output layout of the 2d-2d grouping 'k', got "
+                         f"split_halves={split_halves!r} with grouping={grouping!r}")
+    return split_halves
+
+
+@cute.jit
+def split_half_rows(g: cutlass.Int32, groups: cutlass.Int32, m: cutlass.Int32, a_row0: cutlass.Int32):
+    """A 2d-2d tile's output rows with ``split_halves``: group g's (m, K) product goes to ``d`` viewed as
+    (2, G, m / 2, K), its first m / 2 rows to half 0, the others to half 1 (the packed W13 = [w1; w3] wgrad lands
+    as dW1 = d[0], dW3 = d[1], each in the parameters' (G, I, K) layout).  Needs m % 256 == 0, so that a 128-row
+    tile lies in one half.  Returns (the tile's first output row, the end of its half's rows)."""
+    half = m // 2
+    part = a_row0 // half
+    base = part * groups * half + g * half
+    return base + (a_row0 - part * half), base + half
+
+
 class MXGemmSm90:
     """MXFP8 GEMM for SM90: ``D (M, N) = Σ_b sa[m, b] · sb[n, b] · Σ_{k in block b} A[m, k] · B[n, k]`` in fp32,
     the reference's block-scaled product (OCP MX v1.0 blocks of 32 along K), rounded once to ``out_dtype``.
@@ -98,8 +117,9 @@ class MXGemmSm90:
 
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
                  block_k: int = 32, max_ctas: int = 132, cluster_mn: tuple = (1, 1), pingpong: bool = True,
-                 grouping: str = "none"):
+                 grouping: str = "none", split_halves: bool = False):
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
+        self.split_halves = _check_split_halves(split_halves, grouping)
         cluster_mn = tuple(cluster_mn) if isinstance(cluster_mn, (tuple, list)) else cluster_mn
         if cluster_mn not in self.CLUSTERS:
             raise ValueError(f"cluster_mn must be one of {self.CLUSTERS}, got {cluster_mn}")
@@ -464,6 +484,8 @@ class MXGemmSm90:
             k0 = sched[0, g]
             d_row0 = g * m + a_row0
             rows = g * m + m
+            if cutlass.const_expr(self.split_halves):
+                d_row0, rows = split_half_rows(g, cute.size(offs), m, a_row0)
             a_ok = True
             a_word0 = (per_g * sched[1, g] + t * k_tiles) * 128
             b_word0 = (n + 127) // 128 * sched[1, g] * 128
@@ -605,9 +627,10 @@ class MXGemmSm90Dequant:
 
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", transform_warps: int = 8,
                  grouping: str = "none", epilogue: str = "plain", cast_elem: str = "e4m3",
-                 scale_mode: str = "rceil", emit_hp: bool = False, max_ctas: int = 132):
+                 scale_mode: str = "rceil", emit_hp: bool = False, max_ctas: int = 132, split_halves: bool = False):
         if grouping not in ("none", "m", "k"):
             raise ValueError(f"grouping must be 'none' (dense), 'm' (2d-3d) or 'k' (2d-2d), got {grouping!r}")
+        self.split_halves = _check_split_halves(split_halves, grouping)
         if epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {EPILOGUES}, got {epilogue!r}")
         if epilogue != "plain" and grouping == "k":
@@ -784,6 +807,8 @@ class MXGemmSm90Dequant:
             sb_off = (bn * tiles_ka + (n + 127) // 128 * sched[1, bz]) * 512
             d_row0 = bz * m + a_row0
             rows = bz * m + m
+            if cutlass.const_expr(self.split_halves):
+                d_row0, rows = split_half_rows(bz, cute.size(offs), m, a_row0)
         return a_row0, b_row0, k0, k_tiles, k_last, d_row0, rows, cols, sa_base, sa_rows, tiles_ka, ct0, sb_off
 
     @cute.jit

@@ -275,7 +275,7 @@ def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: T
 
 def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, *,
                      out_dtype: torch.dtype = torch.float32, backend: str | None = None,
-                     scale_block: int = 32) -> Tensor:
+                     scale_block: int = 32, split_halves: bool = False) -> Tensor:
     """2d-2d grouped MXFP8 GEMM (MoE wgrad): ``out[g] = a[:, tokens of g] · b[:, tokens of g]ᵀ``.
 
     Args:
@@ -287,7 +287,12 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
             every run of 4 blocks from each group's start).  The ``sm90`` backend then runs the Hopper fast mode's
             2d-2d GEMM, which reads only the first scale of each run; the ``reference`` backend checks the promise
             (ValueError); the ``sm100`` kernel ignores the hint.
-    Returns: (G, N, K) in ``out_dtype``; an empty group's slice is exactly zero.
+        split_halves: return (2, G, N / 2, K) instead: ``[0]`` the first N / 2 rows of every group's product,
+            ``[1]`` the others (``N % 256 == 0``, ValueError otherwise).  For a packed W13 = [w1; w3]'s operand
+            (``quantize_gate_up(..., gate_up_tile=0)``) these are dW1 and dW3, each contiguous in the (E, I, D)
+            layout of its parameter.  The ``sm90`` kernels write it directly; the ``sm100`` kernel does not
+            implement it (an explicit ``backend="sm100"`` raises).
+    Returns: (G, N, K) in ``out_dtype`` (or (2, G, N / 2, K), above); an empty group's slice is exactly zero.
     Raises: ValueError for bad offsets, shapes, dtypes or ``scale_block`` (naming the fix).
 
     ``offs`` must be the offsets ``a`` and ``b`` were quantized with (their scale layout depends on them; other
@@ -298,7 +303,7 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
     S.check_scale_block(scale_block)
     _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales)
     op = _op(L.grouped_mm_wgrad_impl, L._grouped_mm_wgrad, (a, a_scales, b, b_scales, offs))
-    return op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block)
+    return op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block, split_halves)
 
 
 def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3, blocked: bool = True,

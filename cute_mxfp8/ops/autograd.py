@@ -46,15 +46,15 @@ def _gemm(a, a_s, b, b_s, offs, out_dtype, backend, scale_block):
     return api.grouped_mm(a, a_s, b, b_s, offs, **kw)
 
 
-def _wgrad(a_col, a_s, b_col, b_s, offs, backend, scale_block, out_dtype):
+def _wgrad(a_col, a_s, b_col, b_s, offs, backend, scale_block, out_dtype, split_halves=False):
     """``aᵀ·b`` over the token dim from two colwise-quantized operands (dense or 2d-2d grouped), accumulated in
     fp32 and rounded once to ``out_dtype`` (the weight's dtype) in the GEMM's epilogue: the same bytes as an fp32
     output followed by ``.to(out_dtype)`` (both round to nearest even), without the fp32 tensor or the extra
-    pass over it."""
+    pass over it.  ``split_halves`` (grouped only): the (2, G, N / 2, K) layout of ``grouped_mm_wgrad``."""
     kw = dict(out_dtype=out_dtype, backend=backend, scale_block=scale_block)
     if offs is None:
         return api.mm(a_col, a_s, b_col, b_s, **kw)
-    return api.grouped_mm_wgrad(a_col, a_s, b_col, b_s, offs, **kw)
+    return api.grouped_mm_wgrad(a_col, a_s, b_col, b_s, offs, split_halves=split_halves, **kw)
 
 
 def _hp_wgrad(a: Tensor, b: Tensor, offs: Tensor | None) -> Tensor:
@@ -280,8 +280,13 @@ class _SwiGLUMLPFn(torch.autograd.Function):
             else:
                 wg_offs = _wgrad_offs(offs, ta)
                 dw2 = _wgrad(dy_col, dy_col_s, h_saved, h_col_s, wg_offs, backend, sb, w2_dtype)
-                dw13 = _wgrad(dh13_col, dh13_col_s, x_saved, x_col_s, wg_offs, backend, sb, w13_dtype)
-            dw1, dw3 = (t.to(w13_dtype) for t in split_gate_up(dw13, dim=-2, tile=tile))
+                # the fast mode's grouped dW13 comes as (2, E, I, D): dW1 and dW3 each contiguous, so autograd
+                # takes them as the parameters' gradients without a strided copy of each (W13 is [w1; w3] there)
+                dw13 = _wgrad(dh13_col, dh13_col_s, x_saved, x_col_s, wg_offs, backend, sb, w13_dtype, bool(ta))
+            if not hp and ta:
+                dw1, dw3 = dw13[0], dw13[1]
+            else:
+                dw1, dw3 = (t.to(w13_dtype) for t in split_gate_up(dw13, dim=-2, tile=tile))
             dw2 = dw2.to(w2_dtype)
         return dx, dw1, dw2, dw3, None, None, None, None, None, None, None, None
 

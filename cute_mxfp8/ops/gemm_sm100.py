@@ -90,7 +90,7 @@ def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
     return run_grouped_mm(_kernel(a, b, out_dtype, grouped=True), a, a_scales, b, b_scales, offs, out_dtype, _MMA_M)
 
 
-def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
+def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, split_halves=False):
     """2d-2d: ``out[g] = a[:, tokens of g] · b[:, tokens of g]ᵀ`` (G, N, K); an empty group's slice is zero.  The
     token-major operands are first gathered into 32-aligned, zero-padded groups (:mod:`.token_layout`, one pass
     on the device), so every MX block the kernel multiplies holds only its group's tokens."""
@@ -153,7 +153,9 @@ def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32
     return why
 
 
-def _grouped_mm_wgrad_limits(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
+def _grouped_mm_wgrad_limits(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, split_halves=False):
+    if split_halves:
+        return "split_halves is not implemented by the SM100 wgrad kernel (the sm90 and reference backends have it)"
     why = wgrad_limits(a, a_scales, b, b_scales, offs, WGRAD_ALIGN)
     k, vec = b.shape[0], 16 // out_dtype.itemsize
     if why is None and k % vec:

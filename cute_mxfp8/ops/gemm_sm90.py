@@ -96,21 +96,25 @@ def _schedule_m(offs, t):
     return schedule_m(offs, t, _TILE_M)
 
 
-def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
+def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, split_halves=False):
     """2d-2d: ``out[g] = a[:, tokens of g] · b[:, tokens of g]ᵀ`` (G, N, K); an empty group's slice is zero.
 
     The token-major operands are first gathered so that every group starts on a 16-aligned column
     (:mod:`.token_layout`; one pass over both, on the device): the kernel's TMA loads need it and group sizes are
     arbitrary.  ``scale_block=128``: the fast mode's kernel on 128-aligned groups (fp8 WGMMA, one promotion per
-    128 tokens)."""
+    128 tokens).  ``split_halves``: the kernels write the (2, G, N / 2, K) layout directly."""
     def build():
         if scale_block == 128:
             return compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "promote", grouping="k",
-                                     block_k=128, n_tile=FAST_N_TILE, **_persistent(a))
+                                     block_k=128, n_tile=FAST_N_TILE, split_halves=split_halves, **_persistent(a))
         return compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="k",
-                                 **_persistent(a))
+                                 split_halves=split_halves, **_persistent(a))
 
-    return run_wgrad(build, a, a_scales, b, b_scales, offs, out_dtype, _align(scale_block), "sm_90a")
+    d = run_wgrad(build, a, a_scales, b, b_scales, offs, out_dtype, _align(scale_block), "sm_90a")
+    if split_halves:  # the same buffer, written in the halves' layout (zeros for T = 0 or G = 0 either way)
+        g, n, k = d.shape
+        return d.view(2, g, n // 2, k)
+    return d
 
 
 def _align(scale_block: int) -> int:
@@ -168,7 +172,7 @@ def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32
     return why
 
 
-def _grouped_mm_wgrad_limits(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
+def _grouped_mm_wgrad_limits(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, split_halves=False):
     why = wgrad_limits(a, a_scales, b, b_scales, offs, _align(scale_block))
     g, k = offs.shape[0], b.shape[0]
     if why is None and (g > _MAX_GRID or (k + 127) // 128 > _MAX_GRID):

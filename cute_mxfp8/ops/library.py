@@ -215,19 +215,21 @@ def _(a, a_scales, b, b_scales, offs, out_dtype, backend, scale_block=32):
 
 
 def grouped_mm_wgrad_impl(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor,
-                          out_dtype: torch.dtype, backend: str, scale_block: int = 32) -> Tensor:
-    S.check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype)
+                          out_dtype: torch.dtype, backend: str, scale_block: int = 32,
+                          split_halves: bool = False) -> Tensor:
+    S.check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, split_halves)
     S.check_scale_block(scale_block)
-    return _call("grouped_mm_wgrad", a.device, backend, a, a_scales, b, b_scales, offs, out_dtype, scale_block)
+    return _call("grouped_mm_wgrad", a.device, backend, a, a_scales, b, b_scales, offs, out_dtype, scale_block,
+                 split_halves)
 
 
 _grouped_mm_wgrad = torch.library.custom_op(f"{_NS}::grouped_mm_wgrad", grouped_mm_wgrad_impl, mutates_args=())
 
 
 @_grouped_mm_wgrad.register_fake
-def _(a, a_scales, b, b_scales, offs, out_dtype, backend, scale_block=32):
+def _(a, a_scales, b, b_scales, offs, out_dtype, backend, scale_block=32, split_halves=False):
     S.check_scale_block(scale_block)
-    return _empty(a, S.check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype), out_dtype)
+    return _empty(a, S.check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, split_halves), out_dtype)
 
 
 # ---- SwiGLU + dual quantization -------------------------------------------------------------------------

@@ -120,7 +120,7 @@ def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
     return out.to(out_dtype)
 
 
-def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
+def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, split_halves=False):
     (n, m), k = a.shape, b.shape[0]
     F.validate_offsets(offs, m)
     cols = 4 * F.grouped_scale_tiles(m, offs.numel())
@@ -137,6 +137,8 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
     for g, (s, e) in enumerate(bounds):
         if e > s:
             out[g] = a_deq[s:e].t() @ b_deq[s:e]
+    if split_halves:  # (2, G, N / 2, K): every group's first N / 2 rows, then the others
+        out = out.view(out.shape[0], 2, n // 2, k).transpose(0, 1)
     return out.to(out_dtype)
 
 

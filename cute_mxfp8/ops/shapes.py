@@ -209,8 +209,10 @@ def check_grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
     return (m, n)
 
 
-def check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
+def check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, split_halves=False):
     check_out_dtype(out_dtype)
+    if type(split_halves) is not bool:
+        raise ValueError(f"split_halves must be a bool, got {split_halves!r}")
     check_same_device(a, a_scales, b, b_scales, offs)
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"grouped_mm_wgrad (2d-2d) takes a (N, M) and b (K, M) token-major operands, got "
@@ -225,6 +227,11 @@ def check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype):
     hint = f"{g} token groups over {m} tokens: quantize_colwise(..., offs=offs) with these same offs"
     check_scales("a_scales", a_scales, (blocked_scales_numel(n, cols),), hint)
     check_scales("b_scales", b_scales, (blocked_scales_numel(k, cols),), hint)
+    if split_halves:
+        if n % 256:
+            raise ValueError(f"split_halves needs N = a.shape[0] = {n} to be a multiple of 256 (the kernels' 128-row "
+                             f"tiles each in one half): pad the packed rows, or pass split_halves=False")
+        return (2, g, n // 2, k)
     return (g, n, k)
 
 
