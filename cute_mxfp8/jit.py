@@ -342,7 +342,7 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
       qt, qts, hp, offs, sched)`` with the arguments and outputs of :func:`compile_gemm_sm100`'s fused epilogues
       (h cast to ``cast_elem`` / ``scale_mode``), grouped as ``MXGemmSm90Dequant.call_swiglu`` says.
 
-    ``split_halves`` (``grouping="k"``): d (G * N, K) holds the (2, G, N / 2, K) layout: each group's first N / 2
+    ``split_halves`` (promote, ``grouping="k"``): d (G * N, K) holds the (2, G, N / 2, K) layout: each group's first N / 2
     output rows in half 0, the others in half 1 (``MXGemmSm90``'s ``split_half_rows``; N % 256 == 0).
 
     ``transform_warps`` (dequant only): warps converting B, 4 (384 threads) or 8 (512).  ``max_ctas`` (promote, and
@@ -362,8 +362,11 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
 
     if mainloop == "promote" and epilogue != "plain":
         raise ValueError(f"the promote mainloop has the plain epilogue only, got {epilogue!r}")
+    if split_halves and mainloop != "promote":
+        raise ValueError("split_halves is an output layout of the promote mainloop's 2d-2d build (the dequantize "
+                         "mainloop's 256-row tiles would straddle the halves)")
     kernel = MXGemmSm90Dequant(a_elem, b_elem, out_dtype, transform_warps, grouping, epilogue, cast_elem,
-                               scale_mode, emit_hp, max_ctas, split_halves) if mainloop == "dequant" else \
+                               scale_mode, emit_hp, max_ctas) if mainloop == "dequant" else \
         MXGemmSm90(a_elem, b_elem, out_dtype, n_tile, block_k=block_k, max_ctas=max_ctas, cluster_mn=cluster_mn,
                    pingpong=pingpong, grouping=grouping, split_halves=split_halves)
     fake, sym = _fake, _sym

@@ -297,7 +297,7 @@ def test_inspect_compiles_every_variant_without_gpu(tmp_path, capsys):
     amax = [r for r in rows if r["kernel"].endswith("_amax")]  # the fast mode's 128-block amax passes: no stores
     gemms = [r for r in rows if r["kernel"].startswith("gemm_")]
     # (promote + dequant dense, 2d-3d, 2d-2d) x 4 A x B dtypes x 2 outs + 8 fused + fast mode (n_tile 128, 192;
-    # 2d-3d, 2d-2d) x 8 + the fast mode in 2 clusters + the two 2d-2d builds with split_halves
+    # 2d-3d, 2d-2d) x 8 + the fast mode in 2 clusters + the fast 2d-2d build with split_halves (bf16, fp32 out)
     assert len(gemms) == 76 and all(r["local"] == 0 for r in rows)
     assert all(r["cvt.satfinite"] > 0 for r in casts)
     assert len(amax) == 4 and all(r["cvt.satfinite"] == 0 for r in amax)  # the SwiGLU kernels' (fwd, bwd) x modes

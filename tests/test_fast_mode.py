@@ -535,9 +535,10 @@ def test_fast_mode_grouped_mm_wgrad_op_is_bit_exact_on_integer_data(sizes, n, k,
 @pytest.mark.parametrize("block", [32, 128])
 @pytest.mark.parametrize("sizes", [[0, 1, 127, 129, 300], [257], [0, 0]], ids=str)
 def test_sm90_wgrad_split_halves_writes_each_half_contiguous(block, sizes, rng):
-    """``split_halves=True`` on both SM90 2d-2d kernels (dequantize mainloop, fast mode): the bytes of the
-    unsplit output regrouped as (2, G, N / 2, K), empty groups zero, N = 512 and 768 (several 128-row tiles per
-    half), K not a multiple of the tile; random data (the same kernel math either way)."""
+    """``split_halves=True`` on the SM90 2d-2d op: the bytes of the unsplit output regrouped as (2, G, N / 2, K)
+    (the fast-mode kernel writes that layout itself; with 32-blocks the op copies), empty groups zero, N = 512 and
+    768 (one and several 128-row tiles per half, tiles straddling N / 2 in the 256-row dequantize kernel), K not a
+    multiple of the tile; random data (the same kernel math either way)."""
     t = sum(sizes) + 20
     offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
     x = torch.randn(t, 136, generator=rng).cuda()
@@ -548,7 +549,8 @@ def test_sm90_wgrad_split_halves_writes_each_half_contiguous(block, sizes, rng):
             kw = dict(out_dtype=out, backend="sm90", scale_block=block)
             full = ops.grouped_mm_wgrad(*a, *b, offs, **kw)
             halves = ops.grouped_mm_wgrad(*a, *b, offs, split_halves=True, **kw)
-            assert halves.shape == (2, len(sizes), n // 2, 136) and full.abs().sum() > 0
+            assert halves.shape == (2, len(sizes), n // 2, 136) and halves.is_contiguous()
+            assert (full.abs().sum() > 0) == (sum(sizes) > 0)
             assert torch.equal(halves[0], full[:, :n // 2]) and torch.equal(halves[1], full[:, n // 2:])
 
 

@@ -124,13 +124,10 @@ FAMILIES = [
              {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["dequant"]},
              archs=("sm_90a",))
       for g in ("m", "k")),
-    # the 2d-2d builds writing (2, G, N / 2, K) (grouped_mm_wgrad(..., split_halves=True): the packed W13's dW1, dW3)
-    *(Family(f"gemm_sm90{'_fast_mode' if fast else ''}_grouped_k_split_halves",
-             functools.partial(jit.compile_gemm_sm90, grouping="k", split_halves=True,
-                               **({"block_k": 128, "n_tile": 192} if fast else {})),
-             {**_GEMM_E4M3, "out_dtype": ["bfloat16"], "mainloop": ["promote" if fast else "dequant"]},
-             archs=("sm_90a",))
-      for fast in (True, False)),
+    # the fast 2d-2d build writing (2, G, N / 2, K) (grouped_mm_wgrad(..., split_halves=True): W13's dW1, dW3)
+    Family("gemm_sm90_fast_mode_grouped_k_split_halves",
+           functools.partial(jit.compile_gemm_sm90, grouping="k", split_halves=True, block_k=128, n_tile=192),
+           {**_GEMM_E4M3, "out_dtype": ["bfloat16", "float32"], "mainloop": ["promote"]}, archs=("sm_90a",)),
     *(Family(f"gemm_sm90_{epi}{'_hp' if hp else ''}_{elem}_{mode}",
              functools.partial(jit.compile_gemm_sm90, epilogue=epi, cast_elem=elem, scale_mode=mode, emit_hp=hp),
              {**_GEMM_E4M3, "out_dtype": ["bfloat16"], "mainloop": ["dequant"]}, archs=("sm_90a",))

@@ -627,10 +627,9 @@ class MXGemmSm90Dequant:
 
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", transform_warps: int = 8,
                  grouping: str = "none", epilogue: str = "plain", cast_elem: str = "e4m3",
-                 scale_mode: str = "rceil", emit_hp: bool = False, max_ctas: int = 132, split_halves: bool = False):
+                 scale_mode: str = "rceil", emit_hp: bool = False, max_ctas: int = 132):
         if grouping not in ("none", "m", "k"):
             raise ValueError(f"grouping must be 'none' (dense), 'm' (2d-3d) or 'k' (2d-2d), got {grouping!r}")
-        self.split_halves = _check_split_halves(split_halves, grouping)
         if epilogue not in EPILOGUES:
             raise ValueError(f"epilogue must be one of {EPILOGUES}, got {epilogue!r}")
         if epilogue != "plain" and grouping == "k":
@@ -807,8 +806,6 @@ class MXGemmSm90Dequant:
             sb_off = (bn * tiles_ka + (n + 127) // 128 * sched[1, bz]) * 512
             d_row0 = bz * m + a_row0
             rows = bz * m + m
-            if cutlass.const_expr(self.split_halves):
-                d_row0, rows = split_half_rows(bz, cute.size(offs), m, a_row0)
         return a_row0, b_row0, k0, k_tiles, k_last, d_row0, rows, cols, sa_base, sa_rows, tiles_ka, ct0, sb_off
 
     @cute.jit

@@ -290,8 +290,9 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
         split_halves: return (2, G, N / 2, K) instead: ``[0]`` the first N / 2 rows of every group's product,
             ``[1]`` the others (``N % 256 == 0``, ValueError otherwise).  For a packed W13 = [w1; w3]'s operand
             (``quantize_gate_up(..., gate_up_tile=0)``) these are dW1 and dW3, each contiguous in the (E, I, D)
-            layout of its parameter.  The ``sm90`` kernels write it directly; the ``sm100`` kernel does not
-            implement it (an explicit ``backend="sm100"`` raises).
+            layout of its parameter.  The ``sm90`` fast-mode kernel (``scale_block=128``) writes it directly, the
+            ``sm90`` op with 32 rearranges its output with one copy; the ``sm100`` kernel does not implement it
+            (an explicit ``backend="sm100"`` raises).
     Returns: (G, N, K) in ``out_dtype`` (or (2, G, N / 2, K), above); an empty group's slice is exactly zero.
     Raises: ValueError for bad offsets, shapes, dtypes or ``scale_block`` (naming the fix).
 

@@ -102,19 +102,22 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, 
     The token-major operands are first gathered so that every group starts on a 16-aligned column
     (:mod:`.token_layout`; one pass over both, on the device): the kernel's TMA loads need it and group sizes are
     arbitrary.  ``scale_block=128``: the fast mode's kernel on 128-aligned groups (fp8 WGMMA, one promotion per
-    128 tokens).  ``split_halves``: the kernels write the (2, G, N / 2, K) layout directly."""
+    128 tokens).  ``split_halves``: the fast mode's kernel writes the (2, G, N / 2, K) layout directly; the
+    dequantize kernel's output is rearranged by one copy (its 256-row tiles would straddle the halves)."""
     def build():
         if scale_block == 128:
             return compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "promote", grouping="k",
                                      block_k=128, n_tile=FAST_N_TILE, split_halves=split_halves, **_persistent(a))
         return compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="k",
-                                 split_halves=split_halves, **_persistent(a))
+                                 **_persistent(a))
 
     d = run_wgrad(build, a, a_scales, b, b_scales, offs, out_dtype, _align(scale_block), "sm_90a")
-    if split_halves:  # the same buffer, written in the halves' layout (zeros for T = 0 or G = 0 either way)
-        g, n, k = d.shape
+    if not split_halves:
+        return d
+    g, n, k = d.shape
+    if scale_block == 128:  # the same buffer, written in the halves' layout (zeros for T = 0 or G = 0 either way)
         return d.view(2, g, n // 2, k)
-    return d
+    return d.view(g, 2, n // 2, k).transpose(0, 1).contiguous()
 
 
 def _align(scale_block: int) -> int:
