@@ -70,6 +70,11 @@ class TileQuantKernel(MXCastParams):
     of each group g; a virtual block past its group's blocks does nothing (its scales stay zero, from the
     caller's zero-filled buffer).  Blocked colwise scales go to the grouped-K layout (each group's tiles blocked
     on their own, ``formats.to_blocked_scales_grouped_k``).  Rows at or past ``offs[-1]`` are not touched (the caller fills them).
+    ``pad_groups`` (the ops' ``token_align=128``): the colwise data is (1, K, 32 * virtual blocks), virtual block
+    vb at columns ``[32 vb, 32 vb + 32)``, i.e. every group from column ``128 * tile_starts[g]``
+    (``formats.pad_token_groups``).  The blocks then store 8-byte vectors like the dense layout, and a virtual
+    block past its group's tokens stores zeros (plus, inside the group's last 128-run, the run's scale), so the
+    kernel writes every column and the caller needs no fill.
 
     ``scale_block=128`` (the Hopper fast mode's shared scales, ``formats.quantize_mxfp8(..., scale_block=128)``):
     every run of 4 blocks along the scaled dim, counted from its start (a token group's start with groups),

@@ -71,7 +71,8 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
     key = None
     # exact types where a key must not equal another type's (True == 1, 128.0 == 128: the full path refuses those)
     if (not torch.compiler.is_compiling() and offs is None and type(x) in _PLAIN and type(blocked) is bool
-            and type(scale_block) is int and not token_align):  # (token_align without offs: the op raises)
+            and type(scale_block) is int and (token_align is None or (type(token_align) is int and not token_align))):
+        # (a token_align other than 0 takes the full path, which raises without offs)
         key = (name, x.shape, x.dtype, x.device, scale_mode, elem_dtype, blocked, backend, scale_block,
                os.environ.get(B.ENV_VAR))
         try:
