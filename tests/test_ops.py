@@ -519,3 +519,25 @@ def test_convert_gate_up_between_the_ecosystem_layouts(rng):
     assert torch.equal(convert_gate_up(convert_gate_up(h, dim=-1), dim=-1, from_tile=64, to_tile=None), h)
     with pytest.raises(ValueError, match="multiple of the gate/up tile"):
         convert_gate_up(torch.randn(2 * 48, 8))  # I = 48 is not a multiple of 64
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_kernel_backend_cast_outputs_never_share_storage(grouped, monkeypatch):
+    """torch's custom-op dispatcher rejects outputs that alias each other (torch.compile, opcheck, grad-requiring
+    inputs): the kernel backends' dual and SwiGLU casts must allocate every output on its own.  Checked on the CPU
+    with the sm90 implementations' allocation code and the kernel launches stubbed out."""
+    from cute_mxfp8.ops import cute_kernels as CK
+
+    monkeypatch.setattr(CK, "compile_quant", lambda *a, **k: (lambda *t: None))
+    monkeypatch.setattr(CK, "_launch_swiglu", lambda *a, **k: None)
+    offs = torch.tensor([50, 50, 190], dtype=torch.int32) if grouped else None
+    x = torch.randn(200, 96)
+    ops_ = CK._ops("sm_90a")
+    sw = CK._swiglu_ops("sm_90a")
+    calls = [ops_["quantize_dual"](x, "rceil", torch.float8_e4m3fn, True, offs, 128, 128 if grouped else 0),
+             ops_["quantize_dual"](x, "rceil", torch.float8_e4m3fn, False, offs),
+             sw["swiglu_quant"](x, "rceil", torch.float8_e4m3fn, True, True, offs),
+             sw["dswiglu_quant"](x[:, :48], x, "rceil", torch.float8_e4m3fn, True, False, offs)]
+    for outs in calls:
+        ptrs = [t.untyped_storage().data_ptr() for t in outs if t.numel()]
+        assert len(set(ptrs)) == len(ptrs)

@@ -130,23 +130,6 @@ def _outputs(shapes, x, elem_dtype, blocked, groups=None, shape=None):
     return torch.empty(dshape, dtype=elem_dtype, device=x.device), alloc(sshape, dtype=torch.uint8, device=x.device)
 
 
-def _dual_outputs(x, elem_dtype, blocked, groups, token_align, shape=None):
-    """New (q, s, qt, st) of a dual cast (:func:`_outputs` of both), with the scale buffers that need zero padding
-    carved from one zero-filled allocation: one fill launch per cast instead of two (host time, ~20 us each)."""
-    shape = tuple(x.shape) if shape is None else shape
-    specs = [_output_spec(rowwise_shapes, shape, blocked, groups if blocked else None),
-             _output_spec(_colwise_shapes(token_align), shape, blocked, groups)]
-    data = [torch.empty(d, dtype=elem_dtype, device=x.device) for d, _, _ in specs]
-    zeroed = [math.prod(s) for _, s, alloc in specs if alloc is torch.zeros]
-    if len(zeroed) < 2:
-        scales = [alloc(s, dtype=torch.uint8, device=x.device) for _, s, alloc in specs]
-    else:
-        split = -(-zeroed[0] // 16) * 16  # the second buffer starts 16-byte aligned, as a fresh allocation would
-        flat = torch.zeros(split + zeroed[1], dtype=torch.uint8, device=x.device)
-        scales = [flat[:zeroed[0]].view(specs[0][1]), flat[split:].view(specs[1][1])]
-    return data[0], scales[0], data[1], scales[1]
-
-
 def _colwise_shapes(token_align: int):
     return functools.partial(colwise_shapes, token_align=token_align) if token_align else colwise_shapes
 
@@ -295,7 +278,8 @@ def _ops(arch: str) -> dict:
         g = None if offs is None else offs.shape[0]
         if offs is not None:
             end = validated_end(offs, x.shape[0])
-        q, s, qt, st = _dual_outputs(x, elem_dtype, blocked, g, token_align)
+        q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, g if blocked else None)
+        qt, st = _outputs(_colwise_shapes(token_align), x, elem_dtype, blocked, g)
         if offs is None:
             if x.numel():
                 tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, None, scale_block)
@@ -416,7 +400,8 @@ def _swiglu_ops(arch: str) -> dict:
         end = m
         if offs is not None:
             end = validated_end(offs, m)  # one host read per offsets tensor; bad offsets raise ValueError
-        q, s, qt, st = _dual_outputs(x, elem_dtype, blocked, g, token_align, (m, width))
+        q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, g if blocked else None, (m, width))
+        qt, st = _outputs(_colwise_shapes(token_align), x, elem_dtype, blocked, g, (m, width))
         hp = torch.empty((m, width) if emit_hp else (0,), dtype=x.dtype, device=dev)
         launch = m > 0 and end > 0 and width > 0  # I == 0: nothing to compute (and no grid to launch)
         if offs is not None and end < m:  # rows past offs[-1]: zero activation, zero data, zero plain scales
