@@ -361,10 +361,21 @@ def group_tile_starts_host(ends: list[int]) -> list[int]:
     return ([0] + group_units_host(ends, _TILE_ROWS))[:-1]
 
 
+def _check_align(align) -> None:
+    if type(align) is not int or align < 1:
+        raise ValueError(f"align must be a positive int (token groups padded to multiples of it), got {align!r}")
+
+
 def padded_group_offsets(offs: torch.Tensor, align: int = _TILE_ROWS) -> torch.Tensor:
     """Cumulative END offsets of the groups of ``offs`` with every size rounded up to a multiple of ``align``:
     group g then starts at column ``align * (the exclusive prefix sum of ceil(size / align))`` (for ``align`` 128,
-    ``128 * group_tile_starts(offs)[g]``).  int32 (G,), on ``offs``'s device, no host read."""
+    ``128 * group_tile_starts(offs)[g]``).  int32 (G,), on ``offs``'s device, no host read (so ``offs`` is not
+    validated here: :func:`validate_offsets` does that).  Raises ValueError for an ``align`` that is not a positive
+    int or ``offs`` that is not a 1-D tensor."""
+    _check_align(align)
+    if not isinstance(offs, torch.Tensor) or offs.dim() != 1:
+        raise ValueError(f"offs must be a 1-D tensor of cumulative group END offsets, got "
+                         f"{tuple(offs.shape) if isinstance(offs, torch.Tensor) else type(offs).__name__}")
     o = offs.to(torch.int64)
     sizes = torch.diff(o, prepend=o.new_zeros(1))
     return (torch.cumsum((sizes + align - 1) // align, 0) * align).to(torch.int32)
@@ -378,7 +389,12 @@ def pad_token_groups(x: torch.Tensor, offs: torch.Tensor, align: int = _TILE_ROW
     The colwise cast of a 2d-2d operand with ``token_align=128`` (``cute_mxfp8.ops.quantize_colwise``) is the
     grouped colwise cast of ``xp`` with offsets ``padded``: every group starts on a 128-aligned token, which the
     Hopper fast mode's wgrad reads without a gather.  The row count bounds the padded sizes
-    (``sum_g ceil(size_g / align) <= M // align + G``), so it is known without reading ``offs``."""
+    (``sum_g ceil(size_g / align) <= M // align + G``), so it is known without reading ``offs``.  Raises ValueError
+    for an ``x`` that is not 2-D, bad offsets or a bad ``align``."""
+    _check_align(align)
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"pad_token_groups takes a 2-D (M, K) tensor, got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     m, k = x.shape
     g = offs.numel()
     validate_offsets(offs, m)

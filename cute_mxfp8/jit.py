@@ -342,8 +342,8 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
       qt, qts, hp, offs, sched)`` with the arguments and outputs of :func:`compile_gemm_sm100`'s fused epilogues
       (h cast to ``cast_elem`` / ``scale_mode``), grouped as ``MXGemmSm90Dequant.call_swiglu`` says.
 
-    ``split_halves`` (promote, ``grouping="k"``): d (G * N, K) holds the (2, G, N / 2, K) layout: each group's first N / 2
-    output rows in half 0, the others in half 1 (``MXGemmSm90``'s ``split_half_rows``; N % 256 == 0).
+    ``split_halves`` (promote, ``grouping="k"``): d (G * N, K) holds the (2, G, N / 2, K) layout: each group's
+    first N / 2 output rows in half 0, the others in half 1 (``kernels.gemm_sm90.split_half_rows``; N % 256 == 0).
 
     ``transform_warps`` (dequant only): warps converting B, 4 (384 threads) or 8 (512).  ``max_ctas`` (promote, and
     dequant with the plain epilogue): the persistent grid's CTAs, at most one per SM (132 on an H100 / H200 SXM).  Trusts its arguments (the

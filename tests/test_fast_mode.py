@@ -166,7 +166,16 @@ def test_fast_mode_grouped_mlp_gives_contiguous_gate_and_up_gradients(rng):
 
 def test_token_align_is_checked():
     x, offs = torch.randn(64, 64), torch.tensor([10, 64], dtype=torch.int32)
+    assert torch.equal(ops.padded_offsets(offs), torch.tensor([128, 256], dtype=torch.int32))
     for call, match in ((lambda: ops.quantize_colwise(x, token_align=128), "pass offs"),
+                        (lambda: ops.quantize_colwise(x, offs=offs, token_align=None), "0 or 128"),
+                        (lambda: ops.swiglu_quant(x, offs=offs, token_align=None), "0 or 128"),
+                        (lambda: ops.padded_offsets(offs, 64), "must be 128"),
+                        (lambda: ops.padded_offsets([10, 64]), "offs must be"),
+                        (lambda: F.padded_group_offsets(offs, 0), "positive int"),
+                        (lambda: F.pad_token_groups(x, offs, -128), "positive int"),
+                        (lambda: F.pad_token_groups(x[None], offs), "2-D"),
+                        (lambda: F.pad_token_groups(x, torch.tensor([70], dtype=torch.int32)), "offs"),
                         (lambda: ops.quantize_dual(x, offs=offs, token_align=16), "0 or 128"),
                         (lambda: ops.swiglu_quant(x, offs=offs, token_align=True), "0 or 128"),
                         (lambda: ops.dswiglu_quant(x[:, :32], x, token_align=128), "pass offs")):
@@ -513,7 +522,7 @@ def test_fast_mode_grouped_mm_wgrad_op_is_bit_exact_on_integer_data(sizes, n, k,
     group_meta.known_host_copy(dev_offs, offs)
     (pa, pa_s), (pb, pb_s) = (ops.quantize_colwise(v.contiguous().cuda(), offs=dev_offs, scale_block=128,
                                                    token_align=128) for v in (dy, x))
-    padded = token_layout.padded_offsets(dev_offs)
+    padded = ops.padded_offsets(dev_offs)
     assert torch.equal(padded.cpu(), F.padded_group_offsets(offs))
 
     def no_gather(*args):

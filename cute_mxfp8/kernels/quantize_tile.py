@@ -100,8 +100,9 @@ class TileQuantKernel(MXCastParams):
                  grouped: bool = False, emit_hp: bool = False, row_tiles: int = 1, scale_block: int = 32,
                  phase: str = "cast", pad_groups: bool = False):
         super().__init__(elem, scale_mode, blocked)
-        if pad_groups and not grouped:
-            raise ValueError("pad_groups is a layout of token groups: it needs grouped=True")
+        if pad_groups and not (grouped and colwise):
+            raise ValueError("pad_groups is a layout of the colwise output of token groups: it needs grouped=True "
+                             "and colwise=True")
         if not (rowwise or colwise) or (grouped and not colwise and scale_block == 32):
             raise ValueError("TileQuantKernel needs colwise output, or rowwise without groups (with groups: "
                              "scale_block=128 only)")
@@ -464,8 +465,8 @@ class TileQuantKernel(MXCastParams):
             f = cute.arch.shuffle_sync(factor, offset=j * COL_LANES + cg)  # column j's factor, from lane rg == j
             qv = apply_scale(t[(None, j)].load(), f).to(self.elem_dtype)
             c = cv * VEC + j
-            if cutlass.const_expr(self.grouped and not self.pad_groups):  # data (K, M): the block starts at
-                # any row; bytewise
+            if cutlass.const_expr(self.grouped and not self.pad_groups):
+                # data (K, M): the block starts at any row, so bytewise
                 q8 = cute.make_rmem_tensor((LANE_ROWS,), self.elem_dtype)
                 q8.store(qv)
                 for i in cutlass.range_constexpr(LANE_ROWS):

@@ -13,6 +13,7 @@ from .api import (  # noqa: F401
     mm,
     mm_dswiglu_quant,
     mm_swiglu_quant,
+    padded_offsets,
     quantize_colwise,
     quantize_dual,
     quantize_gate_up,

@@ -60,18 +60,23 @@ def _op(impl, op, tensors: tuple, scale_mode: str = "", elem_dtype: torch.dtype 
     return impl if plain else op
 
 
-def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend, scale_block, token_align=None):
+_NO_ALIGN = object()  # the rowwise cast has no token_align argument
+
+
+def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend, scale_block,
+          token_align=_NO_ALIGN):
     """One eager cast call, with a launch plan (:attr:`~cute_mxfp8.ops.backends.Backend.plans`) for repeats.
 
     The first call of a key (op, shape, dtypes, flags, device, backend request) runs the full path (checks,
     backend choice, the op) and then asks the chosen backend for a plan; later calls of that key with a
     contiguous, 16-byte aligned ``x`` under :func:`_direct`'s conditions run the plan (allocation + kernel).
     Everything a plan skips is fixed by the key, so results are the same bytes; only host time differs.
-    ``token_align``: the colwise casts' argument (None for the rowwise cast, which has none)."""
+    ``token_align``: the colwise casts' argument (absent for the rowwise cast, which has none)."""
     key = None
     # exact types where a key must not equal another type's (True == 1, 128.0 == 128: the full path refuses those)
     if (not torch.compiler.is_compiling() and offs is None and type(x) in _PLAIN and type(blocked) is bool
-            and type(scale_block) is int and (token_align is None or (type(token_align) is int and not token_align))):
+            and type(scale_block) is int
+            and (token_align is _NO_ALIGN or (type(token_align) is int and token_align == 0))):
         # (a token_align other than 0 takes the full path, which raises without offs)
         key = (name, x.shape, x.dtype, x.device, scale_mode, elem_dtype, blocked, backend, scale_block,
                os.environ.get(B.ENV_VAR))
@@ -86,7 +91,7 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
             return run(x)
     _check_types(blocked, offs=offs, backend=backend, x=x)
     direct = _direct(x, offs)
-    extra = () if token_align is None else (token_align,)
+    extra = () if token_align is _NO_ALIGN else (token_align,)
     out = (impl if direct else op)(x, scale_mode, elem_dtype, blocked, offs, backend or "", scale_block, *extra)
     if (key is not None and direct and key not in B.PLANS and x.is_contiguous() and x.layout == torch.strided
             and not torch._C._functorch.is_functorch_wrapped_tensor(x) and not x.data_ptr() % 16):
@@ -170,9 +175,11 @@ def quantize_colwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
             (:func:`cute_mxfp8.formats.pad_token_groups`), i.e. exactly ``quantize_colwise(xp, offs=padded)`` for
             ``xp, padded = pad_token_groups(x, offs, 128)``: data_t (K, 128 * (M // 128 + G)) with group g from
             column ``padded[g - 1]``, zeros between groups and after the last; scales of that cast.  Pass
-            ``padded`` (``formats.padded_group_offsets(offs)``) as the offsets of :func:`grouped_mm_wgrad`: the
-            result is the same as for the unpadded operands (the zero tokens add nothing), and the kernels skip
-            their gather into aligned groups when the offsets' host values are known.
+            :func:`padded_offsets` ``(offs)`` as the offsets of :func:`grouped_mm_wgrad` (the unpadded ``offs``
+            give a wrong result there, which no check can see): the result is the same as for the unpadded
+            operands (the zero tokens add nothing).  The kernel backends then skip their gather into aligned
+            groups where the host values of ``offs`` are known (an earlier grouped op read them; not under
+            torch.compile).
     Returns:
         ``(data_t, scales)``:
         * 2-D, no offs: data_t (K, Mp) with Mp = ceil(M/32)*32, columns >= M are zero (padding written by the
@@ -289,11 +296,11 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
             2d-2d GEMM, which reads only the first scale of each run; the ``reference`` backend checks the promise
             (ValueError); the ``sm100`` kernel ignores the hint.
         split_halves: return (2, G, N / 2, K) instead: ``[0]`` the first N / 2 rows of every group's product,
-            ``[1]`` the others (``N % 256 == 0``, ValueError otherwise).  For a packed W13 = [w1; w3]'s operand
-            (``quantize_gate_up(..., gate_up_tile=0)``) these are dW1 and dW3, each contiguous in the (E, I, D)
-            layout of its parameter.  The ``sm90`` fast-mode kernel (``scale_block=128``) writes it directly, the
-            ``sm90`` op with 32 rearranges its output with one copy; the ``sm100`` kernel does not implement it
-            (an explicit ``backend="sm100"`` raises).
+            ``[1]`` the others (``N % 256 == 0``, ValueError otherwise).  When ``a`` is the colwise cast of a
+            concatenated gradient ``[dg | du]`` (the SwiGLU MLP's dh13, whose W13 is ``[w1; w3]``), these are dW1
+            and dW3, each contiguous in its parameter's (E, I, D) layout (two views of one buffer).  The ``sm90``
+            fast-mode kernel (``scale_block=128``) writes that layout directly; the other kernels' outputs are
+            rearranged by one copy.
     Returns: (G, N, K) in ``out_dtype`` (or (2, G, N / 2, K), above); an empty group's slice is exactly zero.
     Raises: ValueError for bad offsets, shapes, dtypes or ``scale_block`` (naming the fix).
 
@@ -306,6 +313,21 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
     _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales)
     op = _op(L.grouped_mm_wgrad_impl, L._grouped_mm_wgrad, (a, a_scales, b, b_scales, offs))
     return op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block, split_halves)
+
+
+def padded_offsets(offs: Tensor, token_align: int = 128) -> Tensor:
+    """The offsets of 2d-2d operands cast with ``token_align`` (:func:`quantize_colwise`), to pass to
+    :func:`grouped_mm_wgrad`: :func:`cute_mxfp8.formats.padded_group_offsets` of ``offs``, int32 (G,) on its
+    device, computed once per offsets tensor.  Where the host values of ``offs`` are known (an earlier grouped op
+    on a kernel backend read them), they are computed from those, so the wgrad knows its groups are aligned and
+    reads the operands without a gather.  Raises ValueError for a ``token_align`` other than 128."""
+    _check_offs(offs, required=True)
+    if type(token_align) is not int or token_align != 128:
+        raise ValueError(f"token_align must be 128 (the padded group layout of the colwise casts), got "
+                         f"{token_align!r}")
+    from .token_layout import padded_offsets as _padded
+
+    return _padded(offs, token_align)
 
 
 def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3, blocked: bool = True,

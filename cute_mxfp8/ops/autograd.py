@@ -34,7 +34,7 @@ from . import api
 from .amp import autocast_input, autocast_off
 from .backends import fuses_mlp, resolve_backend
 from .shapes import fast_mode_hidden_reason, mxfp8_dims_reason
-from .token_layout import padded_offsets
+
 
 __all__ = ["mxfp8_linear", "mxfp8_grouped_mm", "mxfp8_swiglu_mlp"]
 
@@ -122,7 +122,7 @@ def _token_align(offs, scale_block: int) -> int:
 
 def _wgrad_offs(offs, token_align: int):
     """The offsets of the wgrad operands: those of the padded groups with ``token_align``, else ``offs``."""
-    return padded_offsets(offs, token_align) if token_align else offs
+    return api.padded_offsets(offs, token_align) if token_align else offs
 
 
 def _weight_forward(weight, operands, scale_mode, elem_dtype, backend, scale_block):
@@ -281,7 +281,8 @@ class _SwiGLUMLPFn(torch.autograd.Function):
                 wg_offs = _wgrad_offs(offs, ta)
                 dw2 = _wgrad(dy_col, dy_col_s, h_saved, h_col_s, wg_offs, backend, sb, w2_dtype)
                 # the fast mode's grouped dW13 comes as (2, E, I, D): dW1 and dW3 each contiguous, so autograd
-                # takes them as the parameters' gradients without a strided copy of each (W13 is [w1; w3] there)
+                # takes them as the parameters' gradients without a strided copy of each (W13 is [w1; w3] there;
+                # the two gradients are views of one buffer, freed when both are)
                 dw13 = _wgrad(dh13_col, dh13_col_s, x_saved, x_col_s, wg_offs, backend, sb, w13_dtype, bool(ta))
             if not hp and ta:
                 dw1, dw3 = dw13[0], dw13[1]

@@ -99,7 +99,11 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, 
                                   max_ctas(_device(a), WGRAD_CLUSTER_MN), "plain", "e4m3", "rceil", False, False,
                                   WGRAD_CLUSTER_MN, "k")
 
-    return run_wgrad(build, a, a_scales, b, b_scales, offs, out_dtype, WGRAD_ALIGN, SM100_TARGET)
+    d = run_wgrad(build, a, a_scales, b, b_scales, offs, out_dtype, WGRAD_ALIGN, SM100_TARGET)
+    if split_halves:  # (2, G, N / 2, K): the kernel's (G, N, K) output rearranged by one copy
+        g, n, k = d.shape
+        return d.view(g, 2, n // 2, k).transpose(0, 1).contiguous()
+    return d
 
 
 def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):
@@ -154,8 +158,6 @@ def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32
 
 
 def _grouped_mm_wgrad_limits(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, split_halves=False):
-    if split_halves:
-        return "split_halves is not implemented by the SM100 wgrad kernel (the sm90 and reference backends have it)"
     why = wgrad_limits(a, a_scales, b, b_scales, offs, WGRAD_ALIGN)
     k, vec = b.shape[0], 16 // out_dtype.itemsize
     if why is None and k % vec:

@@ -101,7 +101,8 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, 
 
     The token-major operands are first gathered so that every group starts on a 16-aligned column
     (:mod:`.token_layout`; one pass over both, on the device): the kernel's TMA loads need it and group sizes are
-    arbitrary.  ``scale_block=128``: the fast mode's kernel on 128-aligned groups (fp8 WGMMA, one promotion per
+    arbitrary.  Operands whose groups already are aligned (``token_align`` casts on their padded offsets, with
+    known host values) are read as they are.  ``scale_block=128``: the fast mode's kernel on 128-aligned groups (fp8 WGMMA, one promotion per
     128 tokens).  ``split_halves``: the fast mode's kernel writes the (2, G, N / 2, K) layout directly; the
     dequantize kernel's output is rearranged by one copy (its 256-row tiles would straddle the halves)."""
     def build():
