@@ -396,8 +396,8 @@ def pad_token_groups(x: torch.Tensor, offs: torch.Tensor, align: int = _TILE_ROW
         raise ValueError(f"pad_token_groups takes a 2-D (M, K) tensor, got "
                          f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     m, k = x.shape
-    g = offs.numel()
     validate_offsets(offs, m)
+    g = offs.numel()
     padded = padded_group_offsets(offs, align)
     xp = x.new_zeros(align * (m // align + g), k)
     for (s, e), p in zip(group_bounds(offs), [0] + padded.tolist()[:-1]):

@@ -152,6 +152,9 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
         raise ValueError(f"in_dtype must be one of {_IN_DTYPES}, got {in_dtype!r}")
     if direction not in ("rowwise", "colwise", "dual"):
         raise ValueError(f"direction must be rowwise, colwise or dual, got {direction!r}")
+    if pad_groups and (direction == "rowwise" or not grouped):
+        raise ValueError("pad_groups is a layout of the colwise output of token groups: colwise or dual with "
+                         "grouped=True")
     cutlass, cute = _cutlass()
     x_dtype = _hp_dtype(in_dtype)
     fake, sym = _fake, _sym

@@ -172,6 +172,8 @@ def test_token_align_is_checked():
                         (lambda: ops.swiglu_quant(x, offs=offs, token_align=None), "0 or 128"),
                         (lambda: ops.padded_offsets(offs, 64), "must be 128"),
                         (lambda: ops.padded_offsets([10, 64]), "offs must be"),
+                        (lambda: ops.padded_offsets(offs.long()), "int32"),
+                        (lambda: F.pad_token_groups(x, [10, 64]), "offs must be"),
                         (lambda: F.padded_group_offsets(offs, 0), "positive int"),
                         (lambda: F.pad_token_groups(x, offs, -128), "positive int"),
                         (lambda: F.pad_token_groups(x[None], offs), "2-D"),

@@ -305,8 +305,9 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
     Raises: ValueError for bad offsets, shapes, dtypes or ``scale_block`` (naming the fix).
 
     ``offs`` must be the offsets ``a`` and ``b`` were quantized with (their scale layout depends on them; other
-    offsets with the same group count give wrong results no check can see).  The reference backend validates the
-    values (``ValueError``); the kernel backends read them only on the device (no sync) and stay in bounds.
+    offsets with the same group count give wrong results no check can see), or for operands cast with
+    ``token_align=128``, :func:`padded_offsets` of those.  The reference backend validates the values
+    (``ValueError``); the kernel backends read them only on the device (no sync) and stay in bounds.
     """
     _check_offs(offs, required=True)
     S.check_scale_block(scale_block)
@@ -320,8 +321,13 @@ def padded_offsets(offs: Tensor, token_align: int = 128) -> Tensor:
     :func:`grouped_mm_wgrad`: :func:`cute_mxfp8.formats.padded_group_offsets` of ``offs``, int32 (G,) on its
     device, computed once per offsets tensor.  Where the host values of ``offs`` are known (an earlier grouped op
     on a kernel backend read them), they are computed from those, so the wgrad knows its groups are aligned and
-    reads the operands without a gather.  Raises ValueError for a ``token_align`` other than 128."""
-    _check_offs(offs, required=True)
+    reads the operands without a gather.  Raises ValueError for ``offs`` that is not a 1-D int32 tensor or a
+    ``token_align`` other than 128; the values of ``offs`` are not read here (the casts validate them)."""
+    _check_offs(offs)
+    if not isinstance(offs, Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
+        raise ValueError(f"offs must be a 1-D torch.int32 tensor of cumulative group END offsets, got "
+                         f"{offs.dtype} of shape {tuple(offs.shape)}" if isinstance(offs, Tensor) else
+                         "offs must be a 1-D torch.int32 tensor of cumulative group END offsets, got None")
     if type(token_align) is not int or token_align != 128:
         raise ValueError(f"token_align must be 128 (the padded group layout of the colwise casts), got "
                          f"{token_align!r}")
