@@ -270,12 +270,11 @@ class TileQuantKernel(MXCastParams):
             # end, or columns past the last group) and, inside the padded run, the run's scale
             t = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
             t.fill(0.0)
-            pos = _Pos(e, r0, r0 + rg * LANE_ROWS, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, amaxes)
             mag = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Int32)
             mag.fill(0)
             for c in cutlass.range_constexpr(2 if self.prologue == "dswiglu" else 1):
-                self._colwise(t, mag, gqt, st, e, r0, pos.rl, lane, rg, cg, end, tile0, vb, vblocks, cv + c * kv,
-                              ca, step, amaxes)
+                self._colwise(t, mag, gqt, st, e, r0, r0 + rg * LANE_ROWS, lane, rg, cg, end, tile0, vb, vblocks,
+                              cv + c * kv, ca, step, amaxes)
 
     @cute.jit
     def _operands(self, gx: cute.Tensor, gy: cute.Tensor, cv, kv):

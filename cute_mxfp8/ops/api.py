@@ -323,11 +323,10 @@ def padded_offsets(offs: Tensor, token_align: int = 128) -> Tensor:
     on a kernel backend read them), they are computed from those, so the wgrad knows its groups are aligned and
     reads the operands without a gather.  Raises ValueError for ``offs`` that is not a 1-D int32 tensor or a
     ``token_align`` other than 128; the values of ``offs`` are not read here (the casts validate them)."""
+    if offs is None:
+        raise ValueError("offs must be a 1-D torch.int32 tensor of cumulative group END offsets, got None")
     _check_offs(offs)
-    if not isinstance(offs, Tensor) or offs.dtype != torch.int32 or offs.dim() != 1:
-        raise ValueError(f"offs must be a 1-D torch.int32 tensor of cumulative group END offsets, got "
-                         f"{offs.dtype} of shape {tuple(offs.shape)}" if isinstance(offs, Tensor) else
-                         "offs must be a 1-D torch.int32 tensor of cumulative group END offsets, got None")
+    S.check_offs(offs, offs.device)
     if type(token_align) is not int or token_align != 128:
         raise ValueError(f"token_align must be 128 (the padded group layout of the colwise casts), got "
                          f"{token_align!r}")

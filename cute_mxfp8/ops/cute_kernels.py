@@ -106,7 +106,7 @@ def _padded_rows(m: int) -> int:
 def _scale_limits(shape: tuple, blocked: bool, groups: int | None, token_align: int = 0) -> str | None:
     """Scale offsets are 32-bit in the kernels: the scale buffers (grouped layouts reserve M // 128 + G tiles, far
     more than x when groups are tiny) must stay below 2**31 bytes."""
-    for shapes in (rowwise_shapes, functools.partial(colwise_shapes, token_align=token_align)):
+    for shapes in (rowwise_shapes, _colwise_shapes(token_align)):
         numel = math.prod(shapes(shape, blocked, groups)[1])
         if numel > _MAX_ELEMENTS:
             return (f"the scale buffer would have {numel} bytes; the kernels address scales with int32 (at most "

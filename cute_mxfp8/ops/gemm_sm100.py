@@ -19,7 +19,7 @@ import torch
 from ..jit import SM100_TARGET, compile_gemm_sm100
 from .gemm_common import (MAX_ELEMENTS, mm_with_bias, offs_limits, operand_limits, run_grouped_mm,
                           run_mm_dswiglu_quant, run_mm_swiglu_quant, schedule_m)
-from .token_layout import run_wgrad, wgrad_limits
+from .token_layout import run_wgrad, split_halves as _split_halves, wgrad_limits
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -100,10 +100,7 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, 
                                   WGRAD_CLUSTER_MN, "k")
 
     d = run_wgrad(build, a, a_scales, b, b_scales, offs, out_dtype, WGRAD_ALIGN, SM100_TARGET)
-    if split_halves:  # (2, G, N / 2, K): the kernel's (G, N, K) output rearranged by one copy
-        g, n, k = d.shape
-        return d.view(g, 2, n // 2, k).transpose(0, 1).contiguous()
-    return d
+    return _split_halves(d) if split_halves else d
 
 
 def mm_swiglu_quant(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, offs=None):

@@ -31,7 +31,7 @@ from ..swiglu import GATE_UP_TILE
 from ..jit import compile_gemm_sm90
 from .gemm_common import (MAX_ELEMENTS, mm_with_bias, offs_limits, operand_limits, run_grouped_mm,
                           run_mm_dswiglu_quant, run_mm_swiglu_quant, schedule_m)
-from .token_layout import run_wgrad, wgrad_limits
+from .token_layout import run_wgrad, split_halves as _split_halves, wgrad_limits
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _OUT = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -115,10 +115,10 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, 
     d = run_wgrad(build, a, a_scales, b, b_scales, offs, out_dtype, _align(scale_block), "sm_90a")
     if not split_halves:
         return d
-    g, n, k = d.shape
     if scale_block == 128:  # the same buffer, written in the halves' layout (zeros for T = 0 or G = 0 either way)
+        g, n, k = d.shape
         return d.view(2, g, n // 2, k)
-    return d.view(g, 2, n // 2, k).transpose(0, 1).contiguous()
+    return _split_halves(d)
 
 
 def _align(scale_block: int) -> int:

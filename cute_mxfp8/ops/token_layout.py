@@ -94,7 +94,7 @@ def padded_offsets(offs: torch.Tensor, align: int = 128) -> torch.Tensor:
         host = host_list(offs) if offs.device.type == "cuda" else None
         if host is None:
             return F.padded_group_offsets(offs, align)
-        ends = torch.tensor([align * n for n in F.group_units_host(host, align)], dtype=torch.int32)
+        ends = torch.tensor(group_columns_host(host, align)[1], dtype=torch.int32)
         out = ends.pin_memory().to(offs.device, non_blocking=True)
         known_host_copy(out, ends)
         return out
@@ -136,6 +136,13 @@ def run_wgrad(build, a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b
         a2, b2 = (a, b) if aligned else aligned_operands(a, b, offs, ends, t, align, arch)
         build()(a2, b2, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d.view(g * n, k), offs, sched)
     return d
+
+
+def split_halves(d: torch.Tensor) -> torch.Tensor:
+    """A 2d-2d output (G, N, K) as ``grouped_mm_wgrad(..., split_halves=True)`` returns it: (2, G, N / 2, K), every
+    group's first N / 2 rows, then the others, one copy (for the kernels that do not write that layout)."""
+    g, n, k = d.shape
+    return d.view(g, 2, n // 2, k).transpose(0, 1).contiguous()
 
 
 def wgrad_limits(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
