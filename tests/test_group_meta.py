@@ -239,3 +239,57 @@ def test_host_schedules_equal_the_torch_ones(rng):
         for align in (16, 32, 128):
             _, starts, cols = TL.group_columns(safe, align)
             assert list(TL.group_columns_host(safe.tolist(), align)) == [starts.tolist(), cols.tolist()]
+
+
+@pytest.mark.parametrize("counts,dtype", [
+    ([3, 0, 5, 2], torch.int64), ([3, 0, 5, 2], torch.int32), ([3, 0, 5, 2], torch.uint8),
+    ([7, -4, 6, 1], torch.int64), ([7, -4, 6, 1], torch.int32), ([40, 1, 0, 0], torch.uint8),
+    ([0, 0, 0, 0], torch.int16), ([2**63 - 1, 1, 0, 0], torch.int64), ([2**63 - 1, 2**63 - 1, 3, 0], torch.int64)])
+def test_device_offsets_from_counts_are_safe_and_equal_the_checked_ones(counts, dtype):
+    """The grouped module's sync-free offsets: valid counts give offsets_from_counts' values; any others give
+    non-decreasing offsets within [0, T] (negative counts as 0, groups cut at T, no int64 wrap), in int32."""
+    from cute_mxfp8.nn.modules import device_offsets_from_counts, offsets_from_counts
+
+    t = 12
+    c = torch.tensor(counts, dtype=dtype)
+    got = device_offsets_from_counts(c, 4, t)
+    assert got.dtype == torch.int32 and got.shape == (4,)
+    want = []
+    for v in c.tolist():
+        want.append(min(t, (want[-1] if want else 0) + max(v, 0)))
+    assert got.tolist() == want
+    if min(c.tolist()) >= 0 and sum(c.tolist()) <= t:
+        assert torch.equal(got, offsets_from_counts(c, 4, t, "cpu"))
+    for bad in (torch.tensor([1, 2, 3]), torch.tensor([1.0, 2, 3, 4]), torch.tensor([True] * 4)):
+        with pytest.raises(ValueError, match=r"integer tensor of shape \(4,\)"):
+            device_offsets_from_counts(bad, 4, t)
+
+
+def test_safe_offsets_are_not_read_on_the_host(monkeypatch):
+    """check_offsets reads (validated_end) every offsets tensor except one mark_safe vouched for with a row count
+    at most the op's; an in-place change drops the mark, and a device-made padded_offsets of safe offsets is known
+    to be aligned (the wgrad then skips its gather without host values)."""
+    from cute_mxfp8.ops import group_meta as GM, token_layout as TL
+    from cute_mxfp8.nn.modules import device_offsets_from_counts
+
+    reads = []
+    real = GM.validated_end
+    monkeypatch.setattr(GM, "validated_end", lambda o, t: reads.append(t) or real(o, t))
+    offs = device_offsets_from_counts(torch.tensor([3, 0, 5]), 3, 10)
+    GM.check_offsets(offs, 10)
+    GM.check_offsets(offs, 64)
+    assert reads == []
+    GM.check_offsets(offs, 9)  # fewer rows than vouched for: read and checked (offs[-1] = 8 fits)
+    assert reads == [9]
+    with pytest.raises(ValueError, match="exceeds"):
+        GM.check_offsets(offs, 7)
+    plain = torch.tensor([3, 3, 8], dtype=torch.int32)
+    GM.check_offsets(plain, 10)
+    assert reads[-1] == 10
+    padded = TL.padded_offsets(offs, 128)
+    assert padded.tolist() == [128, 128, 256] and TL._groups_aligned(padded, 128 * (10 // 128 + 3), 128)
+    assert not TL._groups_aligned(TL.padded_offsets(plain.clone(), 128), 384, 128)  # no mark, no host copy
+    offs.add_(0)  # in place: the mark is gone
+    reads.clear()
+    GM.check_offsets(offs, 10)
+    assert reads == [10]

@@ -83,6 +83,78 @@ def test_mlp_forward_backward_captures_into_cuda_graphs(rng):
         assert torch.equal(g, want)
 
 
+def _experts_pair(block: int, rng):
+    """Two grouped-experts modules with the same weights: CUDA counts kept on the device (the default) and
+    checked on the host (``validate_counts=True``)."""
+    from cute_mxfp8 import MXFP8Config, MXFP8GroupedExperts
+
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    kw = dict(device="cuda", dtype=torch.bfloat16, config=MXFP8Config(hopper_block_k=block))
+    fast = MXFP8GroupedExperts(256, 256, 4, **kw)
+    checked = MXFP8GroupedExperts(256, 256, 4, validate_counts=True, **kw)
+    checked.load_state_dict(fast.state_dict())
+    return fast, checked
+
+
+def _step(mod, x, counts, dy):
+    x.grad = None
+    mod.zero_grad(set_to_none=True)
+    y = mod(x, counts)
+    y.backward(dy)
+    return [y.detach(), x.grad, *[p.grad for p in mod.parameters()]]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("block", [32, 128])
+def test_grouped_experts_step_never_syncs_and_equals_the_checked_path(block, rng):
+    """With CUDA counts the grouped module's forward + backward reads nothing back from the GPU (sync debug mode
+    "error" raises on any synchronizing call) and gives the bits of the host-checked path, with 401 rows past
+    the counts' sum (more than one tail CTA of the casts) and an empty expert.  Out-of-contract counts (negative,
+    summing past T) are clamped on the device: the result is that of the clamped counts."""
+    fast, checked = _experts_pair(block, rng)
+    x = torch.randn(900, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(900, 256, device="cuda", dtype=torch.bfloat16)
+    counts = torch.tensor([70, 0, 129, 300], device="cuda")
+    want = _step(checked, x, counts, dy)
+    _step(fast, x, counts, dy)  # first call: kernels compiled
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = _step(fast, x, counts, dy)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.all(got[0][499:] == 0)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    bad = torch.tensor([-5, 600, 0, 900], device="cuda")  # -> 0, 600, 0, 300 (cut at T = 900)
+    got = _step(fast, x, bad, dy)
+    want = _step(checked, x, torch.tensor([0, 600, 0, 300], device="cuda"), dy)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.gpu
+@gpu
+def test_grouped_experts_capture_into_cuda_graphs(rng):
+    """Sync-free, the grouped module's forward + backward captures (torch.cuda.make_graphed_callables with the
+    counts as a graph input): replays give the eager output and gradients, also after the counts change."""
+    fast, _ = _experts_pair(128, rng)
+    x = torch.randn(640, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(640, 256, device="cuda", dtype=torch.bfloat16)
+    counts = torch.tensor([128, 0, 200, 290], device="cuda")
+    graphed = torch.cuda.make_graphed_callables(fast, (x, counts))
+    for new in ([128, 0, 200, 290], [10, 300, 0, 129]):
+        counts.copy_(torch.tensor(new))
+        want = _step(fast, x, counts, dy)
+        x.grad = None
+        fast.zero_grad(set_to_none=True)
+        y = graphed(x, counts)
+        y.backward(dy)
+        for g, w in zip([y.detach(), x.grad, *[p.grad for p in fast.parameters()]], want):
+            assert torch.equal(g, w)
+
+
 def test_a_backend_plan_runs_from_the_second_call_on(rng):
     """The plan mechanism on the CPU: a probe backend (the reference's ops, a counting plan) above the others."""
     ref = B._BACKENDS["reference"]

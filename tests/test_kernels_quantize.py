@@ -196,7 +196,7 @@ def test_expert_weight_kernels_bit_exact(shape, dtype, mode, rng):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("sizes", [[5, 0, 37, 128], [0, 0], [300], [129, 1, 0, 255, 64] * 3, [], [32, 64, 1]])
-@pytest.mark.parametrize("tail", [0, 30])
+@pytest.mark.parametrize("tail", [0, 30, 600])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_grouped_k_kernels_bit_exact(sizes, tail, dtype, rng):
     """2d-2d wgrad operands: colwise blocks restart at every group start and never cross a group end; rows past

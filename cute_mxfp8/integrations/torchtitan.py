@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import logging
 
 from ..config import MXFP8Config, resolve_config
+from ..nn.modules import device_offsets_from_counts
 from ..ops.autograd import mxfp8_swiglu_mlp
 
 __all__ = ["MXFP8Converter", "MXFP8FeedForward", "MXFP8GroupedExperts", "mxfp8_feed_forward",
@@ -91,7 +92,9 @@ if _MISSING is None:
 
     class MXFP8GroupedExperts(GroupedExperts):
         """torchtitan's ``GroupedExperts`` with ``forward(x_RD, num_tokens_per_expert_E)`` in MXFP8: rows of x
-        sorted by expert, counts (E,) integer on x's device (no host sync); rows past the counts' sum give zeros.
+        sorted by expert, counts (E,) integer on x's device, never read on the host (no device sync: negative
+        counts count as 0 and the groups end at R, :func:`cute_mxfp8.nn.modules.device_offsets_from_counts`);
+        rows past the counts' sum give zeros.
         Returns (R, D) in x's dtype."""
 
         @dataclass(kw_only=True, slots=True)
@@ -103,9 +106,10 @@ if _MISSING is None:
             self.mxfp8_config = resolve_config(config.mxfp8)
 
         def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
-            offs = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=torch.int32)
-            return mxfp8_swiglu_mlp(x_RD, _local(self.w1_EFD), _local(self.w2_EDF), _local(self.w3_EFD), offs,
-                                    self.mxfp8_config)
+            w1, w2, w3 = _local(self.w1_EFD), _local(self.w2_EDF), _local(self.w3_EFD)
+            # made on the device and safe by construction: the grouped ops take them without a host read
+            offs = device_offsets_from_counts(num_tokens_per_expert_E.to(x_RD.device), w1.shape[0], x_RD.shape[0])
+            return mxfp8_swiglu_mlp(x_RD, w1, w2, w3, offs, self.mxfp8_config)
 
     @override(target=FeedForward.Config, description="cute_mxfp8: the SwiGLU FFN in MXFP8 (fused MLP function)")
     def mxfp8_feed_forward(cfg: FeedForward.Config) -> FeedForward.Config:

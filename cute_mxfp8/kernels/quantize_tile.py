@@ -26,6 +26,7 @@ ROW_LANES = BLOCK // LANE_ROWS  # 4 lanes along M cover one colwise block (32 ro
 WARPS = 4  # warps per CTA, side by side along K: a CTA tile is 32 rows x 128 columns
 CTA_COLS = WARPS * BLOCK
 RUN = 4  # 32-row blocks per 128-block along M: the one-pass 128-block cast's CTA covers one run
+TAIL_ROWS = 256  # with token groups, each tail CTA covers this many rows past offs[-1] (TileQuantKernel._tail)
 
 
 PROLOGUES = ("cast", "swiglu", "dswiglu")
@@ -145,12 +146,19 @@ class TileQuantKernel(MXCastParams):
         else:
             vblocks = cute.ceil_div(m, BLOCK)
             gqt = cute.zipped_divide(qt, (1, 1, LANE_ROWS))  # unused
+        grid_x = cute.ceil_div(vblocks, RUN if self.one_pass else self.row_tiles)
+        if cutlass.const_expr(self.grouped):  # the tail CTAs: rows at or past offs[-1] (see the class docstring)
+            grid_x = grid_x + cute.ceil_div(m, TAIL_ROWS)
         self.kernel(cute.zipped_divide(x, (1, 1, VEC)), cute.zipped_divide(y, (1, 1, VEC)),
                     cute.zipped_divide(q, (1, 1, VEC)), s, gqt, st, cute.zipped_divide(hp, (1, 1, VEC)), offs,
                     tile_starts, amax_rows, amax_cols, vblocks, k // VEC).launch(
-            grid=(cute.ceil_div(vblocks, RUN if self.one_pass else self.row_tiles), cute.ceil_div(k, CTA_COLS), e),
+            grid=(grid_x, cute.ceil_div(k, CTA_COLS), e),
             block=(32 * WARPS, 1, 1), stream=stream, smem=self._smem_bytes(x.element_type),
             **self._launch_bounds())
+
+    def _run(self) -> int:
+        """(Virtual) 32-row blocks per CTA: a run of 4 in the one-pass 128-block cast, else 1 (token groups)."""
+        return RUN if self.one_pass else 1
 
     def _smem_bytes(self, dtype) -> int:
         """Dynamic shared memory per CTA: the one-pass 128-block cast's row amaxes (4 x 32 rows x 4 warps, int32),
@@ -201,26 +209,108 @@ class TileQuantKernel(MXCastParams):
             if cb * COL_LANES < kv:
                 self._staged(gx, gy, gq, s, gqt, st, ghp, staging, vblocks, kv, cb * COL_LANES + cg,
                              e, warp, lane, rg, cg, vb, ra, ca)
-        elif cutlass.const_expr(self.one_pass):
-            rows_s = cutlass.memory.SmemAllocator().allocate_tensor(
-                cutlass.Int32, cute.make_layout((RUN * BLOCK, WARPS)), 16)
-            cacc = cute.make_rmem_tensor((1,), cutlass.Int32)
-            cacc[0] = cutlass.Int32(0)  # a block or warp with no data leaves zeros
-            for i in cutlass.range_constexpr(RUN):
-                rows_s[i * BLOCK + lane, warp] = cutlass.Int32(0)
-            amaxes = (rows_s, cacc, warp)
-            if cb * COL_LANES < kv:
+        else:
+            amaxes = None
+            if cutlass.const_expr(self.one_pass):
+                rows_s = cutlass.memory.SmemAllocator().allocate_tensor(
+                    cutlass.Int32, cute.make_layout((RUN * BLOCK, WARPS)), 16)
+                cacc = cute.make_rmem_tensor((1,), cutlass.Int32)
+                amaxes = (rows_s, cacc, warp)
+            args = (gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, lane, rg, cg,
+                    cb * COL_LANES + cg, amaxes)
+            if cutlass.const_expr(self.grouped):
+                main = (vblocks + self._run() - 1) // self._run()  # CTAs of the groups' virtual blocks
+                if vb < main:
+                    self._blocks(args, vb, cb * COL_LANES < kv)
+                else:
+                    self._tail(args, vb - main, cb * COL_LANES < kv)
+            else:
+                self._blocks(args, vb, cb * COL_LANES < kv)
+
+    @cute.jit
+    def _blocks(self, args, vb, active):
+        """CTA ``vb``'s (virtual) row block, or with the one-pass cast its run of 4 (reduce, barrier, cast)."""
+        amaxes = args[-1]
+        if cutlass.const_expr(self.one_pass):
+            self._reset_run(amaxes, args[14])
+            if active:
                 for i in cutlass.range_constexpr(RUN):
-                    self._block(gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, lane, rg,
-                                cg, vb * RUN + i, cb * COL_LANES + cg, "amax", amaxes)
+                    self._block(*args[:17], vb * RUN + i, args[17], "amax", amaxes)
             cute.arch.barrier()  # every warp's row amaxes are in shared memory
-            if cb * COL_LANES < kv:
+            if active:
                 for i in cutlass.range_constexpr(RUN):
-                    self._block(gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, lane, rg,
-                                cg, vb * RUN + i, cb * COL_LANES + cg, "apply", amaxes)
-        elif cb * COL_LANES < kv:
-            self._block(gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, lane, rg, cg, vb,
-                        cb * COL_LANES + cg, self.phase, None)
+                    self._block(*args[:17], vb * RUN + i, args[17], "apply", amaxes)
+        elif active:
+            self._block(*args[:17], vb, args[17], self.phase, None)
+
+    @cute.jit
+    def _reset_run(self, amaxes, lane):
+        """The one-pass cast's amaxes before a run: a block or warp with no data leaves zeros."""
+        amaxes[1][0] = cutlass.Int32(0)
+        for i in cutlass.range_constexpr(RUN):
+            amaxes[0][i * BLOCK + lane, amaxes[2]] = cutlass.Int32(0)
+
+    @cute.jit
+    def _tail(self, args, j, active):
+        """Tail CTA ``j`` (token groups): rows ``[offs[-1] + TAIL_ROWS * j, offs[-1] + TAIL_ROWS * (j + 1))`` of the
+        rows at or past ``offs[-1]`` (the launch has ``ceil(M / TAIL_ROWS)`` tail CTAs per column tile, enough for
+        any ``offs[-1]``; the blocks are unrolled, since a loop with a run-time trip count made ptxas spill in the
+        SwiGLU kernels).  Those rows belong to no group: the cast's rowwise data and plain rowwise scales quantize
+        them (no grouped blocked scale exists for them), the SwiGLU kernels write zeros (data, plain scales,
+        ``hp``), and the unpadded colwise data (K, M) is zero there; the padded layout has no columns for them."""
+        gx, offs, lane, amaxes = args[0], args[7], args[14], args[-1]
+        m = cute.size(gx, mode=[1, 1])
+        r = offs[cute.size(offs) - 1] + TAIL_ROWS * j
+        if cutlass.const_expr(self.one_pass):
+            for u in cutlass.range_constexpr(TAIL_ROWS // (RUN * BLOCK)):
+                r1 = r + u * RUN * BLOCK
+                if r1 < m:  # CTA-uniform: the barriers below are reached by every thread or none
+                    self._reset_run(amaxes, lane)
+                    if active:
+                        for i in cutlass.range_constexpr(RUN):
+                            self._tail_block(args, r1 + i * BLOCK, i, m, "amax")
+                    cute.arch.barrier()  # every warp's row amaxes are in shared memory
+                    if active:
+                        for i in cutlass.range_constexpr(RUN):
+                            self._tail_block(args, r1 + i * BLOCK, i, m, "apply")
+                    cute.arch.barrier()  # read by every warp before the next run resets them
+        elif active:
+            for u in cutlass.range_constexpr(TAIL_ROWS // BLOCK):
+                self._tail_block(args, r + u * BLOCK, 0, m, self.phase)
+
+    @cute.jit
+    def _tail_block(self, args, r0, i, m, step: cutlass.Constexpr):
+        """The tail's 32-row block from row ``r0`` (``i``: its index in the one-pass run)."""
+        gx, gy, gq, s, gqt, st, ghp = args[:7]
+        ra, ca, vblocks, kv, e, lane, rg, cg, cv, amaxes = args[9:13] + args[13:]
+        if r0 < m:
+            rl = r0 + rg * LANE_ROWS
+            if cutlass.const_expr(self.prologue == "cast"):
+                t = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
+                _load_tile(t, gx, e, rl, m, r0 + BLOCK <= m, cv)
+                pos = _Pos(e, r0, rl, lane, rg, cg, m, cutlass.Int32(0), i, vblocks, ra, ca, amaxes)
+                self._emit(t, pos, cv, gq, s, gqt, st, ghp, step, True)
+            elif cutlass.const_expr(step != "amax"):  # the SwiGLU kernels: zeros, stored without the cast's math
+                for c in cutlass.range_constexpr(2 if self.prologue == "dswiglu" else 1):
+                    self._zero_rows(gq, s, gqt, ghp, e, rl, cg, m, cv + c * kv)
+
+    @cute.jit
+    def _zero_rows(self, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor, ghp: cute.Tensor, e, rl, cg, m, cv):
+        """Zeros in every output of the lane's 8 x 4 piece at rows ``[rl, rl + 8)`` before ``m``, column vector
+        ``cv``: rowwise data, the plain rowwise scale of row ``rl + cg`` (byte 0, the scale of an all-zero block),
+        ``hp`` and the unpadded colwise data (what the cast of a zero tile stores there)."""
+        z = cute.make_rmem_tensor((VEC,), cutlass.Float32)
+        z.fill(0.0)
+        for i in cutlass.range_constexpr(LANE_ROWS):
+            if rl + i < m:
+                gq[(None, (e, rl + i, cv))].store(z.load().to(self.elem_dtype))
+                if cutlass.const_expr(self.emit_hp):
+                    ghp[(None, (e, rl + i, cv))].store(z.load().to(ghp.element_type))
+        if cutlass.const_expr(not self.blocked):
+            if rl + cg < m:
+                s[e, rl + cg, cv // COL_LANES] = cutlass.Uint8(0)
+        if cutlass.const_expr(not self.pad_groups):
+            _zero_columns(gqt, e, rl, m, cv, self.elem_dtype)
 
     @cute.jit
     def _block(self, gx: cute.Tensor, gy: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor,
@@ -348,9 +438,9 @@ class TileQuantKernel(MXCastParams):
 
     @cute.jit
     def _emit(self, t: cute.Tensor, pos, cv, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor, st: cute.Tensor,
-              ghp: cute.Tensor, step: cutlass.Constexpr):
+              ghp: cute.Tensor, step: cutlass.Constexpr, tail: cutlass.Constexpr = False):
         """Quantize the lane's tile ``t`` (rows past the end zeroed first) at output column vector ``cv``, or with
-        ``step="amax"`` only reduce its 128-block amaxes."""
+        ``step="amax"`` only reduce its 128-block amaxes; ``tail``: rows past the last group (:meth:`_tail`)."""
         if pos.r0 + BLOCK > pos.end:
             for i in cutlass.range_constexpr(LANE_ROWS):
                 if pos.rl + i >= pos.end:
@@ -364,14 +454,17 @@ class TileQuantKernel(MXCastParams):
         if cutlass.const_expr(self.rowwise):
             kb = cute.size(gq, mode=[1, 2]) // COL_LANES  # rowwise blocks per output row
             self._rowwise(t, mag, gq, s, pos.e, pos.r0, pos.rl, pos.lane, pos.cg, pos.end, pos.vb, cv, kb, pos.ra,
-                          step, pos.amaxes)
-        if cutlass.const_expr(self.colwise):
+                          step, pos.amaxes, tail)
+        if cutlass.const_expr(tail):
+            if cutlass.const_expr(self.colwise and not self.pad_groups and step != "amax"):
+                _zero_columns(gqt, pos.e, pos.rl, pos.end, cv, self.elem_dtype)
+        elif cutlass.const_expr(self.colwise):
             self._colwise(t, mag, gqt, st, pos.e, pos.r0, pos.rl, pos.lane, pos.rg, pos.cg, pos.end, pos.tile0,
                           pos.vb, pos.vblocks, cv, pos.ca, step, pos.amaxes)
 
     @cute.jit
     def _rowwise(self, t: cute.Tensor, mag: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, e, r0, rl, lane, cg, end,
-                 vb, cv, kb, ra: cute.Tensor, step: cutlass.Constexpr, amaxes):
+                 vb, cv, kb, ra: cute.Tensor, step: cutlass.Constexpr, amaxes, tail: cutlass.Constexpr = False):
         a = cute.make_rmem_tensor((LANE_ROWS,), cutlass.Int32)
         for i in cutlass.range_constexpr(LANE_ROWS):
             a[i] = _row_max(mag, i)
@@ -393,13 +486,15 @@ class TileQuantKernel(MXCastParams):
             elif cutlass.const_expr(step == "apply"):  # the row's 128-block amax from the amax pass (a row past
                 # the end reads a clamped row: its data is not stored; a branch here made ptxas spill a predicate)
                 amax = cutlass.Int32(ra[e, cutlass.min(r, ra.shape[1] - 1), cb // 4])
-            self._rowwise_cast(t, amax, gq, s, e, r0, rl, lane, cg, end, vb, cv, kb, cb, r)
+            self._rowwise_cast(t, amax, gq, s, e, r0, rl, lane, cg, end, vb, cv, kb, cb, r, tail)
 
     @cute.jit
     def _rowwise_cast(self, t: cute.Tensor, amax: cutlass.Int32, gq: cute.Tensor, s: cute.Tensor, e, r0, rl, lane,
-                      cg, end, vb, cv, kb, cb, r):
+                      cg, end, vb, cv, kb, cb, r, tail: cutlass.Constexpr = False):
         byte, factor = block_scale(amax, self.emax, self.rceil)
-        if r < end:
+        if cutlass.const_expr(tail and self.blocked):
+            pass  # rows past the last group have no blocked (grouped-M) scale
+        elif r < end:
             if cutlass.const_expr(self.blocked):
                 srow = r
                 if cutlass.const_expr(self.grouped):  # grouped-M layout: the group from tile tile_starts[g], so
@@ -473,6 +568,20 @@ class TileQuantKernel(MXCastParams):
                         gqt[e, c, rl + i] = q8[i]
             else:
                 gqt[(None, (e, c, vb * ROW_LANES + rg))].store(qv)
+
+
+@cute.jit
+def _zero_columns(gqt: cute.Tensor, e, rl, end, cv, elem_dtype):
+    """Zero bytes in the lane's 8 x 4 piece of the unpadded grouped colwise data (1, K, M): columns
+    ``[4 cv, 4 cv + 4)`` of K at rows (tokens) ``[rl, rl + 8)`` before ``end``."""
+    z = cute.make_rmem_tensor((LANE_ROWS,), cutlass.Float32)
+    z.fill(0.0)
+    q8 = cute.make_rmem_tensor((LANE_ROWS,), elem_dtype)
+    q8.store(z.load().to(elem_dtype))
+    for j in cutlass.range_constexpr(VEC):
+        for i in cutlass.range_constexpr(LANE_ROWS):
+            if rl + i < end:
+                gqt[e, cv * VEC + j, rl + i] = q8[i]
 
 
 @cute.jit

@@ -23,12 +23,13 @@ from torch import Tensor, nn
 
 from ..config import MXFP8Config, resolve_config
 from ..ops.autograd import mxfp8_linear, mxfp8_swiglu_mlp, swiglu_mlp_from_counts
-from ..ops.group_meta import known_host_copy
+from ..ops.group_meta import known_host_copy, mark_safe
 from ..ops.shapes import fast_mode_hidden_reason, mxfp8_dims_reason
 
 _INT32_MAX = 2**31 - 1
 
-__all__ = ["MXFP8Linear", "MXFP8SwiGLUMLP", "MXFP8GroupedExperts", "mxfp8_dims_reason", "offsets_from_counts"]
+__all__ = ["MXFP8Linear", "MXFP8SwiGLUMLP", "MXFP8GroupedExperts", "device_offsets_from_counts", "mxfp8_dims_reason",
+           "offsets_from_counts"]
 
 
 def _require_dims(cls_name: str, **dims: int) -> None:
@@ -126,14 +127,22 @@ class MXFP8GroupedExperts(nn.Module):
     Args:
         dim: D, hidden_dim: I (multiples of 32; I of 128 with ``hopper_block_k=128``: ValueError), num_experts: E.
         names: the parameter names of (w1 (E, I, D), w2 (E, D, I), w3 (E, I, D)), default ``("w1", "w2", "w3")``.
+        validate_counts: read CUDA counts on the host and check them (ValueError for negative counts or a sum past
+            T), at the cost of one device sync per forward.  Default False: CUDA counts stay on the device (no
+            sync, as ``torch._grouped_mm`` with device offsets) and are made safe there instead: a negative count
+            counts as 0 and the groups end at T.  Counts given on the CPU or as ints are always checked.
     ``forward(x, num_tokens_per_expert)``: ``x`` (T, D) bf16/fp32 with tokens sorted by expert, the first
-    ``num_tokens_per_expert[0]`` rows for expert 0 and so on; ``num_tokens_per_expert`` (E,) integer tensor,
-    ``sum <= T`` (rows past the sum give zeros).  Returns (T, D) in ``x.dtype``.
+    ``num_tokens_per_expert[0]`` rows for expert 0 and so on; ``num_tokens_per_expert`` (E,) integer tensor (or E
+    ints), ``sum <= T`` (rows past the sum give zeros).  Returns (T, D) in ``x.dtype``.
     """
 
     def __init__(self, dim: int, hidden_dim: int, num_experts: int, device=None, dtype=None,
-                 config: MXFP8Config | None = None, names: tuple[str, str, str] = ("w1", "w2", "w3")):
+                 config: MXFP8Config | None = None, names: tuple[str, str, str] = ("w1", "w2", "w3"),
+                 validate_counts: bool = False):
         super().__init__()
+        if not isinstance(validate_counts, bool):
+            raise TypeError(f"validate_counts must be a bool, got {validate_counts!r}")
+        self.validate_counts = validate_counts
         _require_dims(type(self).__name__, dim=dim, hidden_dim=hidden_dim)
         if len(set(names)) != 3:
             raise ValueError(f"names must be three distinct parameter names (w1, w2, w3), got {names}")
@@ -157,12 +166,13 @@ class MXFP8GroupedExperts(nn.Module):
 
     @classmethod
     def from_module(cls, experts: nn.Module, config: MXFP8Config | None = None,
-                    names: tuple[str, str, str] = ("w1", "w2", "w3")) -> "MXFP8GroupedExperts":
+                    names: tuple[str, str, str] = ("w1", "w2", "w3"),
+                    validate_counts: bool = False) -> "MXFP8GroupedExperts":
         """Take over the (w1, w2, w3) parameters named ``names`` of a grouped-experts module (shared, not
         copied)."""
         weights = [getattr(experts, n) for n in names]
         e, i, d = weights[0].shape
-        new = cls(d, i, e, device="meta", config=config, names=names)
+        new = cls(d, i, e, device="meta", config=config, names=names, validate_counts=validate_counts)
         new._parameters.clear()  # the module's own parameter order (state dict key order)
         for n in experts._parameters:
             if n in names:
@@ -179,6 +189,11 @@ class MXFP8GroupedExperts(nn.Module):
             raise ValueError(f"x must be (tokens, dim) with tokens sorted by expert, got shape {tuple(x.shape)}")
         if torch.compiler.is_compiling():  # the counts read breaks the graph here, and the MLP stays one graph
             offs = offsets_from_counts(num_tokens_per_expert, self.num_experts, x.shape[0], x.device)
+            return mxfp8_swiglu_mlp(x, *self._weights(), offs, self.config)
+        counts = num_tokens_per_expert
+        if (not self.validate_counts and type(counts) is Tensor and counts.is_cuda and x.is_cuda
+                and counts.device == x.device):  # no host read: the step never waits for the GPU here
+            offs = device_offsets_from_counts(counts, self.num_experts, x.shape[0])
             return mxfp8_swiglu_mlp(x, *self._weights(), offs, self.config)
         # eager: the counts' copy to the host starts now and is waited for once the weights' casts are queued
         counts = _prefetch_counts(num_tokens_per_expert, self.num_experts)
@@ -209,6 +224,28 @@ def _prefetch_counts(counts, num_experts: int):
         return host
 
     return wait
+
+
+def device_offsets_from_counts(num_tokens_per_expert: Tensor, num_experts: int, num_tokens: int) -> Tensor:
+    """int32 cumulative end offsets (E,) on the counts' device, computed there without reading the counts on the
+    host (no device sync) and made safe instead of checked: every count is clamped into ``[0, num_tokens]`` (uint64
+    counts past int64 wrap negative first) and the offsets are capped at ``num_tokens``, so they are
+    non-decreasing within ``[0, num_tokens]`` and the grouped ops take them without a host read
+    (:func:`cute_mxfp8.ops.group_meta.mark_safe`).  Valid counts give :func:`offsets_from_counts`'s values.
+
+    Raises ValueError for a tensor that is not (E,) of an integer dtype (shape and dtype are known on the host)."""
+    name = "num_tokens_per_expert"
+    counts = num_tokens_per_expert
+    if (counts.shape != (num_experts,) or counts.dtype == torch.bool or counts.is_floating_point()
+            or counts.is_complex()):
+        raise ValueError(f"{name} must be an integer tensor of shape ({num_experts},), got {counts.dtype} of "
+                         f"shape {tuple(counts.shape)}")
+    if num_tokens > _INT32_MAX:
+        raise ValueError(f"x has {num_tokens} tokens, past the int32 token offsets ({_INT32_MAX}): split the batch")
+    # each count clamped into [0, T] first: the int64 running sum then cannot wrap
+    offs = counts.to(torch.int64).clamp(0, num_tokens).cumsum(0).clamp_(max=num_tokens).to(torch.int32)
+    mark_safe(offs, num_tokens)
+    return offs
 
 
 def offsets_from_counts(num_tokens_per_expert, num_experts: int, num_tokens: int, device) -> Tensor:

@@ -31,7 +31,7 @@ from . import gemm_sm90, gemm_sm100
 from .backends import Backend, register_backend
 from .gate_up import pack_gate_up_casts
 from .gemm_common import offs_limits
-from .group_meta import derived_tensors, validated_end
+from .group_meta import check_offsets, derived_tensors, validated_end
 from .shapes import colwise_shapes, padded_tokens, rowwise_shapes
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
@@ -134,17 +134,12 @@ def _colwise_shapes(token_align: int):
     return functools.partial(colwise_shapes, token_align=token_align) if token_align else colwise_shapes
 
 
-def _zero_past_groups(qt: torch.Tensor, offs, end: int, token_align: int, launch: bool) -> None:
-    """Zero the colwise data the tile kernel does not write: with groups and no padding the columns of rows at or
-    past ``offs[-1]`` (they belong to no group); with ``token_align`` everything when no kernel runs (the kernel
-    writes every column of the padded layout otherwise)."""
-    if offs is None:
-        return
-    if token_align:
-        if not launch:
-            qt.zero_()
-    elif end < qt.shape[-1]:
-        qt[..., end:] = 0
+def _fill_unlaunched(offs, launch: bool, *outs) -> None:
+    """Zero the outputs of a grouped cast that launches no kernel (no rows, no columns, or no groups: every row is
+    past them); when a kernel runs it writes every byte itself, the tail past ``offs[-1]`` included."""
+    if offs is not None and not launch:
+        for t in outs:
+            t.zero_()
 
 
 def _batch(t: torch.Tensor, three_d: bool) -> torch.Tensor:
@@ -246,18 +241,20 @@ def _ops(arch: str) -> dict:
     def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
         grouped = offs is not None and blocked  # plain rowwise scales do not depend on the groups
         if offs is not None:
-            end = validated_end(offs, x.shape[0])  # validated either way
+            check_offsets(offs, x.shape[0])  # validated either way
         q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, offs.shape[0] if grouped else None)
         if x.numel() == 0:
             return _e8m0(q, s)
         if x.dim() == 3 or (scale_block == 128 and not grouped):
             tile("rowwise", x, scale_mode, elem_dtype, blocked, q, s, None, None, None, scale_block)
-        elif grouped:
+        elif grouped and offs.numel() == 0:  # no groups: every row is past them
+            rows_past_groups(x, scale_mode, elem_dtype, q, s, 0, True, scale_block)
+        elif grouped and scale_block == 128:  # the tile kernel's tail CTAs cast the rows past offs[-1]
+            tile("rowwise", x, scale_mode, elem_dtype, True, q, s, None, None, offs, 128)
+        elif grouped:  # this kernel leaves the rows past offs[-1] to a second launch: it needs offs[-1] on the host
+            end = validated_end(offs, x.shape[0])
             if end > 0:
-                if scale_block == 32:
-                    kernel("rowwise", x, scale_mode, elem_dtype, True, True)(x, q, s, offs, _tile_starts(offs))
-                else:
-                    tile("rowwise", x, scale_mode, elem_dtype, True, q, s, None, None, offs, 128)
+                kernel("rowwise", x, scale_mode, elem_dtype, True, True)(x, q, s, offs, _tile_starts(offs))
             rows_past_groups(x, scale_mode, elem_dtype, q, s, end, True, scale_block)
         else:
             kernel("rowwise", x, scale_mode, elem_dtype, blocked)(x, q, s)
@@ -265,11 +262,11 @@ def _ops(arch: str) -> dict:
 
     def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0):
         if offs is not None:
-            end = validated_end(offs, x.shape[0])
+            check_offsets(offs, x.shape[0])
         qt, st = _outputs(_colwise_shapes(token_align), x, elem_dtype, blocked,
                           None if offs is None else offs.shape[0])
-        launch = x.numel() > 0 and (offs is None or end > 0)
-        _zero_past_groups(qt, offs, end if offs is not None else 0, token_align, launch)
+        launch = x.numel() > 0 and (offs is None or offs.numel() > 0)
+        _fill_unlaunched(offs, launch, qt)
         if launch:
             tile("colwise", x, scale_mode, elem_dtype, blocked, None, None, qt, st, offs, scale_block, token_align)
         return _e8m0(qt, st)
@@ -277,19 +274,19 @@ def _ops(arch: str) -> dict:
     def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0):
         g = None if offs is None else offs.shape[0]
         if offs is not None:
-            end = validated_end(offs, x.shape[0])
+            check_offsets(offs, x.shape[0])
         q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, g if blocked else None)
         qt, st = _outputs(_colwise_shapes(token_align), x, elem_dtype, blocked, g)
         if offs is None:
             if x.numel():
                 tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, None, scale_block)
             return _e8m0(q, s, qt, st)
-        launch = x.numel() > 0 and end > 0
-        _zero_past_groups(qt, offs, end, token_align, launch)
+        launch = x.numel() > 0 and g > 0  # the kernel's tail CTAs cast the rows past offs[-1]
+        _fill_unlaunched(offs, launch, qt)
         if launch:
             tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs, scale_block, token_align)
-        if x.numel():
-            rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked, scale_block)
+        elif x.numel():  # no groups: every row is past them
+            rows_past_groups(x, scale_mode, elem_dtype, q, s, 0, blocked, scale_block)
         return _e8m0(q, s, qt, st)
 
     def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32):
@@ -397,20 +394,15 @@ def _swiglu_ops(arch: str) -> dict:
         x = inputs[0]
         m, dev = x.shape[0], x.device
         g = None if offs is None else offs.shape[0]
-        end = m
         if offs is not None:
-            end = validated_end(offs, m)  # one host read per offsets tensor; bad offsets raise ValueError
+            check_offsets(offs, m)  # bad offsets raise ValueError (one host read, unless known to be safe)
         q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, g if blocked else None, (m, width))
         qt, st = _outputs(_colwise_shapes(token_align), x, elem_dtype, blocked, g, (m, width))
         hp = torch.empty((m, width) if emit_hp else (0,), dtype=x.dtype, device=dev)
-        launch = m > 0 and end > 0 and width > 0  # I == 0: nothing to compute (and no grid to launch)
-        if offs is not None and end < m:  # rows past offs[-1]: zero activation, zero data, zero plain scales
-            q[end:] = 0
-            if not blocked:
-                s[end:] = 0
-            if emit_hp:
-                hp[end:] = 0
-        _zero_past_groups(qt, offs, end, token_align, launch)
+        # I == 0: nothing to compute (and no grid to launch); no groups: every row is past them, all zeros; else
+        # the kernel's tail CTAs zero the rows past offs[-1] (activation, data, plain scales)
+        launch = m > 0 and width > 0 and g != 0
+        _fill_unlaunched(offs, launch, q, qt, hp, *(() if blocked else (s,)))
         if launch:
             hp_arg = hp.unsqueeze(0) if emit_hp else _placeholder(dev, x.dtype, (1, 32, 32))
             args = (*(t.unsqueeze(0) for t in inputs), q.unsqueeze(0), _batch(s, False), qt.unsqueeze(0),

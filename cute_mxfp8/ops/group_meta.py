@@ -5,7 +5,8 @@ A grouped MLP step calls a dozen grouped ops with the same ``offs`` tensor (cast
 each derived tensor is several small torch kernels: computed per call they were ~150 launches of host time per step
 on the H200 (``bench mlp --profile``).  :func:`derived` keys the results on the tensor object, its version counter
 (an in-place change of ``offs`` recomputes) and the op's extra key (the token count), holds them as long as ``offs``
-lives, and never reads ``offs`` on the host (no sync), except :func:`validated_end`'s one read.  Each entry is
+lives, and never reads ``offs`` on the host (no sync), except :func:`validated_end`'s one read (which
+:func:`check_offsets` skips for offsets :func:`mark_safe` vouches for).  Each entry is
 computed with torch on ``offs``'s device, or, once a host copy of ``offs`` is known, from that copy's Python ints
 and uploaded (:func:`derived_tensors`); the functions that compute each entry live with their users.
 """
@@ -115,6 +116,35 @@ def validated_end(offs: torch.Tensor, total: int | None) -> int:
     if total is not None and end > total:
         F.validate_offsets(host, total)  # raises its ValueError
     return end
+
+
+def mark_safe(offs: torch.Tensor, total: int) -> None:
+    """Record that ``offs`` was made on the device to be valid for ``total`` rows (non-decreasing, within
+    ``[0, total]``: the grouped module clamps its cumulative counts so), so that :func:`check_offsets` does not read
+    it back for ops on at least ``total`` rows.  Like every entry, an in-place change of ``offs`` drops it."""
+    derived(offs, "safe for", lambda: total)
+
+
+def check_offsets(offs: torch.Tensor, total: int) -> None:
+    """Raise :func:`validated_end`'s ValueError for offsets that are not valid for ``total`` rows, except for
+    offsets :func:`mark_safe` recorded as valid for at most ``total`` rows, which are not read on the host: no
+    device sync, so the GPU keeps the work queued behind them (the ops whose kernels find ``offs[-1]`` themselves
+    call this instead of :func:`validated_end`)."""
+    bound = safe_bound(offs) if isinstance(offs, torch.Tensor) else None
+    if bound is None or bound > total:
+        validated_end(offs, total)
+
+
+def safe_bound(offs: torch.Tensor) -> int | None:
+    """The row count :func:`mark_safe` recorded for this ``offs`` tensor and version, or None."""
+    return recorded(offs, "safe for")
+
+
+def recorded(offs: torch.Tensor, name: str):
+    """The :func:`derived` entry ``name`` (no extra key) of this ``offs`` tensor and version if there is one, else
+    None; computes and records nothing."""
+    values = _values(offs, create=False)
+    return None if values is None else values.get((name,))
 
 
 def known_host_copy(offs: torch.Tensor, host: torch.Tensor) -> None:

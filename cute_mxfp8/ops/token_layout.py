@@ -17,7 +17,7 @@ import torch
 from .. import formats as F
 from ..jit import compile_token_align
 from .gemm_common import MAX_ELEMENTS, device_offsets_host, offs_limits, operand_limits, safe_offsets
-from .group_meta import derived, derived_tensors, host_list, known_host_copy
+from .group_meta import derived, derived_tensors, host_list, known_host_copy, recorded, safe_bound
 
 
 def group_columns(offs: torch.Tensor, align: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -93,7 +93,10 @@ def padded_offsets(offs: torch.Tensor, align: int = 128) -> torch.Tensor:
     def compute():
         host = host_list(offs) if offs.device.type == "cuda" else None
         if host is None:
-            return F.padded_group_offsets(offs, align)
+            out = F.padded_group_offsets(offs, align)
+            if safe_bound(offs) is not None:  # valid offsets: the padded groups are aligned by construction
+                derived(out, "aligned to", lambda: align)
+            return out
         ends = torch.tensor(group_columns_host(host, align)[1], dtype=torch.int32)
         out = ends.pin_memory().to(offs.device, non_blocking=True)
         known_host_copy(out, ends)
@@ -106,8 +109,13 @@ def _groups_aligned(offs: torch.Tensor, t: int, align: int) -> bool:
     """Whether operands of ``t`` tokens with groups ``offs`` already are in the ``align``-aligned layout (every
     group size and ``t`` multiples of ``align``), decided from the host copy of ``offs`` (False when none is
     known: no device read)."""
+    if t % align:
+        return False
+    made = recorded(offs, "aligned to")  # padded_offsets of offsets vouched for on the device (no host values)
+    if made is not None and made % align == 0:
+        return True
     host = host_list(offs)  # (not cached as "unknown": a later host read may still decide it)
-    if host is None or t % align:
+    if host is None:
         return False
 
     def compute():
