@@ -293,3 +293,35 @@ def test_safe_offsets_are_not_read_on_the_host(monkeypatch):
     reads.clear()
     GM.check_offsets(offs, 10)
     assert reads == [10]
+
+
+@pytest.mark.parametrize("counts", [[5], [0, 300], [128, 0, 129], [1, 2, 3, 700], [0, 0, 0, 0, 256]])
+def test_primed_fast_schedules_equal_the_lazy_ones_and_are_what_the_users_get(counts):
+    """prime_fast_schedules records, in one buffer, the values every fast-mode user computes lazily (casts' tile
+    starts, 2d-3d and 2d-2d schedules, padded offsets and their alignment), under the keys those users look up:
+    each call below returns a primed view (inside the buffer), equal to the same call on an unprimed copy."""
+    from cute_mxfp8.nn.modules import device_offsets_from_counts
+    from cute_mxfp8.ops import cute_kernels as CK, gemm_common as GC, token_layout as TL
+
+    t = sum(counts) + 70
+    offs = device_offsets_from_counts(torch.tensor(counts), len(counts), t)
+    lazy = offs.clone()
+    TL.prime_fast_schedules(offs, t)
+    tp = 128 * (t // 128 + len(counts))
+
+    def calls(o):
+        padded = TL.padded_offsets(o, 128)
+        return [CK._tile_starts(o), *GC.schedule_m(o, t, 128), padded, *TL.schedule_k(padded, tp, 128)]
+
+    got, want = calls(offs), calls(lazy)
+    base = got[0].untyped_storage().data_ptr()
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == torch.int32 and g.shape == w.shape and g.is_contiguous()
+        assert torch.equal(g, w)
+        assert g is offs or g.untyped_storage().data_ptr() == base and g.data_ptr() % 16 == 0
+    assert TL._groups_aligned(got[3], tp, 128)
+    other = device_offsets_from_counts(torch.tensor(counts), len(counts), t + 1)
+    TL.prime_fast_schedules(other, t)  # vouched for another row count: nothing recorded
+    from cute_mxfp8.ops.group_meta import recorded
+
+    assert recorded(offs, "tile_starts") is got[0] and recorded(other, "tile_starts") is None

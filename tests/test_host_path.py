@@ -139,14 +139,14 @@ def test_grouped_experts_step_never_syncs_and_equals_the_checked_path(block, rng
 def test_grouped_experts_capture_into_cuda_graphs(rng):
     """Sync-free, the grouped module's forward + backward captures (torch.cuda.make_graphed_callables with the
     counts as a graph input): replays give the eager output and gradients, also after the counts change."""
-    fast, _ = _experts_pair(128, rng)
+    fast, checked = _experts_pair(128, rng)
     x = torch.randn(640, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(640, 256, device="cuda", dtype=torch.bfloat16)
     counts = torch.tensor([128, 0, 200, 290], device="cuda")
-    graphed = torch.cuda.make_graphed_callables(fast, (x, counts))
+    graphed = torch.cuda.make_graphed_callables(fast, (x, counts))  # fast.forward is the graphed one from now on
     for new in ([128, 0, 200, 290], [10, 300, 0, 129]):
         counts.copy_(torch.tensor(new))
-        want = _step(fast, x, counts, dy)
+        want = _step(checked, x, counts, dy)  # eager, same weights
         x.grad = None
         fast.zero_grad(set_to_none=True)
         y = graphed(x, counts)

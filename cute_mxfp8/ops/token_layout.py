@@ -167,3 +167,42 @@ def wgrad_limits(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_sca
     if why is None and g * n * k > MAX_ELEMENTS:
         return f"the output would have {g * n * k} elements; the kernel indexes with int32: split the groups"
     return why
+
+
+def prime_fast_schedules(offs: torch.Tensor, t: int) -> None:
+    """Compute, in about a dozen launches, every per-offsets tensor a grouped MLP step in the Hopper fast mode takes
+    from offsets ``offs`` over ``t`` tokens that :func:`~.group_meta.mark_safe` vouched for, and record them
+    under the keys their users look up (:func:`~.group_meta.derived`): the casts' group tile starts, the 2d-3d
+    schedule in 128-row tiles (:func:`~.gemm_common.schedule_m`), the padded offsets of the ``token_align=128``
+    operands (:func:`padded_offsets`) and, on those, the 2d-2d schedule (:func:`schedule_k`) and the mark that
+    they are aligned.  Computed one by one on the device they were ~60 small torch launches per step (the host
+    copy that made them cheap is what the sync-free module does not have).  The values are those the lazy
+    functions compute (``tests/test_group_meta.py``); anything else stays lazy.  No-op for offsets without the
+    mark for ``t`` rows, or no groups."""
+    g = offs.numel()
+    bound = safe_bound(offs)
+    if g == 0 or bound is None or bound != t:
+        return
+    o = offs.to(torch.int64)
+    units = torch.diff(o, prepend=o.new_zeros(1)).add_(127).div_(128, rounding_mode="floor")  # ceil(size / 128)
+    incl = units.cumsum(0)  # 128-row tiles (or padded 128-token units) up to each group's end
+    starts = incl - units  # formats.group_tile_starts: each group's first tile
+    padded = incl * 128  # formats.padded_group_offsets(offs, 128)
+    entries = [(starts,), (incl, starts), (padded,), (padded - units * 128, starts)]
+    # one int32 buffer; each entry contiguous and from a 16-byte aligned element, as group_meta's uploads
+    zeros = o.new_zeros(3)
+    flat = torch.cat([p for rows in entries for p in (*rows, zeros[:-len(rows) * g % 4])]).to(torch.int32)
+    views, at = [], 0
+    for rows in entries:
+        n = len(rows) * g
+        views.append(flat[at:at + n].view(len(rows), g) if len(rows) > 1 else flat[at:at + n])
+        at += n + -n % 4
+    ts, sched_m, ends, sched_k = views
+    tp = 128 * (t // 128 + g)  # the token_align operands' width
+    derived(offs, "device_offsets", lambda: offs, t)  # safe already: device_offsets would give these values
+    derived(offs, "tile_starts", lambda: ts)
+    derived(offs, "schedule_m", lambda: sched_m, t, 128)
+    derived(offs, "padded offsets", lambda: ends, 128)
+    derived(ends, "aligned to", lambda: 128)
+    derived(ends, "device_offsets", lambda: ends, tp)
+    derived(ends, "schedule_k", lambda: (ends, sched_k), tp, 128)
