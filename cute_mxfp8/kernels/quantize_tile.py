@@ -70,7 +70,11 @@ class TileQuantKernel(MXCastParams):
     blocks: the aligned grouped-K scale columns ``[4 * tile_starts[g], 4 * tile_starts[g] + ceil(size_g / 32))``
     of each group g; a virtual block past its group's blocks does nothing (its scales stay zero, from the
     caller's zero-filled buffer).  Blocked colwise scales go to the grouped-K layout (each group's tiles blocked
-    on their own, ``formats.to_blocked_scales_grouped_k``).  Rows at or past ``offs[-1]`` are not touched (the caller fills them).
+    on their own, ``formats.to_blocked_scales_grouped_k``).  Rows at or past ``offs[-1]`` (found on the device, so
+    the host never needs ``offs[-1]``) belong to tail CTAs appended to the grid, ``ceil(M / TAIL_ROWS)`` per column
+    tile, each owning ``TAIL_ROWS`` rows from ``offs[-1]`` (those past M exit at once): the cast quantizes them
+    rowwise as any row (plain scales; there is no grouped blocked scale for them), the SwiGLU kernels store zeros
+    (data, plain scales, ``hp``), and both store zeros in the unpadded colwise data (:meth:`_tail`).
     ``pad_groups`` (the ops' ``token_align=128``): the colwise data is (1, K, 32 * virtual blocks), virtual block
     vb at columns ``[32 vb, 32 vb + 32)``, i.e. every group from column ``128 * tile_starts[g]``
     (``formats.pad_token_groups``).  The blocks then store 8-byte vectors like the dense layout, and a virtual

@@ -9,7 +9,9 @@ Conventions shared by every function here (``design.md`` sections 1-2):
 * ``offs``: int32 cumulative END offsets of token groups, shape (G,), ``offs[-1] <= M``; empty groups and groups
   of any size are legal.  Rows at or past ``offs[-1]`` belong to no group: they get no grouped scales and zero
   colwise data, while rowwise data (and plain rowwise scales) still quantize them from ``x``.  Bad offsets raise
-  ``ValueError`` whatever the layout (checking them reads ``offs`` on the host: one device sync).
+  ``ValueError`` whatever the layout (checking them reads ``offs`` on the host: one device sync), except offsets
+  made on the device by :func:`cute_mxfp8.nn.modules.device_offsets_from_counts` (what ``MXFP8GroupedExperts``
+  does with CUDA counts): those are valid by construction and never read on the host.
 * ``backend``: ``None`` picks automatically (``CUTE_MXFP8_BACKEND`` if set, else the best backend for the
   device); an explicit backend that cannot run raises :class:`~cute_mxfp8.ops.backends.BackendUnavailableError`.
 * Bad shapes, dtypes, devices or offsets raise ``ValueError`` naming the rule, before any kernel runs.

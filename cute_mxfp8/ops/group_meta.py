@@ -23,6 +23,8 @@ _ENTRIES: dict[int, tuple[weakref.ref, int, dict]] = {}
 
 
 def _drop(key: int, ref: weakref.ref) -> None:
+    if _ENTRIES is None:  # interpreter shutdown: the module's globals are already cleared
+        return
     entry = _ENTRIES.get(key)
     if entry is not None and entry[0] is ref:
         del _ENTRIES[key]
