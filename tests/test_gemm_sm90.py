@@ -668,9 +668,10 @@ def test_fast_mode_gemm_clusters_are_bit_exact(cluster, m, n, k, rng):
 @pytest.mark.gpu
 @sm90
 def test_sm90_grouped_experts_device_counts_prefetch_matches_host_counts(rng):
-    """The module copies device counts to pinned host memory when its forward starts and waits only for that copy:
-    the step's results are bit-identical to passing the same counts as Python ints, a later in-place change of
-    the counts tensor is seen by the next call, and bad device counts raise the same errors as host ones."""
+    """Device counts (kept on the device by default) give results bit-identical to passing the same counts as Python
+    ints, a later in-place change of the counts tensor is seen by the next call, and with ``validate_counts=True``
+    (the counts copied to pinned host memory as the forward starts) bad device counts raise the same errors as
+    host ones."""
     from cute_mxfp8.nn import MXFP8GroupedExperts
 
     torch.manual_seed(0)
@@ -687,6 +688,7 @@ def test_sm90_grouped_experts_device_counts_prefetch_matches_host_counts(rng):
             y.backward(torch.ones_like(y))
             outs.append([y.detach(), xi.grad] + [p.grad for p in ex.parameters()])
         assert all(torch.equal(a, b) for a, b in zip(*outs))
+    ex.validate_counts = True
     for bad, match in (([5, -1, 0, 0], "must be >= 0"), ([400, 200, 0, 0], "sums to 600 but x has 500")):
         with pytest.raises(ValueError, match=match):
             ex(x, torch.tensor(bad, device="cuda"))
