@@ -318,10 +318,53 @@ def test_primed_fast_schedules_equal_the_lazy_ones_and_are_what_the_users_get(co
     for g, w in zip(got, want):
         assert g.dtype == w.dtype == torch.int32 and g.shape == w.shape and g.is_contiguous()
         assert torch.equal(g, w)
-        assert g is offs or g.untyped_storage().data_ptr() == base and g.data_ptr() % 16 == 0
+        same_as_offs = g.data_ptr() == offs.data_ptr()  # device_offsets of safe offsets: offs' own storage
+        assert same_as_offs or g.untyped_storage().data_ptr() == base and g.data_ptr() % 16 == 0
     assert TL._groups_aligned(got[3], tp, 128)
     other = device_offsets_from_counts(torch.tensor(counts), len(counts), t + 1)
     TL.prime_fast_schedules(other, t)  # vouched for another row count: nothing recorded
     from cute_mxfp8.ops.group_meta import recorded
 
     assert recorded(offs, "tile_starts") is got[0] and recorded(other, "tile_starts") is None
+
+
+def test_primed_offsets_are_freed_with_their_tensor():
+    """No primed entry keeps the offsets tensor it is keyed on alive: a training loop's per-step offsets (and the
+    padded offsets made from them) leave the cache when the step drops them."""
+    from cute_mxfp8.nn.modules import device_offsets_from_counts
+    from cute_mxfp8.ops import token_layout as TL
+
+    gc.collect()
+    before = cached_entries()
+    for _ in range(5):
+        offs = device_offsets_from_counts(torch.tensor([3, 0, 300]), 3, 400)
+        TL.prime_fast_schedules(offs, 400)
+        TL.schedule_k(TL.padded_offsets(offs, 128), 128 * (400 // 128 + 3), 128)
+        del offs
+        gc.collect()
+    assert cached_entries() == before
+
+
+def test_inference_tensors_are_not_cached_and_still_checked():
+    """Inference tensors have no version counter: nothing is recorded for them (no mark), and the checks read them
+    as any other offsets."""
+    from cute_mxfp8.nn.modules import device_offsets_from_counts
+    from cute_mxfp8.ops.group_meta import check_offsets, safe_bound
+
+    with torch.inference_mode():
+        offs = device_offsets_from_counts(torch.tensor([3, 4]), 2, 10)
+        assert offs.tolist() == [3, 7] and safe_bound(offs) is None
+        check_offsets(offs, 10)
+        with pytest.raises(ValueError, match="exceeds"):
+            check_offsets(offs, 6)
+
+
+@pytest.mark.parametrize("args,match", [
+    (([3, 4], 2, 10), "must be an integer tensor"), ((torch.tensor([3, 4]), 2, -1), "num_tokens must be an int"),
+    ((torch.tensor([3, 4]), 2, 12.5), "num_tokens must be an int"), ((torch.tensor([3, 4]), True, 9), "num_experts"),
+    ((torch.tensor([3, 4]), 2, 2**31), "past the int32 token offsets")])
+def test_device_offsets_refuse_bad_arguments(args, match):
+    from cute_mxfp8.nn.modules import device_offsets_from_counts
+
+    with pytest.raises(ValueError, match=match):
+        device_offsets_from_counts(*args)

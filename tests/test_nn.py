@@ -296,3 +296,16 @@ def test_grouped_experts_compile_keeps_the_mlp_in_one_graph(rng):
     yc.sum().backward()
     got = [yc.detach(), x.grad, *(p.grad for p in ex.parameters())]
     assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_grouped_experts_pickled_before_validate_counts_still_run(rng):
+    """A module saved before ``validate_counts`` existed (no instance attribute) runs with the class default; the
+    constructor refuses a non-bool."""
+    ex = MXFP8GroupedExperts(64, 64, 2)
+    x = torch.randn(6, 64, generator=rng)
+    want = ex(x, [2, 3])
+    del ex.__dict__["validate_counts"]
+    assert ex.validate_counts is False and torch.equal(ex(x, [2, 3]), want)
+    with pytest.raises(TypeError, match="validate_counts must be a bool"):
+        MXFP8GroupedExperts(64, 64, 2, validate_counts=1)
+    assert "validate_counts" not in MXFP8GroupedExperts(64, 64, 2, validate_counts=True).state_dict()

@@ -131,11 +131,16 @@ class MXFP8GroupedExperts(nn.Module):
         validate_counts: read CUDA counts on the host and check them (ValueError for negative counts or a sum past
             T), at the cost of one device sync per forward.  Default False: CUDA counts stay on the device (no
             sync, as ``torch._grouped_mm`` with device offsets) and are made safe there instead: a negative count
-            counts as 0 and the groups end at T.  Counts given on the CPU or as ints are always checked.
+            counts as 0 and the groups end at T.  Counts given on the CPU or as ints are always checked.  Still
+            read once per step with device counts: 32-block rowwise-only grouped casts (``wgrad_with_hp=True``, or
+            frozen expert weights without the fast mode), the reference backend, and ``torch.compile`` (which
+            reads the counts itself).
     ``forward(x, num_tokens_per_expert)``: ``x`` (T, D) bf16/fp32 with tokens sorted by expert, the first
     ``num_tokens_per_expert[0]`` rows for expert 0 and so on; ``num_tokens_per_expert`` (E,) integer tensor (or E
     ints), ``sum <= T`` (rows past the sum give zeros).  Returns (T, D) in ``x.dtype``.
     """
+
+    validate_counts = False  # the class default: modules pickled before the attribute existed keep working
 
     def __init__(self, dim: int, hidden_dim: int, num_experts: int, device=None, dtype=None,
                  config: MXFP8Config | None = None, names: tuple[str, str, str] = ("w1", "w2", "w3"),
@@ -236,9 +241,16 @@ def device_offsets_from_counts(num_tokens_per_expert: Tensor, num_experts: int, 
     non-decreasing within ``[0, num_tokens]`` and the grouped ops take them without a host read
     (:func:`cute_mxfp8.ops.group_meta.mark_safe`).  Valid counts give :func:`offsets_from_counts`'s values.
 
-    Raises ValueError for a tensor that is not (E,) of an integer dtype (shape and dtype are known on the host)."""
+    Raises ValueError for counts that are not an (E,) tensor of an integer dtype (shape and dtype are known on the
+    host), a ``num_tokens`` or ``num_experts`` that is not an int >= 0, or ``num_tokens`` past 2**31 - 1."""
     name = "num_tokens_per_expert"
     counts = num_tokens_per_expert
+    for arg, v in (("num_tokens", num_tokens), ("num_experts", num_experts)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{arg} must be an int >= 0, got {v!r}")
+    if not isinstance(counts, Tensor):
+        raise ValueError(f"{name} must be an integer tensor of shape ({num_experts},), got {type(counts).__name__}: "
+                         f"pass a list of ints to MXFP8GroupedExperts (checked on the host) or a tensor here")
     if (counts.shape != (num_experts,) or counts.dtype == torch.bool or counts.is_floating_point()
             or counts.is_complex()):
         raise ValueError(f"{name} must be an integer tensor of shape ({num_experts},), got {counts.dtype} of "
@@ -255,8 +267,8 @@ def offsets_from_counts(num_tokens_per_expert, num_experts: int, num_tokens: int
     """int32 cumulative end offsets (E,) on ``device`` from per-expert token counts, checked before narrowing.
 
     ``num_tokens_per_expert``: an integer tensor of any integer dtype (uint64 included) or a sequence of Python
-    ints, E values.  The counts are read on the host (one device sync for a device tensor; the grouped ops read
-    the offsets once more) and checked as exact Python integers: every count >= 0, their sum <= ``num_tokens``
+    ints, E values.  The counts are read on the host (one device sync for a device tensor; the result carries its
+    host copy, so the grouped ops do not read the offsets again) and checked as exact Python integers: every count >= 0, their sum <= ``num_tokens``
     and <= 2**31 - 1, so no offset wraps when it is stored as int32.  Raises ValueError naming
     ``num_tokens_per_expert`` otherwise.
     """

@@ -11,7 +11,8 @@ Conventions shared by every function here (``design.md`` sections 1-2):
   colwise data, while rowwise data (and plain rowwise scales) still quantize them from ``x``.  Bad offsets raise
   ``ValueError`` whatever the layout (checking them reads ``offs`` on the host: one device sync), except offsets
   made on the device by :func:`cute_mxfp8.nn.modules.device_offsets_from_counts` (what ``MXFP8GroupedExperts``
-  does with CUDA counts): those are valid by construction and never read on the host.
+  does with CUDA counts): those are valid by construction and not read on the host, except by the 32-block
+  grouped rowwise-only cast (its kernel leaves the rows past ``offs[-1]`` to a second launch).
 * ``backend``: ``None`` picks automatically (``CUTE_MXFP8_BACKEND`` if set, else the best backend for the
   device); an explicit backend that cannot run raises :class:`~cute_mxfp8.ops.backends.BackendUnavailableError`.
 * Bad shapes, dtypes, devices or offsets raise ``ValueError`` naming the rule, before any kernel runs.

@@ -33,8 +33,8 @@ def _drop(key: int, ref: weakref.ref) -> None:
 def _values(offs: torch.Tensor, create: bool) -> dict | None:
     """The cached values of this ``offs`` tensor (same object, same version): a new empty dict when ``create``
     and there are none yet, else None.  None for tensors under tracing (fake or functional tensors,
-    ``torch.compile``), which are never cached."""
-    if type(offs) is not torch.Tensor or torch.compiler.is_compiling():
+    ``torch.compile``) and inference tensors (no version counter), which are never cached."""
+    if type(offs) is not torch.Tensor or torch.compiler.is_compiling() or offs.is_inference():
         return None
     slot = id(offs)
     entry = _ENTRIES.get(slot)
@@ -123,7 +123,10 @@ def validated_end(offs: torch.Tensor, total: int | None) -> int:
 def mark_safe(offs: torch.Tensor, total: int) -> None:
     """Record that ``offs`` was made on the device to be valid for ``total`` rows (non-decreasing, within
     ``[0, total]``: the grouped module clamps its cumulative counts so), so that :func:`check_offsets` does not read
-    it back for ops on at least ``total`` rows.  Like every entry, an in-place change of ``offs`` drops it."""
+    it back for ops on at least ``total`` rows.  Like every entry, an in-place change of ``offs`` drops it; a write
+    the version counter does not see (through ``.data``, ``.numpy()`` or another tensor on the same storage) does
+    not, and the kernels then trust whatever it wrote: make new offsets a new tensor.  Not recorded for inference
+    tensors (they are then read and checked as any)."""
     derived(offs, "safe for", lambda: total)
 
 

@@ -17,6 +17,7 @@ import torch
 from .. import formats as F
 from ..jit import compile_token_align
 from .gemm_common import MAX_ELEMENTS, device_offsets_host, offs_limits, operand_limits, safe_offsets
+from .shapes import padded_tokens
 from .group_meta import derived, derived_tensors, host_list, known_host_copy, recorded, safe_bound
 
 
@@ -191,18 +192,20 @@ def prime_fast_schedules(offs: torch.Tensor, t: int) -> None:
     entries = [(starts,), (incl, starts), (padded,), (padded - units * 128, starts)]
     # one int32 buffer; each entry contiguous and from a 16-byte aligned element, as group_meta's uploads
     zeros = o.new_zeros(3)
-    flat = torch.cat([p for rows in entries for p in (*rows, zeros[:-len(rows) * g % 4])]).to(torch.int32)
+    flat = torch.cat([p for rows in entries for p in (*rows, zeros[:(-len(rows) * g) % 4])]).to(torch.int32)
     views, at = [], 0
     for rows in entries:
         n = len(rows) * g
         views.append(flat[at:at + n].view(len(rows), g) if len(rows) > 1 else flat[at:at + n])
         at += n + -n % 4
     ts, sched_m, ends, sched_k = views
-    tp = 128 * (t // 128 + g)  # the token_align operands' width
-    derived(offs, "device_offsets", lambda: offs, t)  # safe already: device_offsets would give these values
+    tp = padded_tokens(t, g, 128)  # the token_align operands' width
+    # an entry never holds the tensor it is keyed on (that would keep it alive in the global cache): detach()
+    # shares its storage without being a view of it
+    derived(offs, "device_offsets", lambda: offs.detach(), t)  # safe already: device_offsets' values
     derived(offs, "tile_starts", lambda: ts)
     derived(offs, "schedule_m", lambda: sched_m, t, 128)
     derived(offs, "padded offsets", lambda: ends, 128)
     derived(ends, "aligned to", lambda: 128)
-    derived(ends, "device_offsets", lambda: ends, tp)
-    derived(ends, "schedule_k", lambda: (ends, sched_k), tp, 128)
+    derived(ends, "device_offsets", lambda: ends.detach(), tp)
+    derived(ends, "schedule_k", lambda: (ends.detach(), sched_k), tp, 128)
