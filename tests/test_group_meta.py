@@ -346,22 +346,33 @@ def test_primed_offsets_are_freed_with_their_tensor():
 
 
 def test_inference_tensors_are_not_cached_and_still_checked():
-    """Inference tensors have no version counter: nothing is recorded for them (no mark), and the checks read them
-    as any other offsets."""
-    from cute_mxfp8.nn.modules import device_offsets_from_counts
-    from cute_mxfp8.ops.group_meta import check_offsets, safe_bound
+    """Inference tensors have no version counter: nothing is recorded for them, and the checks read them as any
+    other offsets.  The module's offsets are made as normal tensors under inference mode, so they keep their mark
+    (no host read there either); numpy and symbolic sizes are taken."""
+    import numpy as np
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from cute_mxfp8.nn.modules import device_offsets_from_counts, offsets_from_counts
+    from cute_mxfp8.ops.group_meta import check_offsets, known_host_copy, safe_bound
 
     with torch.inference_mode():
-        offs = device_offsets_from_counts(torch.tensor([3, 4]), 2, 10)
-        assert offs.tolist() == [3, 7] and safe_bound(offs) is None
+        offs = torch.tensor([3, 7], dtype=torch.int32)
+        known_host_copy(offs, offs.clone())  # not recorded, no error
+        mark_offs = device_offsets_from_counts(torch.tensor([3, 4]), 2, np.int64(10))
+        assert mark_offs.tolist() == [3, 7] and not mark_offs.is_inference() and safe_bound(mark_offs) == 10
+        assert not offsets_from_counts([3, 4], 2, 10, "cpu").is_inference()
         check_offsets(offs, 10)
         with pytest.raises(ValueError, match="exceeds"):
             check_offsets(offs, 6)
+    args = (torch.randn(10, 4), torch.tensor([3, 4]))
+    gm = make_fx(lambda x, c: device_offsets_from_counts(c, 2, x.shape[0]), tracing_mode="symbolic")(*args)
+    assert gm(torch.randn(12, 4), torch.tensor([9, 9])).tolist() == [9, 12]
 
 
 @pytest.mark.parametrize("args,match", [
     (([3, 4], 2, 10), "must be an integer tensor"), ((torch.tensor([3, 4]), 2, -1), "num_tokens must be an int"),
-    ((torch.tensor([3, 4]), 2, 12.5), "num_tokens must be an int"), ((torch.tensor([3, 4]), True, 9), "num_experts"),
+    ((torch.tensor([3, 4]), 2, 12.5), "num_tokens must be an int >= 0, got 12.5"),
+    ((torch.tensor([3, 4]), True, 9), "num_experts"),
     ((torch.tensor([3, 4]), 2, 2**31), "past the int32 token offsets")])
 def test_device_offsets_refuse_bad_arguments(args, match):
     from cute_mxfp8.nn.modules import device_offsets_from_counts

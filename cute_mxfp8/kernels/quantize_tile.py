@@ -27,6 +27,7 @@ WARPS = 4  # warps per CTA, side by side along K: a CTA tile is 32 rows x 128 co
 CTA_COLS = WARPS * BLOCK
 RUN = 4  # 32-row blocks per 128-block along M: the one-pass 128-block cast's CTA covers one run
 TAIL_ROWS = 256  # with token groups, each tail CTA covers this many rows past offs[-1] (TileQuantKernel._tail)
+assert TAIL_ROWS % (RUN * BLOCK) == 0, "the tail CTAs unroll whole runs of the one-pass cast"
 
 
 PROLOGUES = ("cast", "swiglu", "dswiglu")

@@ -14,6 +14,7 @@ otherwise (``convert_to_mxfp8`` skips such layers and reports why).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import operator
@@ -245,9 +246,7 @@ def device_offsets_from_counts(num_tokens_per_expert: Tensor, num_experts: int, 
     host), a ``num_tokens`` or ``num_experts`` that is not an int >= 0, or ``num_tokens`` past 2**31 - 1."""
     name = "num_tokens_per_expert"
     counts = num_tokens_per_expert
-    for arg, v in (("num_tokens", num_tokens), ("num_experts", num_experts)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"{arg} must be an int >= 0, got {v!r}")
+    num_tokens, num_experts = _size_arg("num_tokens", num_tokens), _size_arg("num_experts", num_experts)
     if not isinstance(counts, Tensor):
         raise ValueError(f"{name} must be an integer tensor of shape ({num_experts},), got {type(counts).__name__}: "
                          f"pass a list of ints to MXFP8GroupedExperts (checked on the host) or a tensor here")
@@ -257,10 +256,34 @@ def device_offsets_from_counts(num_tokens_per_expert: Tensor, num_experts: int, 
                          f"shape {tuple(counts.shape)}")
     if num_tokens > _INT32_MAX:
         raise ValueError(f"x has {num_tokens} tokens, past the int32 token offsets ({_INT32_MAX}): split the batch")
-    # each count clamped into [0, T] first: the int64 running sum then cannot wrap
-    offs = counts.to(torch.int64).clamp(0, num_tokens).cumsum(0).clamp_(max=num_tokens).to(torch.int32)
+    with _normal_tensors():
+        # each count clamped into [0, T] first: the int64 running sum then cannot wrap
+        offs = counts.to(torch.int64).clamp(0, num_tokens).cumsum(0).clamp_(max=num_tokens).to(torch.int32)
     mark_safe(offs, num_tokens)
     return offs
+
+
+def _size_arg(name: str, v):
+    """``v`` as an int >= 0 (Python and numpy ints, 0-d integer tensors; a symbolic size under tracing as it is),
+    else ValueError naming ``name``."""
+    got = v
+    if not isinstance(v, (int, torch.SymInt)) or isinstance(v, bool):  # (type checks first: no index() on a
+        try:  # dynamo-traced size, which would specialize it)
+            v = operator.index(v) if not isinstance(v, bool) else None
+        except TypeError:
+            v = None
+    if v is None or v < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {got!r}")
+    return v
+
+
+def _normal_tensors():
+    """A context in which new tensors are normal ones even under ``torch.inference_mode`` (inference tensors have no
+    version counter, so the offsets' cache (:mod:`cute_mxfp8.ops.group_meta`) would skip them and every grouped
+    op would read them back); nothing under torch.compile, where the context would break the graph."""
+    if torch.compiler.is_compiling() or not torch.is_inference_mode_enabled():
+        return contextlib.nullcontext()
+    return torch.inference_mode(False)
 
 
 def offsets_from_counts(num_tokens_per_expert, num_experts: int, num_tokens: int, device) -> Tensor:
@@ -268,8 +291,8 @@ def offsets_from_counts(num_tokens_per_expert, num_experts: int, num_tokens: int
 
     ``num_tokens_per_expert``: an integer tensor of any integer dtype (uint64 included) or a sequence of Python
     ints, E values.  The counts are read on the host (one device sync for a device tensor; the result carries its
-    host copy, so the grouped ops do not read the offsets again) and checked as exact Python integers: every count >= 0, their sum <= ``num_tokens``
-    and <= 2**31 - 1, so no offset wraps when it is stored as int32.  Raises ValueError naming
+    host copy, so the grouped ops do not read the offsets again) and checked as exact Python integers: every count
+    >= 0, their sum <= ``num_tokens`` and <= 2**31 - 1, so no offset wraps when it is stored as int32.  Raises ValueError naming
     ``num_tokens_per_expert`` otherwise.
     """
     name = "num_tokens_per_expert"
@@ -301,11 +324,12 @@ def offsets_from_counts(num_tokens_per_expert, num_experts: int, num_tokens: int
                          f"most x.shape[0] rows, got {host}")
     if total > _INT32_MAX:
         raise ValueError(f"{name} sums to {total}, past the int32 token offsets ({_INT32_MAX}): split the batch")
-    host_offs = torch.tensor(ends, dtype=torch.int32)
-    if torch.device(device).type == "cuda":  # pinned: the upload does not wait for the stream to drain
-        offs = host_offs.pin_memory().to(device, non_blocking=True)
-    else:
-        offs = host_offs.to(device)
+    with _normal_tensors():
+        host_offs = torch.tensor(ends, dtype=torch.int32)
+        if torch.device(device).type == "cuda":  # pinned: the upload does not wait for the stream to drain
+            offs = host_offs.pin_memory().to(device, non_blocking=True)
+        else:
+            offs = host_offs.to(device)
     if offs is not host_offs:  # the grouped ops validate offs on the host copy: no second device read
         known_host_copy(offs, host_offs)
     return offs
