@@ -379,3 +379,22 @@ def test_device_offsets_refuse_bad_arguments(args, match):
 
     with pytest.raises(ValueError, match=match):
         device_offsets_from_counts(*args)
+
+
+def test_the_fast_grouped_mlp_primes_offsets_made_safe_on_the_device(rng):
+    """mxfp8_swiglu_mlp in the fast mode primes the schedules of offsets vouched for on the device (what the grouped
+    module and the torchtitan experts pass), so its callers need not; 32-blocks and unmarked offsets stay lazy."""
+    from cute_mxfp8 import MXFP8Config
+    from cute_mxfp8.nn.modules import device_offsets_from_counts
+    from cute_mxfp8.ops import mxfp8_swiglu_mlp
+    from cute_mxfp8.ops.group_meta import recorded
+
+    x = torch.randn(160, 64, generator=rng)
+    ws = [torch.randn(3, 128, 64, generator=rng), torch.randn(3, 64, 128, generator=rng),
+          torch.randn(3, 128, 64, generator=rng)]
+    for block, primed in ((128, True), (32, False)):
+        offs = device_offsets_from_counts(torch.tensor([100, 0, 28]), 3, 160)
+        unmarked = offs.clone()
+        cfg = MXFP8Config(hopper_block_k=block)
+        assert torch.equal(mxfp8_swiglu_mlp(x, *ws, offs, cfg), mxfp8_swiglu_mlp(x, *ws, unmarked, cfg))
+        assert (recorded(offs, "tile_starts") is not None) == primed and recorded(unmarked, "tile_starts") is None

@@ -37,8 +37,7 @@ import logging
 
 from ..config import MXFP8Config, resolve_config
 from ..nn.modules import device_offsets_from_counts
-from ..ops.autograd import mxfp8_swiglu_mlp, scale_block
-from ..ops.token_layout import prime_fast_schedules
+from ..ops.autograd import mxfp8_swiglu_mlp
 
 __all__ = ["MXFP8Converter", "MXFP8FeedForward", "MXFP8GroupedExperts", "mxfp8_feed_forward",
            "mxfp8_grouped_experts"]
@@ -110,8 +109,6 @@ if _MISSING is None:
             w1, w2, w3 = _local(self.w1_EFD), _local(self.w2_EDF), _local(self.w3_EFD)
             # made on the device and safe by construction: the grouped ops take them without a host read
             offs = device_offsets_from_counts(num_tokens_per_expert_E.to(x_RD.device), w1.shape[0], x_RD.shape[0])
-            if scale_block(self.mxfp8_config, x_RD.device) == 128:
-                prime_fast_schedules(offs, x_RD.shape[0])
             return mxfp8_swiglu_mlp(x_RD, w1, w2, w3, offs, self.mxfp8_config)
 
     @override(target=FeedForward.Config, description="cute_mxfp8: the SwiGLU FFN in MXFP8 (fused MLP function)")

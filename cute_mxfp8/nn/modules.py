@@ -23,9 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from ..config import MXFP8Config, resolve_config
-from ..ops.autograd import mxfp8_linear, mxfp8_swiglu_mlp, scale_block, swiglu_mlp_from_counts
+from ..ops.autograd import mxfp8_linear, mxfp8_swiglu_mlp, swiglu_mlp_from_counts
 from ..ops.group_meta import known_host_copy, mark_safe
-from ..ops.token_layout import prime_fast_schedules
 from ..ops.shapes import fast_mode_hidden_reason, mxfp8_dims_reason
 
 _INT32_MAX = 2**31 - 1
@@ -201,8 +200,6 @@ class MXFP8GroupedExperts(nn.Module):
         if (not self.validate_counts and type(counts) is Tensor and counts.is_cuda and x.is_cuda
                 and counts.device == x.device):  # no host read: the step never waits for the GPU here
             offs = device_offsets_from_counts(counts, self.num_experts, x.shape[0])
-            if scale_block(self.config, x.device) == 128:
-                prime_fast_schedules(offs, x.shape[0])
             return mxfp8_swiglu_mlp(x, *self._weights(), offs, self.config)
         # eager: the counts' copy to the host starts now and is waited for once the weights' casts are queued
         counts = _prefetch_counts(num_tokens_per_expert, self.num_experts)

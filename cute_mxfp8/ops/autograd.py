@@ -34,6 +34,7 @@ from . import api
 from .amp import autocast_input, autocast_off
 from .backends import fuses_mlp, resolve_backend
 from .shapes import fast_mode_hidden_reason, mxfp8_dims_reason
+from .token_layout import prime_fast_schedules
 
 
 __all__ = ["mxfp8_linear", "mxfp8_grouped_mm", "mxfp8_swiglu_mlp"]
@@ -232,6 +233,8 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         if callable(offs):  # the grouped module's offsets, made from counts read on the host
             offs = offs()
         ta = _token_align(offs, sb)  # 128 in the fast mode's grouped MLP (never fused: fused is 32-blocks only)
+        if ta:  # offsets made safe on the device (the grouped module's): their schedules in a few launches
+            prime_fast_schedules(offs, x2.shape[0])
         x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp, sb, ta)
         if fused:  # GEMM1 with the SwiGLU + dual-quant epilogue (32-blocks only: fused is off when sb is 128)
             h13, h_row, h_row_s, h_col, h_col_s, h_hp = api.mm_swiglu_quant(

@@ -179,7 +179,8 @@ def prime_fast_schedules(offs: torch.Tensor, t: int) -> None:
     they are aligned.  Computed one by one on the device they were ~60 small torch launches per step (the host
     copy that made them cheap is what the sync-free module does not have).  The values are those the lazy
     functions compute (``tests/test_group_meta.py``); anything else stays lazy.  No-op for offsets without the
-    mark for ``t`` rows, or no groups."""
+    mark for ``t`` rows, or no groups.  The fast mode's grouped SwiGLU MLP calls it on its offsets, so every caller
+    of :func:`~.autograd.mxfp8_swiglu_mlp` with such offsets (the grouped module, the torchtitan experts) gets it."""
     g = offs.numel()
     bound = safe_bound(offs)
     if g == 0 or bound is None or bound != t:
