@@ -50,6 +50,17 @@ class MXFP8Config:
             (the modules raise ValueError; :func:`~cute_mxfp8.convert_to_mxfp8` leaves such FFNs unfused and
             converts their Linears); the grouped GEMMs (2d-3d, 2d-2d) run the fast mode's kernels too.  Not
             combined with ``fsdp_mxfp8_all_gather`` (ValueError).
+        hopper_weight_blocks: with ``hopper_block_k=128``, the weights' scale blocks: ``"1x128"`` (default; 128
+            along K, as the activations) or ``"128x128"``: each 128 x 128 tile of a weight (of each expert) shares one
+            E8M0 scale, the largest of its 1x128 scales (DeepSeek-V3's weight blocks, cuBLAS's blockwise
+            1x128 x 128x128 fp8).  The forward and dgrad GEMMs then apply one scalar weight scale per block and
+            stage (one FFMA per output element per 128 of K instead of two: measured 1.16-1.18x faster dense
+            GEMMs on the H200, docs/sm90_gemm.md), and the forward and dgrad operands hold the same elements.
+            The weights lose more low bits than with 1x128 blocks: an element whose 128-row tile has a larger
+            scale than its own row's is shifted further and rounds into e4m3's subnormal range sooner (the share
+            is data-dependent; ``formats.quantize_mxfp8(..., blocks_2d=True)`` computes it).  Activations,
+            gradients and the wgrad GEMMs are unchanged; the ``sm100`` backend ignores it like
+            ``hopper_block_k``.  ValueError without ``hopper_block_k=128``.
     """
 
     scale_mode: str = "rceil"
@@ -60,8 +71,14 @@ class MXFP8Config:
     fused_epilogues: bool | None = None
     fsdp_mxfp8_all_gather: bool = False
     hopper_block_k: int = 32
+    hopper_weight_blocks: str = "1x128"
 
     def __post_init__(self):
+        if self.hopper_weight_blocks not in ("1x128", "128x128") or (
+                self.hopper_weight_blocks == "128x128" and self.hopper_block_k != 128):
+            raise ValueError(f"hopper_weight_blocks must be '1x128' (default), or '128x128' with hopper_block_k=128 "
+                             f"(the Hopper fast mode's 128 x 128 weight blocks), got {self.hopper_weight_blocks!r} "
+                             f"with hopper_block_k={self.hopper_block_k!r}")
         if type(self.hopper_block_k) is not int or self.hopper_block_k not in (32, 128):
             raise ValueError(f"hopper_block_k must be 32 (MXFP8) or 128 (the Hopper fast mode), got "
                              f"{self.hopper_block_k!r}")

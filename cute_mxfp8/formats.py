@@ -145,12 +145,17 @@ def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
     return torch.where(b == _E8M0_NAN, torch.full_like(out, float("nan")), out)
 
 
-def _quantize_blocks(xb: torch.Tensor, scale_mode: str, elem_dtype: torch.dtype, share: int = 1):
+def _quantize_blocks(xb: torch.Tensor, scale_mode: str, elem_dtype: torch.dtype, share: int = 1,
+                     amax: torch.Tensor | None = None):
     """Quantize ``xb`` of shape (..., nb, 32) in fp32 along its last dim; returns (elements, scale bytes
     (..., nb)).  ``share`` > 1: each run of ``share`` consecutive blocks (the last run may be shorter) takes the
-    scale of their common amax, the largest of their own scales."""
+    scale of their common amax, the largest of their own scales.  ``amax`` (..., nb): the blocks' amaxes, given
+    (the 128 x 128 tiles' of :func:`quantize_mxfp8`'s ``blocks_2d``) instead of computed."""
     fmax = ELEM_DTYPES[elem_dtype][0]
-    amax = xb.abs().amax(dim=-1)  # NaN if the block holds a NaN (amax propagates it), Inf if it holds an Inf
+    if amax is None:
+        amax = xb.abs().amax(dim=-1)  # NaN if the block holds a NaN (amax propagates it), Inf if it holds an Inf
+    elif share > 1:
+        share = 1  # the given amaxes are already shared
     if share > 1:
         nb = amax.shape[-1]
         pad = -nb % share
@@ -175,9 +180,23 @@ def check_scale_block(scale_block) -> None:
                          f"quantize_mxfp8(..., scale_block=128)), got {scale_block!r}")
 
 
+def _tile_amax(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """amax of each 128 x 128 tile of the last two dims of ``x`` (zero-padded), repeated for each 32-element
+    block along ``dim`` (-1 or -2) and each index of the other dim: the block amaxes of ``blocks_2d``, moved so
+    ``dim`` is last."""
+    rows, cols = x.shape[-2], x.shape[-1]
+    t = torch.nn.functional.pad(x.float().abs(), (0, -cols % 128, 0, -rows % 128))  # NaN stays NaN (amax too)
+    tiles = t.unflatten(-1, (-1, 128)).unflatten(-3, (-1, 128)).amax(dim=(-3, -1))  # (..., R/128, C/128)
+    if dim == -1:  # per (row, 32-column block)
+        full = tiles.repeat_interleave(128, dim=-2)[..., :rows, :].repeat_interleave(4, dim=-1)[..., :cols // 32]
+        return full
+    full = tiles.repeat_interleave(4, dim=-2)[..., :rows // 32, :].repeat_interleave(128, dim=-1)[..., :cols]
+    return full.transpose(-1, -2)
+
+
 def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
                    elem_dtype: torch.dtype = torch.float8_e4m3fn,
-                   scale_block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+                   scale_block: int = 32, blocks_2d: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x`` to MXFP8 with blocks of 32 consecutive elements along ``dim``.
 
     Args:
@@ -193,6 +212,11 @@ def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
             MXFP8 consumer reads it; an element differs from MXFP8's, shifted by the scale ratio, only where that
             shift takes it into the element dtype's subnormal range (lost mantissa bits) and, in ``floor`` mode,
             where MXFP8 saturated it and the larger shared scale no longer does.
+        blocks_2d: with ``scale_block=128``, for weights (the fast mode's ``hopper_weight_blocks="128x128"``): every
+            128 x 128 tile of the last two dims (counted from index 0, the edge tiles shorter) shares one scale,
+            the largest of its 128-element blocks' (DeepSeek-V3's weight blocks; cuBLAS's 1x128 x 128x128
+            blockwise fp8).  ``x`` needs rank >= 2 and ``dim`` one of its last two dims; the data and scales are
+            then the same bytes, transposed, whichever of the two is scaled, and still MXFP8 (the scales repeated).
 
     Returns:
         ``(data, scales)``: ``data`` has ``x``'s shape in ``elem_dtype`` (contiguous); ``scales`` is
@@ -200,10 +224,13 @@ def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
         (the plain layout; see :func:`to_blocked_scales`).
 
     Raises:
-        ValueError: unsupported dtype, scale mode, element dtype or scale block, or ``x.shape[dim]`` not a multiple
-        of 32.
+        ValueError: unsupported dtype, scale mode, element dtype or scale block, ``x.shape[dim]`` not a multiple
+        of 32, or ``blocks_2d`` not a bool, without ``scale_block=128``, on a 1-D tensor or along a leading dim.
     """
     check_scale_block(scale_block)
+    if type(blocks_2d) is not bool or (blocks_2d and scale_block != 128):
+        raise ValueError(f"blocks_2d (a bool) shares scales over 128 x 128 tiles of the fast mode's scale_block=128, "
+                         f"got blocks_2d={blocks_2d!r} with scale_block={scale_block!r}")
     _check_scale_mode(scale_mode)
     _check_elem_dtype(elem_dtype)
     if x.dtype not in (torch.bfloat16, torch.float32):
@@ -217,10 +244,16 @@ def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
             f"the scaled dim (dim={dim}, size {n}) must be a multiple of the MX block size {BLOCK_SIZE}; "
             "pad it with zeros to a multiple of 32"
         )
+    amax = None
+    if blocks_2d:
+        if x.dim() < 2 or dim < x.dim() - 2:
+            raise ValueError(f"blocks_2d tiles the last two dims: it needs a tensor of rank >= 2 scaled along one of "
+                             f"them, got shape {tuple(x.shape)} and dim={dim}")
+        amax = _tile_amax(x, dim - x.dim())
     xt = x.float().movedim(dim, -1)
     lead = xt.shape[:-1]
     q, byte = _quantize_blocks(xt.reshape(*lead, n // BLOCK_SIZE, BLOCK_SIZE), scale_mode, elem_dtype,
-                               scale_block // BLOCK_SIZE)
+                               scale_block // BLOCK_SIZE, amax)
     data = q.reshape(*lead, n).movedim(-1, dim).contiguous()
     scales = byte.movedim(-1, dim).contiguous().view(torch.float8_e8m0fnu)
     return data, scales

@@ -120,7 +120,7 @@ def _recording_launch_smem():
 @disk_cached(skip_if="keep_ptx")
 def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
                   keep_ptx: bool = False, grouped: bool = False, batched: bool = False, scale_block: int = 32,
-                  phase: str = "cast", pad_groups: bool = False):
+                  phase: str = "cast", pad_groups: bool = False, blocks_2d: bool = False):
     """Compiled MXFP8 cast for ``arch`` (e.g. ``"sm_90a"``).  ``direction``: ``"rowwise"``, ``"colwise"`` or
     ``"dual"``; ``grouped``: token groups along M (``offs``); ``batched``: rowwise of 3-D (E, N, K) weights.
 
@@ -145,6 +145,8 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
       (group g from column ``128 * tile_starts[g]``, zeros up to the next group and past the last), every column
       written by the kernel, and st sized for that many tokens (``ops.shapes.colwise_shapes`` with
       ``token_align=128``), zero-filled.
+    * ``blocks_2d`` (``scale_block=128``, one launch, no groups): each 128 x 128 tile of x's last two dims shares
+      one scale (``formats.quantize_mxfp8(..., blocks_2d=True)``, the fast mode's 128 x 128 weight blocks).
 
     With ``keep_ptx`` the function is built for inspection only (its ``__ptx__`` holds the PTX).
     """
@@ -161,6 +163,8 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
     i32 = fake(cutlass.Int32, (sym(),))
 
     k = cute.sym_int(divisibility=32)
+    if blocks_2d and (scale_block != 128 or phase != "cast" or grouped):
+        raise ValueError("blocks_2d is the one-launch (phase 'cast') scale_block=128 cast of weights (no groups)")
     if direction == "rowwise" and not batched and scale_block == 32:
         from .kernels.quantize import GroupedRowwiseQuantKernel, RowwiseQuantKernel
 
@@ -179,7 +183,7 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
         raise ValueError("3-D (batched) inputs take no token groups")
     kernel = TileQuantKernel(elem, scale_mode, blocked, rowwise=direction != "colwise",
                              colwise=direction != "rowwise", grouped=grouped, scale_block=scale_block, phase=phase,
-                             pad_groups=pad_groups)
+                             pad_groups=pad_groups, blocks_2d=blocks_2d)
     # Every tensor gets its own symbols: the kernel takes its shapes from x, and an unused output slot may hold
     # another tensor (TVM-FFI checks that tensors sharing a symbol agree in that dimension).
     x = fake(x_dtype, (sym(), sym(), k))
@@ -326,7 +330,7 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
                       grouping: str = "none", epilogue: str = "plain", cast_elem: str = "e4m3",
                       scale_mode: str = "rceil", emit_hp: bool = False, max_ctas: int = 132, block_k: int = 32,
                       n_tile: int = 128, cluster_mn: tuple = (1, 1), pingpong: bool = True,
-                      split_halves: bool = False):
+                      split_halves: bool = False, b_block_n: int = 1):
     """Compiled SM90 MXFP8 GEMM.  ``mainloop``: ``"dequant"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90Dequant`, bf16 WGMMA on scaled operands) or ``"promote"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`, fp8 WGMMA per block, dense only).
@@ -337,7 +341,9 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
       ``MXGemmSm90.call_grouped`` takes them.  ``block_k=128``: the
       Hopper fast mode, one promotion per 128 of K (the operands' scales shared by each 128-block); ``n_tile``:
       the output tile's N, 128 or (fast mode) 192; ``cluster_mn``: CTAs per cluster along (M, N), the A tile
-      multicast across the N extent and the B tile across the M extent (``MXGemmSm90.CLUSTERS``).
+      multicast across the N extent and the B tile across the M extent (``MXGemmSm90.CLUSTERS``);
+      ``b_block_n=128`` (fast mode, dense or ``"m"``): B's scales shared by 128 x 128 blocks (the weights of
+      ``MXFP8Config(hopper_weight_block=128)``), one FFMA per element and stage.
     * ``"dequant"``: ``fn(a, b, sfa, sfb, d, offs, sched)`` with the operands of ``grouping`` as
       ``MXGemmSm90Dequant.__call__`` lists them (``"none"`` dense, ``"m"`` 2d-3d, ``"k"`` 2d-2d); offs (G,) and
       sched (2, G) int32 (placeholders for dense).
@@ -356,9 +362,10 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     if mainloop not in ("dequant", "promote"):
         raise ValueError(f"mainloop must be 'dequant' or 'promote', got {mainloop!r}")
     cluster_mn = tuple(cluster_mn)
-    if (block_k != 32 or n_tile != 128 or cluster_mn != (1, 1)) and mainloop != "promote":
-        raise ValueError(f"block_k={block_k!r} / n_tile={n_tile!r} / cluster_mn={cluster_mn} are options of "
-                         f"mainloop='promote' (the dequantize mainloop has block_k 32, n_tile 128 and no cluster), "
+    if (block_k != 32 or n_tile != 128 or cluster_mn != (1, 1) or b_block_n != 1) and mainloop != "promote":
+        raise ValueError(f"block_k={block_k!r} / n_tile={n_tile!r} / cluster_mn={cluster_mn} / b_block_n={b_block_n!r} "
+                         f"are options of mainloop='promote' (the dequantize mainloop has block_k 32, n_tile 128, "
+                         f"no cluster and 1x32 B scales), "
                          f"got mainloop={mainloop!r}")
     cutlass, _ = _cutlass()
     from .kernels.gemm_sm90 import MXGemmSm90, MXGemmSm90Dequant
@@ -371,7 +378,7 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     kernel = MXGemmSm90Dequant(a_elem, b_elem, out_dtype, transform_warps, grouping, epilogue, cast_elem,
                                scale_mode, emit_hp, max_ctas) if mainloop == "dequant" else \
         MXGemmSm90(a_elem, b_elem, out_dtype, n_tile, block_k=block_k, max_ctas=max_ctas, cluster_mn=cluster_mn,
-                   pingpong=pingpong, grouping=grouping, split_halves=split_halves)
+                   pingpong=pingpong, grouping=grouping, split_halves=split_halves, b_block_n=b_block_n)
     fake, sym = _fake, _sym
     scales = [fake(cutlass.Uint8, (sym(),), align=16) for _ in range(2)]
     kdiv = 16 if grouping == "k" else 32  # 2d-2d: K is the token count, a multiple of 16 (TMA's row pitch)

@@ -17,21 +17,28 @@ from cute_mxfp8.cli.bench_baselines import sm90_dense_baselines
 from cute_mxfp8.jit import compile_gemm_sm90
 
 
-def fast_operand(x):
-    q, s = F.quantize_mxfp8(x, scale_block=128)
+def fast_operand(x, blocks_2d=False):
+    q, s = F.quantize_mxfp8(x, scale_block=128, blocks_2d=blocks_2d)
     return q, F.to_blocked_scales(s)
 
 
 VARIANTS = {"n_tile 128": {"n_tile": 128}, "n_tile 192": {"n_tile": 192},
+            "n_tile 192 B 128x128": {"n_tile": 192, "b_block_n": 128},
+            "n_tile 128 B 128x128": {"n_tile": 128, "b_block_n": 128},
             "n_tile 192 no pingpong": {"n_tile": 192, "pingpong": False},
             "n_tile 192 cluster 2x1": {"n_tile": 192, "cluster_mn": (2, 1)},
             "n_tile 192 cluster 1x2": {"n_tile": 192, "cluster_mn": (1, 2)}}
 
 
+def _picked(name, only):
+    """Whether ``--only`` picks ``name``: one of its words is in the name ("=NAME": the name exactly)."""
+    return any(name == o[1:] if o.startswith("=") else o in name for o in only)
+
+
 def check(m, n, k, gen, **kw):
     x = torch.randn(m, k, generator=gen).cuda() * torch.logspace(-3, 3, k, device="cuda")
     w = torch.randn(n, k, generator=gen).cuda()
-    (a, a_s), (b, b_s) = fast_operand(x), fast_operand(w)
+    (a, a_s), (b, b_s) = fast_operand(x), fast_operand(w, kw.get("b_block_n", 1) == 128)
     fn = compile_gemm_sm90("e4m3", "e4m3", "float32", "promote", block_k=128, **kw)
     got = torch.empty(m, n, device="cuda")
     fn(a, b, a_s.view(torch.uint8), b_s.view(torch.uint8), got)
@@ -63,7 +70,7 @@ def grouped(only):
         fns[f"2d-2d sm90 {name}"] = (lambda ga=ga, ga_s=ga_s, gb=gb, gb_s=gb_s, block=block: ops.grouped_mm_wgrad(
             ga, ga_s, gb, gb_s, offs, backend="sm90", scale_block=block))
     if only:
-        fns = {name: fn for name, fn in fns.items() if any(o in name for o in only)}
+        fns = {name: fn for name, fn in fns.items() if _picked(name, only)}
     row = {}
     for name, fn in fns.items():
         try:
@@ -82,6 +89,7 @@ def main():
                     help="launch only this fast-mode variant ('default', a VARIANTS name or a 'cuBLAS ...' "
                          "baseline) once at 8192^3 between cudaProfilerStart/Stop (for ncu --profile-from-start "
                          "off), then exit")
+    ap.add_argument("--no-grouped", action="store_true", help="skip the grouped GEMMs")
     args = ap.parse_args()
     if args.profile:
         a, a_s = ops.quantize_rowwise(torch.randn(8192, 8192, device="cuda"))
@@ -104,7 +112,8 @@ def main():
     gen = torch.Generator().manual_seed(0)
     report = {"max_error_over_sum_abs": {f"{m}x{n}x{k} {name}": check(m, n, k, gen, **kw)
                                          for m, n, k in [(512, 384, 1024), (1000, 130, 4128), (257, 129, 416)]
-                                         for name, kw in {"default": {}, **VARIANTS}.items()}}
+                                         for name, kw in {"default": {}, **VARIANTS}.items()
+                                         if not args.only or _picked(f"sm90 fast mode {name}", args.only)}}
     print(report)
     report["tflops"] = {}
     for m, n, k in [(8192, 8192, 8192), (16384, 7168, 2048), (16384, 2048, 7168)]:
@@ -120,12 +129,13 @@ def main():
             fn = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", block_k=128, **kw)
             fns[f"sm90 fast mode {name}"] = lambda fn=fn: fn(a, b, a_s.view(torch.uint8), b_s.view(torch.uint8), d)
         if args.only:
-            fns = {name: fn for name, fn in fns.items() if any(o in name for o in args.only)}
+            fns = {name: fn for name, fn in fns.items() if _picked(name, args.only)}
         row = {name: 2 * m * n * k / (_time_ms(fn, a.device, 2.0) * 1e-3) / 1e12 for name, fn in fns.items()}
         row["skipped"] = skipped
         report["tflops"][f"{m}x{n}x{k}"] = row
         print(m, n, k, {kk: round(v, 1) for kk, v in row.items() if kk != "skipped"}, skipped)
-    report["grouped_tflops"] = grouped(args.only)
+    if not args.no_grouped:
+        report["grouped_tflops"] = grouped(args.only)
     if args.out:
         with open(f"{args.out}/fast_mode_gemm.json", "w") as f:
             json.dump(report, f, indent=1)

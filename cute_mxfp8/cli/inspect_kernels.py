@@ -91,6 +91,11 @@ FAMILIES = [
       for d, grouped, batched, pad in (("rowwise", False, False, False), ("rowwise", False, True, False),
                                        ("colwise", False, False, False), ("dual", False, False, False),
                                        ("dual", True, False, False), ("dual", True, False, True))),
+    # ... and the 128 x 128 weight blocks (hopper_weight_blocks="128x128"): the weights' rowwise / colwise / dual casts
+    *(Family(f"quantize_{d}_fast_mode_blocks_2d",
+             functools.partial(jit.compile_quant, batched=True, scale_block=128, blocks_2d=True),
+             {"direction": [d], "in_dtype": IN_DTYPES, "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})
+      for d in ("rowwise", "colwise", "dual")),
     *(Family(f"swiglu_quant_{d}_fast_mode_{phase}",
              functools.partial(jit.compile_swiglu_quant, scale_block=128, phase=phase),
              {"direction": [d], "in_dtype": ["bfloat16"], "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})
@@ -109,6 +114,12 @@ FAMILIES = [
              {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["promote"]},
              archs=("sm_90a",))
       for nt in (128, 192)),
+    # ... with 128 x 128 B blocks (MXFP8Config(hopper_weight_blocks="128x128")): dense and 2d-3d, n_tile 192
+    *(Family(f"gemm_sm90_fast_mode_b128x128{'_grouped_m' if g == 'm' else ''}",
+             functools.partial(jit.compile_gemm_sm90, block_k=128, n_tile=192, grouping=g, b_block_n=128),
+             {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["promote"]},
+             archs=("sm_90a",))
+      for g in ("none", "m")),
     # ... the op's configuration (n_tile 192) in 2-CTA clusters with TMA multicast (an option; measured no faster)
     *(Family(f"gemm_sm90_fast_mode_n192_cluster{m}x{n}",
              functools.partial(jit.compile_gemm_sm90, block_k=128, n_tile=192, cluster_mn=(m, n)),

@@ -85,6 +85,13 @@ class MXGemmSm90:
     equal (``quantize_mxfp8(..., scale_block=128)``), so the stage's 4 WGMMAs accumulate into one partial and it is
     promoted once per stage with the block's scale (the first of the four; the others are not read).  A warpgroup
     promotes while the other warpgroup's WGMMAs run.  The result is the reference's product of those operands.
+    ``b_block_n=128`` (fast mode, dense and ``grouping="m"``): B's scales are also shared along N, one per
+    128 x 128 block of B (``quantize_mxfp8(..., scale_block=128, square=True)``: the weight blocks of DeepSeek-V3's
+    recipe and cuBLAS's 1x128 x 128x128 blockwise fp8), so the stage's scale of an output column is one of two
+    scalars per warpgroup (a warpgroup's columns span at most two 128-blocks, split on a 32-column boundary) and the
+    promotion is one FFMA per element (``acc += part * (sa[row] * sb)``) instead of an FMUL and an FFMA.  The
+    kernel reads the scale of each block's first row (the ops layer guarantees B's scales are equal along the
+    block); the result is the reference's product of those operands.
     ``pingpong`` (block_k=128, default on): the consumer warpgroups pass a WGMMA issue token round a ring (named
     barriers, :meth:`_token`): each issues a stage's WGMMAs only after the previous one issued its own, so the
     tensor core runs one warpgroup's MMAs while the others promote.  ``cluster_mn`` (:attr:`CLUSTERS`): CTAs per
@@ -100,7 +107,8 @@ class MXGemmSm90:
     ``n_tile`` the output tile's N, 128, or 192 with ``block_k=128``; ``block_k`` 32 or 128; ``max_ctas`` the
     persistent grid's CTAs (one per SM); ``cluster_mn`` one of :attr:`CLUSTERS` (dense only); ``pingpong`` the
     issue token (``block_k=128`` only; ignored with 32); ``grouping`` ``"none"``, or ``"m"`` / ``"k"`` with
-    ``block_k=128`` and no cluster.  Raises ValueError naming the argument for anything else.
+    ``block_k=128`` and no cluster; ``b_block_n`` 1 or (fast mode, not ``"k"``) 128.  Raises ValueError naming the
+    argument for anything else.
     """
 
     TILE_M = 128
@@ -117,7 +125,7 @@ class MXGemmSm90:
 
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
                  block_k: int = 32, max_ctas: int = 132, cluster_mn: tuple = (1, 1), pingpong: bool = True,
-                 grouping: str = "none", split_halves: bool = False):
+                 grouping: str = "none", split_halves: bool = False, b_block_n: int = 1):
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
         self.split_halves = _check_split_halves(split_halves, grouping)
         cluster_mn = tuple(cluster_mn) if isinstance(cluster_mn, (tuple, list)) else cluster_mn
@@ -137,7 +145,13 @@ class MXGemmSm90:
             raise ValueError(f"grouping must be 'none' (dense), 'm' (2d-3d) or 'k' (2d-2d), the grouped ones with "
                              f"the fast mode's block_k=128 and no cluster (a cluster's tiles can be different "
                              f"groups'), got {grouping!r} with block_k={block_k}, cluster_mn={cluster_mn}")
+        if type(b_block_n) is not int or b_block_n not in (1, 128) or (
+                b_block_n == 128 and (block_k != 128 or grouping == "k")):
+            raise ValueError(f"b_block_n must be 1 (1x128 B scales), or 128 (128x128 B blocks) with block_k=128 and "
+                             f"grouping 'none' or 'm' (the 2d-2d B is an activation), got {b_block_n!r} with "
+                             f"block_k={block_k}, grouping={grouping!r}")
         self.n_tile, self.block_k, self.max_ctas, self.grouping = n_tile, block_k, max_ctas, grouping
+        self.b_block_n = b_block_n
         self.wg_cols = n_tile // self.consumers  # output columns per consumer warpgroup
         self.thr_cols = self.wg_cols // 4  # accumulator columns per thread (and row)
 
@@ -336,14 +350,21 @@ class MXGemmSm90:
         acc.fill(0.0)
         k_tiles = work.k_tiles
         rl = w * 16 + lane // 4  # row of fragment elements with mi = rs = 0
-        col_b = bn * self.n_tile + wgi * self.wg_cols + t  # the column whose scales this thread decodes (t < wg_cols)
+        c0 = bn * self.n_tile + wgi * self.wg_cols  # the warpgroup's first output column
+        col_b = c0 + t  # the column whose scales this thread decodes (t < wg_cols)
+        lo_chunks = cutlass.Int32(0)
+        if cutlass.const_expr(self.b_block_n == 128):
+            # 128 x 128 B blocks: threads 0 and 1 decode the scales of the (at most) two blocks the warpgroup's
+            # columns touch; the first lo_chunks 32-column chunks are in the first block
+            col_b = (c0 // 128 + t) * 128
+            lo_chunks = cutlass.min((c0 // 128 * 128 + 128 - c0) // 32, self.wg_cols // 32)
         # this thread's scale words (row t, column col_b) of stage kt, loaded one stage ahead: the global load's
         # latency hides behind the previous stage's WGMMAs and promotion.  A cluster's CTA past the output's last
         # row / column tile has no blocked scale rows: it reads none (nor does a column past N)
         a_at = work.a_word0 + (t % 32) * 4 + t // 32
         b_at = work.b_word0 + self._scale_word(col_b, work.b_ktiles)
         a_ok = work.a_ok
-        b_ok = t < self.wg_cols and col_b < cols
+        b_ok = t < self._b_slots() and col_b < cols
         bw = cutlass.Int32(0)
         aw = cutlass.Int32(0)
         if k_tiles > 0:
@@ -378,8 +399,12 @@ class MXGemmSm90:
                 words = self._decode(sdec, base, words, scale_src, t, kt, k_tiles, wgi)
                 warpgroup.wait_group(0)
                 pipe.consumer_release(state)
-                self._promote(acc, parts[0], (self._load_row_scales(sdec, base, rl),
-                                              self._load_col_scales(sdec, b_base, lane)))
+                if cutlass.const_expr(self.b_block_n == 128):
+                    self._promote_blocks(acc, parts[0], self._load_row_scales(sdec, base, rl),
+                                         (sdec[b_base], sdec[b_base + 1]), lo_chunks)
+                else:
+                    self._promote(acc, parts[0], (self._load_row_scales(sdec, base, rl),
+                                                  self._load_col_scales(sdec, b_base, lane)))
             else:
                 mma.set(warpgroup.Field.ACCUMULATE, False)  # every WGMMA is one MX block: its partial starts at 0
                 warpgroup.fence()
@@ -515,7 +540,7 @@ class MXGemmSm90:
         bw, aw = words
         (sfb_w, sfa_w), (b_ok, a_ok), (b_at, a_at) = scale_src
         blocks = self.BLOCKS if self.block_k == 32 else 1
-        if t < self.wg_cols:  # columns past N decode byte 0 (2^-127): their partials are 0, never NaN
+        if t < self._b_slots():  # columns past N decode byte 0 (2^-127): their partials are 0, never NaN
             for blk in cutlass.range_constexpr(blocks):
                 sdec[base + self.TILE_M * blocks + blk * 4 * self._col_pitch() + self._col_slot(t)] = \
                     e8m0_to_f32(cutlass.Int32((bw >> (8 * blk)) & 0xFF))
@@ -529,6 +554,10 @@ class MXGemmSm90:
                 aw = cutlass.Int32(sfa_w[a_at + (kt + 1) * 128])
         cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)
         return bw, aw
+
+    def _b_slots(self):
+        """Decoded B scales per warpgroup and stage: one per column, or with ``b_block_n=128`` the two blocks'."""
+        return 2 if self.b_block_n == 128 else self.wg_cols
 
     def _col_pitch(self):
         """Words between the column-slot runs of the 4 thread quads (:meth:`_col_slot`): the ``n_tile / 8`` columns
@@ -571,6 +600,24 @@ class MXGemmSm90:
                 for rs in cutlass.range_constexpr(2):
                     i = q % 2 + 2 * rs + 4 * (q // 2) + 2 * ncol * mi
                     acc[i] = acc[i] + part[i] * (scale_a[2 * mi + rs] * scale_b[q])
+
+
+    @cute.jit
+    def _promote_blocks(self, acc: cute.Tensor, part: cute.Tensor, scale_a: cute.Tensor, scale_b: tuple,
+                        lo_chunks: cutlass.Int32):
+        """``b_block_n=128``: ``acc += part * (sa[row] * sb)``, sb the first of ``scale_b`` for the warpgroup's
+        first ``lo_chunks`` 32-column chunks (the thread's columns ``8 j + ...`` with ``j // 4`` the chunk), the
+        second after them: 4 x chunks FMUL per stage, then one FFMA per element."""
+        ncol = self.thr_cols
+        chunks = self.wg_cols // 32
+        for c in cutlass.range_constexpr(chunks):
+            sb = cutlass.select_(lo_chunks > c, scale_b[0], scale_b[1])
+            rs_c = [scale_a[r] * sb for r in range(4)]
+            for q in cutlass.range_constexpr(8 * c, 8 * c + 8):  # columns 8 (q // 2) + ... of chunk q // 8
+                for mi in cutlass.range_constexpr(2):
+                    for rs in cutlass.range_constexpr(2):
+                        i = q % 2 + 2 * rs + 4 * (q // 2) + 2 * ncol * mi
+                        acc[i] = acc[i] + part[i] * rs_c[2 * mi + rs]
 
 
 class MXGemmSm90Dequant:

@@ -89,7 +89,10 @@ class TileQuantKernel(MXCastParams):
     (rows: the 4 warps' 32 columns; columns: the 4 row blocks).  It walks the run twice: the first walk only
     reduces (column amaxes in a register per lane, row amaxes per warp in 2 KB of shared memory), one CTA
     barrier, the second walk reloads the tiles (from L2: the CTA read them moments before) and casts with the
-    128-block amaxes.  So DRAM sees one read of the input, with no amax buffers and no atomics (the casts;
+    128-block amaxes.  ``blocks_2d`` (weights; ``formats.quantize_mxfp8(..., blocks_2d=True)``): the CTA's
+    128 x 128 tile shares one scale, so the first walk keeps one running amax per lane, each warp reduces it with 5
+    shuffles into one shared-memory word, and both casts take the tile's amax after the barrier.
+    So DRAM sees one read of the input, with no amax buffers and no atomics (the casts;
     :class:`SwiGLUQuantKernel` keeps two launches, see there).  The two-launch form of the same math:
     ``phase="amax"`` reduces each lane's row and column amaxes as above and ``atomicMax``-es the fp32 bit patterns
     (non-negative, so integer order; NaN above Inf) into ``amax_rows`` (E, M, ceil(K/128)) and ``amax_cols``
@@ -104,8 +107,14 @@ class TileQuantKernel(MXCastParams):
 
     def __init__(self, elem: str, scale_mode: str, blocked: bool, rowwise: bool, colwise: bool,
                  grouped: bool = False, emit_hp: bool = False, row_tiles: int = 1, scale_block: int = 32,
-                 phase: str = "cast", pad_groups: bool = False):
+                 phase: str = "cast", pad_groups: bool = False, blocks_2d: bool = False):
         super().__init__(elem, scale_mode, blocked)
+        if type(blocks_2d) is not bool or (blocks_2d and (scale_block != 128 or phase != "cast" or grouped
+                                                          or self.prologue != "cast")):
+            raise ValueError(f"blocks_2d (a bool: 128 x 128 tiles share a scale, for weights) needs the one-pass "
+                             f"128-block cast without token groups, got blocks_2d={blocks_2d!r} with scale_block="
+                             f"{scale_block!r}, phase={phase!r}, grouped={grouped!r}, prologue={self.prologue!r}")
+        self.blocks_2d = blocks_2d
         if pad_groups and not (grouped and colwise):
             raise ValueError("pad_groups is a layout of the colwise output of token groups: it needs grouped=True "
                              "and colwise=True")
@@ -241,7 +250,18 @@ class TileQuantKernel(MXCastParams):
             if active:
                 for i in cutlass.range_constexpr(RUN):
                     self._block(*args[:17], vb * RUN + i, args[17], "amax", amaxes)
+                if cutlass.const_expr(self.blocks_2d):  # the warp's amax into its word (row 0's slot)
+                    v = amaxes[1][0]
+                    for b in cutlass.range_constexpr(5):
+                        v = cutlass.max(v, cute.arch.shuffle_sync_bfly(v, offset=1 << b))
+                    if args[14] == 0:
+                        amaxes[0][0, amaxes[2]] = v
             cute.arch.barrier()  # every warp's row amaxes are in shared memory
+            if cutlass.const_expr(self.blocks_2d):  # the tile's amax, for both casts
+                v = amaxes[0][0, 0]
+                for w in cutlass.range_constexpr(1, WARPS):
+                    v = cutlass.max(v, amaxes[0][0, w])
+                amaxes[1][0] = v
             if active:
                 for i in cutlass.range_constexpr(RUN):
                     self._block(*args[:17], vb * RUN + i, args[17], "apply", amaxes)
@@ -456,16 +476,22 @@ class TileQuantKernel(MXCastParams):
                     ghp[(None, (pos.e, pos.rl + i, cv))].store(t[(i, None)].load().to(ghp.element_type))
         mag = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Int32)  # |x| bits, shared by both casts
         mag.store(t.load().bitcast(cutlass.Int32) & 0x7FFFFFFF)
-        if cutlass.const_expr(self.rowwise):
-            kb = cute.size(gq, mode=[1, 2]) // COL_LANES  # rowwise blocks per output row
-            self._rowwise(t, mag, gq, s, pos.e, pos.r0, pos.rl, pos.lane, pos.cg, pos.end, pos.vb, cv, kb, pos.ra,
-                          step, pos.amaxes, tail)
-        if cutlass.const_expr(tail):
-            if cutlass.const_expr(self.colwise and not self.pad_groups and step != "amax"):
-                _zero_columns(gqt, pos.e, pos.rl, pos.end, cv, self.elem_dtype)
-        elif cutlass.const_expr(self.colwise):
-            self._colwise(t, mag, gqt, st, pos.e, pos.r0, pos.rl, pos.lane, pos.rg, pos.cg, pos.end, pos.tile0,
-                          pos.vb, pos.vblocks, cv, pos.ca, step, pos.amaxes)
+        if cutlass.const_expr(self.blocks_2d and step == "amax"):  # the lane's running amax of the 128 x 128 tile
+            v = pos.amaxes[1][0]
+            for i in cutlass.range_constexpr(LANE_ROWS):
+                v = cutlass.max(v, _row_max(mag, i))
+            pos.amaxes[1][0] = v
+        else:
+            if cutlass.const_expr(self.rowwise):
+                kb = cute.size(gq, mode=[1, 2]) // COL_LANES  # rowwise blocks per output row
+                self._rowwise(t, mag, gq, s, pos.e, pos.r0, pos.rl, pos.lane, pos.cg, pos.end, pos.vb, cv, kb,
+                              pos.ra, step, pos.amaxes, tail)
+            if cutlass.const_expr(tail):
+                if cutlass.const_expr(self.colwise and not self.pad_groups and step != "amax"):
+                    _zero_columns(gqt, pos.e, pos.rl, pos.end, cv, self.elem_dtype)
+            elif cutlass.const_expr(self.colwise):
+                self._colwise(t, mag, gqt, st, pos.e, pos.r0, pos.rl, pos.lane, pos.rg, pos.cg, pos.end, pos.tile0,
+                              pos.vb, pos.vblocks, cv, pos.ca, step, pos.amaxes)
 
     @cute.jit
     def _rowwise(self, t: cute.Tensor, mag: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, e, r0, rl, lane, cg, end,
@@ -483,7 +509,9 @@ class TileQuantKernel(MXCastParams):
                 cute.arch.atomic_max(ra.iterator + cute.crd2idx((e, r, cb // 4), ra.layout), a[0])
         else:
             amax = a[0]
-            if cutlass.const_expr(amaxes is not None):  # the 4 warps' slots of the row
+            if cutlass.const_expr(self.blocks_2d):  # the 128 x 128 tile's amax (_blocks)
+                amax = amaxes[1][0]
+            elif cutlass.const_expr(amaxes is not None):  # the 4 warps' slots of the row
                 row = (vb % RUN) * BLOCK + lane
                 amax = amaxes[0][row, 0]
                 for w in cutlass.range_constexpr(1, WARPS):

@@ -67,21 +67,22 @@ _NO_ALIGN = object()  # the rowwise cast has no token_align argument
 
 
 def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend, scale_block,
-          token_align=_NO_ALIGN):
+          token_align=_NO_ALIGN, blocks_2d=False):
     """One eager cast call, with a launch plan (:attr:`~cute_mxfp8.ops.backends.Backend.plans`) for repeats.
 
     The first call of a key (op, shape, dtypes, flags, device, backend request) runs the full path (checks,
     backend choice, the op) and then asks the chosen backend for a plan; later calls of that key with a
     contiguous, 16-byte aligned ``x`` under :func:`_direct`'s conditions run the plan (allocation + kernel).
     Everything a plan skips is fixed by the key, so results are the same bytes; only host time differs.
-    ``token_align``: the colwise casts' argument (absent for the rowwise cast, which has none)."""
+    ``token_align``: the colwise casts' argument (absent for the rowwise cast, which has none); ``blocks_2d``:
+    every cast's last argument."""
     key = None
     # exact types where a key must not equal another type's (True == 1, 128.0 == 128: the full path refuses those)
     if (not torch.compiler.is_compiling() and offs is None and type(x) in _PLAIN and type(blocked) is bool
-            and type(scale_block) is int
+            and type(scale_block) is int and type(blocks_2d) is bool
             and (token_align is _NO_ALIGN or (type(token_align) is int and token_align == 0))):
         # (a token_align other than 0 takes the full path, which raises without offs)
-        key = (name, x.shape, x.dtype, x.device, scale_mode, elem_dtype, blocked, backend, scale_block,
+        key = (name, x.shape, x.dtype, x.device, scale_mode, elem_dtype, blocked, backend, scale_block, blocks_2d,
                os.environ.get(B.ENV_VAR))
         try:
             run = B.PLANS.get(key)
@@ -93,13 +94,15 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
                 and not torch._C._is_torch_function_mode_enabled() and not torch._C._len_torch_dispatch_stack()):
             return run(x)
     _check_types(blocked, offs=offs, backend=backend, x=x)
+    if type(blocks_2d) is not bool:
+        raise ValueError(f"blocks_2d must be a bool, got {blocks_2d!r}")
     direct = _direct(x, offs)
-    extra = () if token_align is _NO_ALIGN else (token_align,)
+    extra = (() if token_align is _NO_ALIGN else (token_align,)) + (blocks_2d,)
     out = (impl if direct else op)(x, scale_mode, elem_dtype, blocked, offs, backend or "", scale_block, *extra)
     if (key is not None and direct and key not in B.PLANS and x.is_contiguous() and x.layout == torch.strided
             and not torch._C._functorch.is_functorch_wrapped_tensor(x) and not x.data_ptr() % 16):
         B.remember_plan(key, B.make_plan(name, x.device, backend,
-                                         (x, scale_mode, elem_dtype, blocked, None, scale_block)))
+                                         (x, scale_mode, elem_dtype, blocked, None, scale_block, *extra)))
     return out
 
 
@@ -140,7 +143,7 @@ def _check_types(blocked, emit_hp=False, offs=None, backend=None, **tensors) -> 
 
 def quantize_rowwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
                      blocked: bool = True, offs: Tensor | None = None, backend: str | None = None,
-                     scale_block: int = 32):
+                     scale_block: int = 32, blocks_2d: bool = False):
     """Rowwise ("dim0", 1x32) MXFP8 quantization: blocks along the last dim.
 
     Args:
@@ -152,17 +155,21 @@ def quantize_rowwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
             same layouts, the 4 stored scales equal.  Here and in the other casts the kernels take one launch
             for it (each CTA reduces a 128-row run's amaxes, then reloads it from L2 and casts); the SwiGLU
             casts take two (an amax pass, then the cast).
+        blocks_2d: with ``scale_block=128`` and no ``offs``, for weights: every 128 x 128 tile of the last two
+            dims shares one scale (:func:`cute_mxfp8.formats.quantize_mxfp8`'s ``blocks_2d``; the fast mode's
+            ``hopper_weight_blocks="128x128"``), so the rowwise and colwise casts hold the same elements and the
+            fast-mode GEMMs take the operand with ``b_blocks_2d=True``.  ValueError otherwise.
     Returns:
         ``(data, scales)``: data of ``x``'s shape; scales plain (M, K/32) / (E, N, K/32), or blocked: 1-D
         ``blocked_scales_numel(M, K/32)`` (grouped: ``(M // 128 + G) * 128 * ceil4(K/32)``) / (E, numel).
     """
     return _cast("quantize_rowwise", L.quantize_rowwise_impl, L._quantize_rowwise, x, scale_mode, elem_dtype, blocked,
-                 offs, backend, scale_block)
+                 offs, backend, scale_block, blocks_2d=blocks_2d)
 
 
 def quantize_colwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
                      blocked: bool = True, offs: Tensor | None = None, backend: str | None = None,
-                     scale_block: int = 32, token_align: int = 0):
+                     scale_block: int = 32, token_align: int = 0, blocks_2d: bool = False):
     """Colwise ("dim1", 32x1) MXFP8 quantization: blocks along dim -2, data stored transposed.
 
     The result is the K-major operand of the transposed product (``xᵀ`` as the ``a`` or ``b`` of
@@ -183,6 +190,7 @@ def quantize_colwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
             operands (the zero tokens add nothing).  The kernel backends then skip their gather into aligned
             groups where the host values of ``offs`` are known (an earlier grouped op read them; not under
             torch.compile).
+        blocks_2d: 128 x 128 weight blocks (as :func:`quantize_rowwise`; no ``offs``).
     Returns:
         ``(data_t, scales)``:
         * 2-D, no offs: data_t (K, Mp) with Mp = ceil(M/32)*32, columns >= M are zero (padding written by the
@@ -194,22 +202,22 @@ def quantize_colwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
         * 3-D (E, N, K): data_t (E, K, N); scales (E, K, N/32) or (E, blocked numel).
     """
     return _cast("quantize_colwise", L.quantize_colwise_impl, L._quantize_colwise, x, scale_mode, elem_dtype, blocked,
-                 offs, backend, scale_block, token_align)
+                 offs, backend, scale_block, token_align, blocks_2d)
 
 
 def quantize_dual(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
                   blocked: bool = True, offs: Tensor | None = None, backend: str | None = None,
-                  scale_block: int = 32, token_align: int = 0):
+                  scale_block: int = 32, token_align: int = 0, blocks_2d: bool = False):
     """Rowwise and colwise quantization from one read of ``x``: ``(row_data, row_scales, col_data, col_scales)``,
     each exactly as :func:`quantize_rowwise` and :func:`quantize_colwise` return them (``K % 32 == 0``;
-    ``scale_block`` as there; ``token_align`` applies to the colwise outputs only)."""
+    ``scale_block`` and ``blocks_2d`` as there; ``token_align`` applies to the colwise outputs only)."""
     return _cast("quantize_dual", L.quantize_dual_impl, L._quantize_dual, x, scale_mode, elem_dtype, blocked,
-                 offs, backend, scale_block, token_align)
+                 offs, backend, scale_block, token_align, blocks_2d)
 
 
 def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
                      blocked: bool = True, gate_up_tile: int = 0, backend: str | None = None,
-                     scale_block: int = 32):
+                     scale_block: int = 32, blocks_2d: bool = False):
     """Quantize the gate (``w1``) and up (``w3``) projections into the fused W13 layout (:mod:`cute_mxfp8.swiglu`):
     the same bytes as casting each projection and packing the casts.  The kernel backends pack W13 in the weights'
     dtype first (a temporary copy of both) and cast it once; the reference casts each and packs the casts.
@@ -220,6 +228,8 @@ def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_
             fused epilogues use :data:`cute_mxfp8.swiglu.GATE_UP_TILE`) for runs of T gate then T up features.
         scale_block: 32 or 128 (:func:`quantize_rowwise`); 128 needs ``I % 128 == 0`` and ``gate_up_tile`` 0 or
             a multiple of 128, so that no 128-block of W13 along 2I mixes gate and up features (ValueError).
+        blocks_2d: 128 x 128 blocks of each projection (:func:`quantize_rowwise`; with ``scale_block=128``, whose
+            rule already keeps every tile of W13 inside one projection).
     Returns:
         ``(row, row_scales, col, col_scales)``: ``row`` (2I, D) / (E, 2I, D) blocked along D (GEMM1's ``b``);
         ``col`` (D, 2I) / (E, D, 2I) blocked along 2I (the w13 dgrad ``b``); scales as :func:`quantize_dual`.
@@ -228,12 +238,14 @@ def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_
     _check_types(blocked, backend=backend, w1=w1, w3=w3)
     if type(gate_up_tile) is not int:
         raise TypeError(f"gate_up_tile must be an int (0, or a multiple of 32 dividing I), got {gate_up_tile!r}")
+    S.check_blocks_2d(blocks_2d, scale_block)
     op = _op(L.quantize_gate_up_impl, L._quantize_gate_up, (w1, w3), scale_mode, elem_dtype)
-    return op(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend or "", scale_block)
+    return op(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend or "", scale_block, blocks_2d)
 
 
 def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
-       bias: Tensor | None = None, backend: str | None = None, scale_block: int = 32) -> Tensor:
+       bias: Tensor | None = None, backend: str | None = None, scale_block: int = 32,
+       b_blocks_2d: bool = False) -> Tensor:
     """MXFP8 GEMM ``out = a · bᵀ (+ bias)`` with fp32 accumulation.
 
     Args:
@@ -247,17 +259,24 @@ def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: t
             WGMMA, one promotion per 128 of K), which reads only the first scale of each run: on operands that
             keep the promise it computes the same product as with 32, on operands that break it a wrong one.
             The ``reference`` backend checks the promise (ValueError); the ``sm100`` kernel ignores the hint.
+        b_blocks_2d: with ``scale_block=128``, states that ``b`` was quantized in 128 x 128 blocks
+            (``blocks_2d=True``: its scales also equal along each 128 rows).  The ``sm90`` backend then runs the
+            fast-mode GEMM with one scalar B scale per block (one FFMA per element and 128 of K instead of two; it
+            reads only the first row's scale of each block); the reference checks the promise (ValueError); the
+            ``sm100`` kernel applies every scale anyway.
     Returns: (M, N) in ``out_dtype``, contiguous.
     """
     S.check_scale_block(scale_block)
+    S.check_b_blocks_2d(b_blocks_2d, scale_block)
     _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales,
                 **({} if bias is None else {"bias": bias}))
     op = _op(L.mm_impl, L._mm, (a, a_scales, b, b_scales, bias))
-    return op(a, a_scales, b, b_scales, out_dtype, backend or "", bias, scale_block)
+    return op(a, a_scales, b, b_scales, out_dtype, backend or "", bias, scale_block, b_blocks_2d)
 
 
 def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, *,
-               out_dtype: torch.dtype = torch.bfloat16, backend: str | None = None, scale_block: int = 32) -> Tensor:
+               out_dtype: torch.dtype = torch.bfloat16, backend: str | None = None, scale_block: int = 32,
+               b_blocks_2d: bool = False) -> Tensor:
     """2d-3d grouped MXFP8 GEMM (MoE forward and dgrad): ``out[rows of group g] = a[rows of g] · b[g]ᵀ``.
 
     Args:
@@ -270,6 +289,7 @@ def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: T
             every run of 4 along K).  The ``sm90`` backend then runs the Hopper fast mode's 2d-3d GEMM, which reads
             only the first scale of each run (a wrong product for operands that break the promise); the
             ``reference`` backend checks it (ValueError); the ``sm100`` kernel ignores the hint.
+        b_blocks_2d: states that every expert of ``b`` was quantized in 128 x 128 blocks (as :func:`mm`).
     Returns: (M, N) in ``out_dtype``; rows at or past ``offs[-1]`` are zero.
     Raises: ValueError for bad offsets, shapes, dtypes or ``scale_block`` (naming the fix).
 
@@ -280,8 +300,9 @@ def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: T
     _check_offs(offs, required=True)
     S.check_scale_block(scale_block)
     _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales)
+    S.check_b_blocks_2d(b_blocks_2d, scale_block)
     op = _op(L.grouped_mm_impl, L._grouped_mm, (a, a_scales, b, b_scales, offs))
-    return op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block)
+    return op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block, b_blocks_2d)
 
 
 def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, *,

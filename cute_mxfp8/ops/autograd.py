@@ -40,8 +40,9 @@ from .token_layout import prime_fast_schedules
 __all__ = ["mxfp8_linear", "mxfp8_grouped_mm", "mxfp8_swiglu_mlp"]
 
 
-def _gemm(a, a_s, b, b_s, offs, out_dtype, backend, scale_block):
-    kw = dict(out_dtype=out_dtype, backend=backend, scale_block=scale_block)
+def _gemm(a, a_s, b, b_s, offs, out_dtype, backend, scale_block, b_blocks_2d=False):
+    """Forward / dgrad GEMM, dense or 2d-3d; ``b_blocks_2d``: b is a weight cast in 128 x 128 blocks."""
+    kw = dict(out_dtype=out_dtype, backend=backend, scale_block=scale_block, b_blocks_2d=b_blocks_2d)
     if offs is None:
         return api.mm(a, a_s, b, b_s, **kw)
     return api.grouped_mm(a, a_s, b, b_s, offs, **kw)
@@ -126,13 +127,13 @@ def _wgrad_offs(offs, token_align: int):
     return api.padded_offsets(offs, token_align) if token_align else offs
 
 
-def _weight_forward(weight, operands, scale_mode, elem_dtype, backend, scale_block):
+def _weight_forward(weight, operands, scale_mode, elem_dtype, backend, scale_block, blocks_2d=False):
     """The weight's forward operand (rowwise) and, unless ``operands`` supplies them in backward, its colwise one:
     ``(row, row_s, col, col_s)``, col None when ``operands`` is given (always 32-blocks: the config refuses the
-    fast mode with the MXFP8 all-gather)."""
+    fast mode with the MXFP8 all-gather).  ``blocks_2d``: 128 x 128 weight blocks (fast mode)."""
     if operands is None:
         return api.quantize_dual(weight, scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend,
-                                 scale_block=scale_block)
+                                 scale_block=scale_block, blocks_2d=blocks_2d)
     return (*operands.rowwise(), None, None)
 
 
@@ -145,15 +146,16 @@ class _LinearFn(torch.autograd.Function):
     @staticmethod
     @_no_autocast
     def forward(ctx, x, weight, bias, operands, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend,
-                sb):
+                sb, w2d):
         x2 = _rows(x)
         x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, None, not wgrad_with_hp, sb)
-        w_row, w_row_s, w_col, w_col_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend, sb)
+        w_row, w_row_s, w_col, w_col_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend, sb, w2d)
         # the bias joins the fp32 accumulator inside the GEMM op: one rounding to x.dtype, as F.linear
-        y = api.mm(x_row, x_row_s, w_row, w_row_s, out_dtype=x.dtype, bias=bias, backend=backend, scale_block=sb)
+        y = api.mm(x_row, x_row_s, w_row, w_row_s, out_dtype=x.dtype, bias=bias, backend=backend, scale_block=sb,
+                   b_blocks_2d=w2d)
         ctx.save_for_backward(x2 if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s)
         ctx.operands = operands
-        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, sb)
+        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, sb, w2d)
         ctx.meta = (x.shape, x.dtype, weight.dtype, bias is not None and bias.dtype)
         return _output(y, (*x.shape[:-1], weight.shape[0]))
 
@@ -162,7 +164,7 @@ class _LinearFn(torch.autograd.Function):
     def backward(ctx, dy):
         _first_order_only("mxfp8_linear")
         x_saved, x_col_s, w_col, w_col_s = ctx.saved_tensors
-        scale_mode, gdt, hp, backend, sb = ctx.cfg
+        scale_mode, gdt, hp, backend, sb, w2d = ctx.cfg
         x_shape, x_dtype, w_dtype, b_dtype = ctx.meta
         dy2 = _rows(dy)
         need_w = ctx.needs_input_grad[1]
@@ -171,28 +173,28 @@ class _LinearFn(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             w_col, w_col_s = _weight_dgrad(ctx.operands, w_col, w_col_s)
             dx = api.mm(dy_row, dy_row_s, w_col, w_col_s, out_dtype=x_dtype, backend=backend,
-                        scale_block=sb).reshape(x_shape)
+                        scale_block=sb, b_blocks_2d=w2d).reshape(x_shape)
         if need_w:
             dw = _hp_wgrad(dy2, x_saved, None) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s, None, backend,
                                                                  sb, w_dtype)
             dw = dw.to(w_dtype)
         if b_dtype is not False and ctx.needs_input_grad[2]:
             db = dy2.float().contiguous().sum(0).to(b_dtype)  # one summation order whatever dy's layout
-        return dx, dw, db, None, None, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None, None, None
 
 
 class _GroupedMMFn(torch.autograd.Function):
     @staticmethod
     @_no_autocast
     def forward(ctx, x, weight, offs, operands, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend,
-                sb):
+                sb, w2d):
         x_row, x_row_s, x_col, x_col_s = _quant(x, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp, sb,
                                                 _token_align(offs, sb))
-        w_row, w_row_s, w_col, w_col_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend, sb)
-        y = _gemm(x_row, x_row_s, w_row, w_row_s, offs, x.dtype, backend, sb)
+        w_row, w_row_s, w_col, w_col_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend, sb, w2d)
+        y = _gemm(x_row, x_row_s, w_row, w_row_s, offs, x.dtype, backend, sb, w2d)
         ctx.save_for_backward(x if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s, offs)
         ctx.operands = operands
-        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, sb)
+        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, sb, w2d)
         ctx.meta = (x.dtype, weight.dtype)
         return y
 
@@ -201,7 +203,7 @@ class _GroupedMMFn(torch.autograd.Function):
     def backward(ctx, dy):
         _first_order_only("mxfp8_grouped_mm")
         x_saved, x_col_s, w_col, w_col_s, offs = ctx.saved_tensors
-        scale_mode, gdt, hp, backend, sb = ctx.cfg
+        scale_mode, gdt, hp, backend, sb, w2d = ctx.cfg
         x_dtype, w_dtype = ctx.meta
         need_w = ctx.needs_input_grad[1]
         ta = _token_align(offs, sb)
@@ -209,18 +211,18 @@ class _GroupedMMFn(torch.autograd.Function):
         dx = dw = None
         if ctx.needs_input_grad[0]:
             w_col, w_col_s = _weight_dgrad(ctx.operands, w_col, w_col_s)
-            dx = _gemm(dy_row, dy_row_s, w_col, w_col_s, offs, x_dtype, backend, sb)
+            dx = _gemm(dy_row, dy_row_s, w_col, w_col_s, offs, x_dtype, backend, sb, w2d)
         if need_w:
             dw = _hp_wgrad(dy, x_saved, offs) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s,
                                                                 _wgrad_offs(offs, ta), backend, sb, w_dtype)
             dw = dw.to(w_dtype)
-        return dx, dw, None, None, None, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None, None, None, None
 
 
 class _SwiGLUMLPFn(torch.autograd.Function):
     @staticmethod
     @_no_autocast
-    def forward(ctx, x, w1, w2, w3, offs, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, sb,
+    def forward(ctx, x, w1, w2, w3, offs, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, sb, w2d,
                 fused):
         x2 = _rows(x)
         qw = dict(scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend)
@@ -228,8 +230,8 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         # the weights first: their casts do not need the token groups, whose first host read (the counts, or
         # offs in the first grouped op) waits for the GPU, so they are queued while the GPU still has work
         w13_row, w13_row_s, w13_col, w13_col_s = api.quantize_gate_up(w1, w3, gate_up_tile=tile or 0, scale_block=sb,
-                                                                      **qw)
-        w2_row, w2_row_s, w2_col, w2_col_s = api.quantize_dual(w2, scale_block=sb, **qw)
+                                                                      blocks_2d=w2d, **qw)
+        w2_row, w2_row_s, w2_col, w2_col_s = api.quantize_dual(w2, scale_block=sb, blocks_2d=w2d, **qw)
         if callable(offs):  # the grouped module's offsets, made from counts read on the host
             offs = offs()
         ta = _token_align(offs, sb)  # 128 in the fast mode's grouped MLP (never fused: fused is 32-blocks only)
@@ -241,14 +243,14 @@ class _SwiGLUMLPFn(torch.autograd.Function):
                 x_row, x_row_s, w13_row, w13_row_s, gate_up_tile=tile, emit_hp=wgrad_with_hp, out_dtype=x.dtype,
                 offs=offs, **qw)
         else:  # GEMM1 -> fp32 accumulator; h13 is saved in the activation dtype, h comes from the accumulator
-            acc = _gemm(x_row, x_row_s, w13_row, w13_row_s, offs, torch.float32, backend, sb)
+            acc = _gemm(x_row, x_row_s, w13_row, w13_row_s, offs, torch.float32, backend, sb, w2d)
             h13 = acc.to(x.dtype)
             h_row, h_row_s, h_col, h_col_s, h_hp = api.swiglu_quant(acc, emit_hp=wgrad_with_hp, offs=offs,
                                                                     scale_block=sb, token_align=ta, **qw)
-        y = _gemm(h_row, h_row_s, w2_row, w2_row_s, offs, x.dtype, backend, sb)
+        y = _gemm(h_row, h_row_s, w2_row, w2_row_s, offs, x.dtype, backend, sb, w2d)
         ctx.save_for_backward(x2 if wgrad_with_hp else x_col, x_col_s, h13, h_hp if wgrad_with_hp else h_col,
                               h_col_s, w13_col, w13_col_s, w2_col, w2_col_s, offs)
-        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, tile, sb)
+        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, tile, sb, w2d)
         ctx.meta = (x.shape, x.dtype, w1.dtype, w2.dtype)
         return _output(y, x.shape)
 
@@ -257,7 +259,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
     def backward(ctx, dy):
         _first_order_only("mxfp8_swiglu_mlp")
         x_saved, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s, w2_col, w2_col_s, offs = ctx.saved_tensors
-        scale_mode, gdt, hp, backend, tile, sb = ctx.cfg
+        scale_mode, gdt, hp, backend, tile, sb, w2d = ctx.cfg
         x_shape, x_dtype, w13_dtype, w2_dtype = ctx.meta
         dy2 = _rows(dy)
         need_w = any(ctx.needs_input_grad[1:4])
@@ -268,14 +270,14 @@ class _SwiGLUMLPFn(torch.autograd.Function):
             dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.mm_dswiglu_quant(
                 dy_row, dy_row_s, w2_col, w2_col_s, h13, gate_up_tile=tile, offs=offs, **qg)
         else:
-            dh = _gemm(dy_row, dy_row_s, w2_col, w2_col_s, offs, torch.float32, backend, sb)  # w2 dgrad, (M, I)
+            dh = _gemm(dy_row, dy_row_s, w2_col, w2_col_s, offs, torch.float32, backend, sb, w2d)  # w2 dgrad (M, I)
             # dh fp32 (the accumulator) beside the saved h13 in the activation dtype: the kernel reads both
             dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.dswiglu_quant(dh, h13, offs=offs,
                                                                                     scale_block=sb, token_align=ta,
                                                                                     **qg)
         dx = dw1 = dw2 = dw3 = None
         if ctx.needs_input_grad[0]:
-            dx = _gemm(dh13_row, dh13_row_s, w13_col, w13_col_s, offs, x_dtype, backend, sb).reshape(x_shape)
+            dx = _gemm(dh13_row, dh13_row_s, w13_col, w13_col_s, offs, x_dtype, backend, sb, w2d).reshape(x_shape)
         if need_w:
             if hp:
                 dw2 = _hp_wgrad(dy2, h_saved, offs)
@@ -292,12 +294,14 @@ class _SwiGLUMLPFn(torch.autograd.Function):
             else:
                 dw1, dw3 = (t.to(w13_dtype) for t in split_gate_up(dw13, dim=-2, tile=tile))
             dw2 = dw2.to(w2_dtype)
-        return dx, dw1, dw2, dw3, None, None, None, None, None, None, None, None
+        return dx, dw1, dw2, dw3, None, None, None, None, None, None, None, None, None
 
 
 def _cfg_args(config, device):
     c = resolve_config(config)
-    return c.scale_mode, c.elem_dtype, c.grad_elem_dtype, c.wgrad_with_hp, c.backend, scale_block(c, device)
+    sb = scale_block(c, device)
+    return (c.scale_mode, c.elem_dtype, c.grad_elem_dtype, c.wgrad_with_hp, c.backend, sb,
+            sb == 128 and c.hopper_weight_blocks == "128x128")
 
 
 def scale_block(config, device) -> int:
@@ -436,8 +440,8 @@ def _swiglu_mlp(x, w1, w2, w3, offs, config):
     _check_weight("w2", w2, (*e, d, i))
     _check_input(x, d, rank2=grouped)
     _check_dims32(D=d, I=i)
-    cfg = _cfg_args(config, x.device)  # ends with the operands' scale block
-    reason = fast_mode_hidden_reason(cfg[-1], i)
+    cfg = _cfg_args(config, x.device)  # ends with the operands' scale block and the weights' 128 x 128 blocks
+    reason = fast_mode_hidden_reason(cfg[-2], i)
     if reason is not None:
         raise ValueError(f"{reason}: pad w1 and w3 EACH (and w2's columns) to a multiple of 128, or use "
                          f"hopper_block_k=32")

@@ -72,7 +72,7 @@ def _unavailable(name: str):
     return reason
 
 
-def _limits(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0):
+def _limits(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0, blocks_2d=False):
     if not x.is_contiguous() or x.data_ptr() % 16:
         return "x must be contiguous with a 16-byte aligned data pointer (call .contiguous())"
     if x.shape[-1] % 32:
@@ -212,20 +212,21 @@ def _e8m0(*ts):
 
 def _ops(arch: str) -> dict:
     def kernel(direction, x, scale_mode, elem_dtype, blocked, grouped=False, batched=False, scale_block=32,
-               phase="cast", pad_groups=False):
+               phase="cast", pad_groups=False, blocks_2d=False):
         return compile_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False,
-                             grouped, batched, scale_block, phase, pad_groups)
+                             grouped, batched, scale_block, phase, pad_groups, blocks_2d)
 
     def tile(direction, x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs=None, scale_block=32,
-             token_align=0):
+             token_align=0, blocks_2d=False):
         """Launch the tile kernel (colwise / dual / 3-D rowwise; every cast with ``scale_block=128``, in one
         launch); unused output slots take placeholders.  ``token_align`` 128: qt in the padded group layout,
-        every column written by the kernel."""
+        every column written by the kernel; ``blocks_2d``: 128 x 128 weight blocks (no groups)."""
         three_d = x.dim() == 3
         unused = _unused_outputs(x.device, elem_dtype, blocked)
         q, s, qt, st = (_batch(t, three_d) if t is not None else unused[i % 2] for i, t in enumerate((q, s, qt, st)))
         flags = (offs is not None, three_d and direction == "rowwise")
-        kernel(direction, x, scale_mode, elem_dtype, blocked, *flags, scale_block, "cast", bool(token_align))(
+        kernel(direction, x, scale_mode, elem_dtype, blocked, *flags, scale_block, "cast", bool(token_align),
+               blocks_2d)(
             _batch(x, three_d), q, s, qt, st, *_group_args(x.device, offs), *_no_amax(x.device))
 
     def rows_past_groups(x, scale_mode, elem_dtype, q, s, end, blocked, scale_block=32):
@@ -238,7 +239,7 @@ def _ops(arch: str) -> dict:
             else:
                 tile("rowwise", x[end:], scale_mode, elem_dtype, False, q[end:], tail_s, None, None, None, 128)
 
-    def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
+    def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, blocks_2d=False):
         grouped = offs is not None and blocked  # plain rowwise scales do not depend on the groups
         if offs is not None:
             check_offsets(offs, x.shape[0])  # validated either way
@@ -246,7 +247,7 @@ def _ops(arch: str) -> dict:
         if x.numel() == 0:
             return _e8m0(q, s)
         if x.dim() == 3 or (scale_block == 128 and not grouped):
-            tile("rowwise", x, scale_mode, elem_dtype, blocked, q, s, None, None, None, scale_block)
+            tile("rowwise", x, scale_mode, elem_dtype, blocked, q, s, None, None, None, scale_block, 0, blocks_2d)
         elif grouped and offs.numel() == 0:  # no groups: every row is past them
             rows_past_groups(x, scale_mode, elem_dtype, q, s, 0, True, scale_block)
         elif grouped and scale_block == 128:  # the tile kernel's tail CTAs cast the rows past offs[-1]
@@ -260,7 +261,8 @@ def _ops(arch: str) -> dict:
             kernel("rowwise", x, scale_mode, elem_dtype, blocked)(x, q, s)
         return _e8m0(q, s)
 
-    def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0):
+    def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0,
+                         blocks_2d=False):
         if offs is not None:
             check_offsets(offs, x.shape[0])
         qt, st = _outputs(_colwise_shapes(token_align), x, elem_dtype, blocked,
@@ -268,10 +270,12 @@ def _ops(arch: str) -> dict:
         launch = x.numel() > 0 and (offs is None or offs.numel() > 0)
         _fill_unlaunched(offs, launch, qt)
         if launch:
-            tile("colwise", x, scale_mode, elem_dtype, blocked, None, None, qt, st, offs, scale_block, token_align)
+            tile("colwise", x, scale_mode, elem_dtype, blocked, None, None, qt, st, offs, scale_block, token_align,
+                 blocks_2d)
         return _e8m0(qt, st)
 
-    def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0):
+    def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0,
+                      blocks_2d=False):
         g = None if offs is None else offs.shape[0]
         if offs is not None:
             check_offsets(offs, x.shape[0])
@@ -279,7 +283,7 @@ def _ops(arch: str) -> dict:
         qt, st = _outputs(_colwise_shapes(token_align), x, elem_dtype, blocked, g)
         if offs is None:
             if x.numel():
-                tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, None, scale_block)
+                tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, None, scale_block, 0, blocks_2d)
             return _e8m0(q, s, qt, st)
         launch = x.numel() > 0 and g > 0  # the kernel's tail CTAs cast the rows past offs[-1]
         _fill_unlaunched(offs, launch, qt)
@@ -289,7 +293,7 @@ def _ops(arch: str) -> dict:
             rows_past_groups(x, scale_mode, elem_dtype, q, s, 0, blocked, scale_block)
         return _e8m0(q, s, qt, st)
 
-    def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32):
+    def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32, blocks_2d=False):
         """W13 packed in the input dtype (a temporary copy of both weights), then one dual cast of it (blocked
         scales written by the kernel).  The same bytes as casting w1 and w3 on their own and packing the casts
         (the reference): the op's checks make every colwise block along 2I hold features of one projection (I
@@ -298,10 +302,11 @@ def _ops(arch: str) -> dict:
         (H200).  A W13 past the kernels' 32-bit indexing takes that older path (each projection fits)."""
         tile = gate_up_tile or None
         if _packed_limits(w1, blocked) is not None:
-            casts = [quantize_dual(w, scale_mode, elem_dtype, False, None, scale_block) for w in (w1, w3)]
+            casts = [quantize_dual(w, scale_mode, elem_dtype, False, None, scale_block, 0, blocks_2d)
+                     for w in (w1, w3)]
             return pack_gate_up_casts(*casts, blocked, tile)
         return quantize_dual(pack_gate_up(w1, w3, dim=-2, tile=tile), scale_mode, elem_dtype, blocked, None,
-                             scale_block)
+                             scale_block, 0, blocks_2d)
 
     return {"quantize_rowwise": quantize_rowwise, "quantize_colwise": quantize_colwise,
             "quantize_dual": quantize_dual, "quantize_gate_up": quantize_gate_up}
@@ -313,9 +318,9 @@ def _plans(arch: str) -> dict:
     the op's checks already passed for that key."""
     e8m0 = torch.float8_e8m0fnu
 
-    def rowwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
+    def rowwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, blocks_2d=False):
         if offs is None and (x.dim() == 3 or scale_block == 128):  # these run on the tile kernel
-            return tiled_rowwise(x, scale_mode, elem_dtype, blocked, offs, scale_block)
+            return tiled_rowwise(x, scale_mode, elem_dtype, blocked, offs, scale_block, blocks_2d)
         if offs is not None or x.dim() != 2 or x.numel() == 0:
             return None
         fn = compile_quant("rowwise", _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False,
@@ -331,12 +336,14 @@ def _plans(arch: str) -> dict:
 
     def tiled(direction, shapes):
         """The tile kernel's plan: 2-D (as E = 1) or 3-D input, one launch (either scale block)."""
-        def plan(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
-            if offs is not None or x.dim() not in (2, 3) or x.numel() == 0:
+        def plan(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, *tail):
+            # tail: the op's remaining arguments, (blocks_2d,) rowwise or (token_align, blocks_2d) colwise / dual
+            blocks_2d = bool(tail[-1]) if tail else False
+            if offs is not None or x.dim() not in (2, 3) or x.numel() == 0 or (len(tail) > 1 and tail[0]):
                 return None
             three_d = x.dim() == 3
             fn = compile_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False,
-                               three_d and direction == "rowwise", scale_block, "cast")
+                               three_d and direction == "rowwise", scale_block, "cast", False, blocks_2d)
             dev = x.device
             specs = [_output_spec(sh, tuple(x.shape), blocked) for sh in shapes]
             unused = _unused_outputs(dev, elem_dtype, blocked)
@@ -424,7 +431,11 @@ def _swiglu_ops(arch: str) -> dict:
     return {"swiglu_quant": swiglu_quant, "dswiglu_quant": dswiglu_quant}
 
 
-def _gate_up_limits(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32):
+def _rowwise_limits(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, blocks_2d=False):
+    return _limits(x, scale_mode, elem_dtype, blocked, offs, scale_block)
+
+
+def _gate_up_limits(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32, blocks_2d=False):
     return _limits(w1, scale_mode, elem_dtype, False) or _limits(w3, scale_mode, elem_dtype, False)
 
 
@@ -436,7 +447,7 @@ def _packed_limits(w1, blocked: bool) -> str | None:
     return _scale_limits(packed, blocked, None)
 
 
-_QUANT_LIMITS = {"quantize_rowwise": _limits, "quantize_colwise": _limits, "quantize_dual": _limits,
+_QUANT_LIMITS = {"quantize_rowwise": _rowwise_limits, "quantize_colwise": _limits, "quantize_dual": _limits,
                  "quantize_gate_up": _gate_up_limits}
 _SWIGLU_LIMITS = {"swiglu_quant": _swiglu_limits, "dswiglu_quant": _swiglu_limits}
 

@@ -76,15 +76,16 @@ def _group_args(a, offs):
     return schedule_m(offs, a.shape[0], _MMA_M), offs.numel()
 
 
-def mm(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32):
+def mm(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32, b_blocks_2d=False):
     """With a bias the kernel stores its fp32 accumulator and the bias is added before the one rounding to
-    ``out_dtype`` (the plain epilogue has no bias input yet: an extra pass over D).  ``scale_block`` (the SM90 fast
-    mode's hint, here and in the grouped GEMMs) changes nothing: the tcgen05 MMA applies every MX scale."""
+    ``out_dtype`` (the plain epilogue has no bias input yet: an extra pass over D).  ``scale_block`` and
+    ``b_blocks_2d`` (the SM90 fast mode's hints, here and in the grouped GEMMs) change nothing: the tcgen05 MMA
+    applies every MX scale."""
     return mm_with_bias(lambda d: _kernel(a, b, d.dtype)(a, b, _u8(a_scales), _u8(b_scales), d), a, b, out_dtype,
                         bias)
 
 
-def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
+def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, b_blocks_2d=False):
     """2d-3d: ``out[rows of group g] = a[rows of g] · b[g]ᵀ``; rows at or past ``offs[-1]`` are zero.  The offsets
     stay on the device (clamped and made non-decreasing there, :func:`.gemm_common.device_offsets`)."""
     return run_grouped_mm(_kernel(a, b, out_dtype, grouped=True), a, a_scales, b, b_scales, offs, out_dtype, _MMA_M)
@@ -116,7 +117,7 @@ def mm_dswiglu_quant(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit
     return run_mm_dswiglu_quant(kernel, a, a_scales, b, b_scales, h13, elem_dtype, emit_hp, *_group_args(a, offs))
 
 
-def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32):
+def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32, b_blocks_2d=False):
     return _gemm_limits(a, a_scales, b, b_scales, out_dtype if bias is None else torch.float32, "plain")
 
 
@@ -146,7 +147,7 @@ def _mm_dswiglu_limits(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, em
     return why
 
 
-def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
+def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, b_blocks_2d=False):
     why = offs_limits(offs) or _gemm_limits(a, a_scales, b, b_scales, out_dtype, "plain")
     t, n = a.shape[0], b.shape[-2]
     if why is None and t * n > MAX_ELEMENTS:

@@ -63,11 +63,12 @@ def _persistent(a: torch.Tensor) -> dict:
     return {"max_ctas": _sm_count(_device(a))}
 
 
-def mm(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32):
+def mm(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32, b_blocks_2d=False):
     def run(d):
         if scale_block == 128:  # the fast mode: fp8 WGMMA, one promotion per 128 of K
             fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[d.dtype], "promote", block_k=128,
-                                   n_tile=FAST_N_TILE, max_ctas=_sm_count(_device(a)))
+                                   n_tile=FAST_N_TILE, max_ctas=_sm_count(_device(a)),
+                                   b_block_n=128 if b_blocks_2d else 1)
             fn(a, b, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d)
             return
         fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[d.dtype], MAINLOOP, **_persistent(a))
@@ -79,12 +80,14 @@ def mm(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32):
     return mm_with_bias(run, a, b, out_dtype, bias)
 
 
-def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
+def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, b_blocks_2d=False):
     """2d-3d: ``out[rows of group g] = a[rows of g] · b[g]ᵀ``; rows at or past ``offs[-1]`` are zero.  With
-    ``scale_block=128`` the fast mode's kernel (fp8 WGMMA, one promotion per 128 of K, 128-row group tiles)."""
+    ``scale_block=128`` the fast mode's kernel (fp8 WGMMA, one promotion per 128 of K, 128-row group tiles;
+    ``b_blocks_2d``: the experts' 128 x 128 scale blocks, one FFMA per element and stage)."""
     if scale_block == 128:
         kernel = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "promote", grouping="m",
-                                   block_k=128, n_tile=FAST_N_TILE, **_persistent(a))
+                                   block_k=128, n_tile=FAST_N_TILE, b_block_n=128 if b_blocks_2d else 1,
+                                   **_persistent(a))
         return run_grouped_mm(kernel, a, a_scales, b, b_scales, offs, out_dtype, _FAST_TILE_M)
     kernel = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="m",
                                **_persistent(a))
@@ -155,7 +158,7 @@ def _fused_kernel(a, b, out_dtype, epilogue, elem_dtype, scale_mode, emit_hp, gr
                              scale_mode=scale_mode, emit_hp=emit_hp)
 
 
-def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32):
+def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32, b_blocks_2d=False):
     from ..kernels.gemm_sm90 import MXGemmSm90
 
     why = operand_limits(a, a_scales, b, b_scales)
@@ -166,7 +169,7 @@ def _mm_limits(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32):
     return why
 
 
-def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
+def _grouped_mm_limits(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, b_blocks_2d=False):
     why = offs_limits(offs) or operand_limits(a, a_scales, b, b_scales)
     t, n = a.shape[0], b.shape[1]
     if why is None and t * n > MAX_ELEMENTS:

@@ -71,18 +71,22 @@ def _hp_shape(emit_hp: bool, shape):
 # ---- quantize -------------------------------------------------------------------------------------------
 
 def quantize_rowwise_impl(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
-                          offs: Optional[Tensor], backend: str, scale_block: int = 32) -> tuple[Tensor, Tensor]:
+                          offs: Optional[Tensor], backend: str, scale_block: int = 32,
+                          blocks_2d: bool = False) -> tuple[Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
+    S.check_blocks_2d(blocks_2d, scale_block, offs)
     S.check_quantize_input(x, offs, colwise=False, rowwise=True)
-    return _call("quantize_rowwise", x.device, backend, x, scale_mode, elem_dtype, blocked, offs, scale_block)
+    return _call("quantize_rowwise", x.device, backend, x, scale_mode, elem_dtype, blocked, offs, scale_block,
+                 blocks_2d)
 
 
 _quantize_rowwise = torch.library.custom_op(f"{_NS}::quantize_rowwise", quantize_rowwise_impl, mutates_args=())
 
 
 @_quantize_rowwise.register_fake
-def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32):
+def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32, blocks_2d=False):
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
+    S.check_blocks_2d(blocks_2d, scale_block, offs)
     S.check_quantize_input(x, offs, colwise=False, rowwise=True)
     d, s = S.rowwise_shapes(tuple(x.shape), blocked, _num_groups(offs))
     return _empty(x, d, elem_dtype), _empty(x, s, _E8M0)
@@ -90,34 +94,37 @@ def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32):
 
 def quantize_colwise_impl(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
                           offs: Optional[Tensor], backend: str, scale_block: int = 32,
-                          token_align: int = 0) -> tuple[Tensor, Tensor]:
+                          token_align: int = 0, blocks_2d: bool = False) -> tuple[Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_quantize_input(x, offs, colwise=True, rowwise=False)
     S.check_token_align(token_align, offs)
+    S.check_blocks_2d(blocks_2d, scale_block, offs, token_align)
     return _call("quantize_colwise", x.device, backend, x, scale_mode, elem_dtype, blocked, offs, scale_block,
-                 token_align)
+                 token_align, blocks_2d)
 
 
 _quantize_colwise = torch.library.custom_op(f"{_NS}::quantize_colwise", quantize_colwise_impl, mutates_args=())
 
 
 @_quantize_colwise.register_fake
-def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32, token_align=0):
+def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32, token_align=0, blocks_2d=False):
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_quantize_input(x, offs, colwise=True, rowwise=False)
     S.check_token_align(token_align, offs)
+    S.check_blocks_2d(blocks_2d, scale_block, offs, token_align)
     d, s = S.colwise_shapes(tuple(x.shape), blocked, _num_groups(offs), token_align)
     return _empty(x, d, elem_dtype), _empty(x, s, _E8M0)
 
 
 def quantize_dual_impl(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
                        offs: Optional[Tensor], backend: str, scale_block: int = 32,
-                       token_align: int = 0) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                       token_align: int = 0, blocks_2d: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_quantize_input(x, offs, colwise=True, rowwise=True)
     S.check_token_align(token_align, offs)
+    S.check_blocks_2d(blocks_2d, scale_block, offs, token_align)
     return _call("quantize_dual", x.device, backend, x, scale_mode, elem_dtype, blocked, offs, scale_block,
-                 token_align)
+                 token_align, blocks_2d)
 
 
 _quantize_dual = torch.library.custom_op(f"{_NS}::quantize_dual", quantize_dual_impl, mutates_args=())
@@ -131,10 +138,11 @@ def _dual_fake(x_shape, like, elem_dtype, blocked, g, token_align=0):
 
 
 @_quantize_dual.register_fake
-def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32, token_align=0):
+def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32, token_align=0, blocks_2d=False):
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_quantize_input(x, offs, colwise=True, rowwise=True)
     S.check_token_align(token_align, offs)
+    S.check_blocks_2d(blocks_2d, scale_block, offs, token_align)
     return _dual_fake(tuple(x.shape), x, elem_dtype, blocked, _num_groups(offs), token_align)
 
 
@@ -164,53 +172,60 @@ def _check_gate_up(w1: Tensor, w3: Tensor, gate_up_tile: int = 0, scale_block: i
 
 def quantize_gate_up_impl(w1: Tensor, w3: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
                           gate_up_tile: int, backend: str,
-                          scale_block: int = 32) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                          scale_block: int = 32, blocks_2d: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
+    S.check_blocks_2d(blocks_2d, scale_block)
     _check_gate_up(w1, w3, gate_up_tile, scale_block)
     return _call("quantize_gate_up", w1.device, backend, w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile,
-                 scale_block)
+                 scale_block, blocks_2d)
 
 
 _quantize_gate_up = torch.library.custom_op(f"{_NS}::quantize_gate_up", quantize_gate_up_impl, mutates_args=())
 
 
 @_quantize_gate_up.register_fake
-def _(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend, scale_block=32):
+def _(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend, scale_block=32, blocks_2d=False):
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
+    S.check_blocks_2d(blocks_2d, scale_block)
     return _dual_fake(_check_gate_up(w1, w3, gate_up_tile, scale_block), w1, elem_dtype, blocked, None)
 
 
 # ---- GEMMs ----------------------------------------------------------------------------------------------
 
 def mm_impl(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, out_dtype: torch.dtype, backend: str,
-            bias: Optional[Tensor] = None, scale_block: int = 32) -> Tensor:
+            bias: Optional[Tensor] = None, scale_block: int = 32, b_blocks_2d: bool = False) -> Tensor:
     S.check_mm(a, a_scales, b, b_scales, out_dtype, bias)
     S.check_scale_block(scale_block)
-    return _call("mm", a.device, backend, a, a_scales, b, b_scales, out_dtype, bias, scale_block)
+    S.check_b_blocks_2d(b_blocks_2d, scale_block)
+    return _call("mm", a.device, backend, a, a_scales, b, b_scales, out_dtype, bias, scale_block, b_blocks_2d)
 
 
 _mm = torch.library.custom_op(f"{_NS}::mm", mm_impl, mutates_args=())
 
 
 @_mm.register_fake
-def _(a, a_scales, b, b_scales, out_dtype, backend, bias=None, scale_block=32):
+def _(a, a_scales, b, b_scales, out_dtype, backend, bias=None, scale_block=32, b_blocks_2d=False):
     S.check_scale_block(scale_block)
+    S.check_b_blocks_2d(b_blocks_2d, scale_block)
     return _empty(a, S.check_mm(a, a_scales, b, b_scales, out_dtype, bias), out_dtype)
 
 
 def grouped_mm_impl(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, out_dtype: torch.dtype,
-                    backend: str, scale_block: int = 32) -> Tensor:
+                    backend: str, scale_block: int = 32, b_blocks_2d: bool = False) -> Tensor:
     S.check_grouped_mm(a, a_scales, b, b_scales, offs, out_dtype)
     S.check_scale_block(scale_block)
-    return _call("grouped_mm", a.device, backend, a, a_scales, b, b_scales, offs, out_dtype, scale_block)
+    S.check_b_blocks_2d(b_blocks_2d, scale_block)
+    return _call("grouped_mm", a.device, backend, a, a_scales, b, b_scales, offs, out_dtype, scale_block,
+                 b_blocks_2d)
 
 
 _grouped_mm = torch.library.custom_op(f"{_NS}::grouped_mm", grouped_mm_impl, mutates_args=())
 
 
 @_grouped_mm.register_fake
-def _(a, a_scales, b, b_scales, offs, out_dtype, backend, scale_block=32):
+def _(a, a_scales, b, b_scales, offs, out_dtype, backend, scale_block=32, b_blocks_2d=False):
     S.check_scale_block(scale_block)
+    S.check_b_blocks_2d(b_blocks_2d, scale_block)
     return _empty(a, S.check_grouped_mm(a, a_scales, b, b_scales, offs, out_dtype), out_dtype)
 
 

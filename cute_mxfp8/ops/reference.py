@@ -24,17 +24,20 @@ def _block(scales: torch.Tensor, blocked: bool) -> torch.Tensor:
     return F.to_blocked_scales(scales) if blocked else scales
 
 
-def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32):
+def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, blocks_2d=False):
     if offs is not None:  # checked even where plain scales do not depend on the groups
         F.validate_offsets(offs, x.shape[0])
-    data, scales = F.quantize_mxfp8(x, dim=-1, scale_mode=scale_mode, elem_dtype=elem_dtype, scale_block=scale_block)
+    data, scales = F.quantize_mxfp8(x, dim=-1, scale_mode=scale_mode, elem_dtype=elem_dtype, scale_block=scale_block,
+                                    blocks_2d=blocks_2d)
     if blocked and offs is not None:
         return data, F.to_blocked_scales_grouped_m(scales, offs)
     return data, _block(scales, blocked)
 
 
-def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0):
+def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0, blocks_2d=False):
     kw = {"scale_mode": scale_mode, "elem_dtype": elem_dtype, "scale_block": scale_block}
+    if blocks_2d:  # weights (no groups): the 128 x 128 tiles of the last two dims (a 2-D x's Mp rows padded)
+        kw["blocks_2d"] = True
     if token_align:  # the cast of the groups padded with zero tokens (the op's definition)
         x, offs = F.pad_token_groups(x, offs, token_align)
     if x.dim() == 3:
@@ -53,16 +56,16 @@ def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=
     return data.t().contiguous(), _block(scales.t().contiguous(), blocked)
 
 
-def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0):
-    return (*quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs, scale_block),
-            *quantize_colwise(x, scale_mode, elem_dtype, blocked, offs, scale_block, token_align))
+def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0, blocks_2d=False):
+    return (*quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs, scale_block, blocks_2d),
+            *quantize_colwise(x, scale_mode, elem_dtype, blocked, offs, scale_block, token_align, blocks_2d))
 
 
-def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32):
+def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32, blocks_2d=False):
     """Each projection cast on its own, then packed: with scale_block=128 the op requires I % 128 == 0 and a
     gate_up_tile of 0 or a multiple of 128, so W13's 128-blocks along 2I are those of one projection."""
     def casts(w):
-        kw = {"scale_mode": scale_mode, "elem_dtype": elem_dtype, "scale_block": scale_block}
+        kw = {"scale_mode": scale_mode, "elem_dtype": elem_dtype, "scale_block": scale_block, "blocks_2d": blocks_2d}
         r, rs = F.quantize_mxfp8(w, dim=-1, **kw)
         c, cs = F.quantize_mxfp8(w, dim=-2, **kw)
         return r, rs, c.transpose(-1, -2), cs.transpose(-1, -2)
@@ -88,30 +91,38 @@ def _check_runs(name: str, plain: torch.Tensor) -> None:
                          f"scale_block=32")
 
 
-def _check_shared_runs(name: str, data: torch.Tensor, blocked: torch.Tensor) -> None:
-    _check_runs(name, F.from_blocked_scales(blocked, data.shape[0], data.shape[1] // _B))
+def _check_shared_runs(name: str, data: torch.Tensor, blocked: torch.Tensor, blocks_2d: bool = False) -> None:
+    plain = F.from_blocked_scales(blocked, data.shape[0], data.shape[1] // _B)
+    _check_runs(name, plain)
+    if blocks_2d:  # b_blocks_2d's promise: also equal along each 128 rows (the kernel reads the first row's)
+        s = plain.view(torch.uint8)
+        if not torch.equal(s, s[(torch.arange(s.shape[0], device=s.device) // 128) * 128]):
+            raise ValueError(f"{name}'s scales are not equal along each 128 rows, as b_blocks_2d=True states (the "
+                             f"sm90 kernel would read only the first row's): quantize it with blocks_2d=True, or "
+                             f"pass b_blocks_2d=False")
 
 
-def mm(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32):
+def mm(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32, b_blocks_2d=False):
     """The exact product of any MXFP8 operands; with ``scale_block=128`` the operands' promise (scales equal in
-    runs of 4 along K) is checked first, so code that breaks it fails here rather than only on SM90."""
+    runs of 4 along K; with ``b_blocks_2d`` b's also along 128 rows) is checked first, so code that breaks it fails
+    here rather than only on SM90."""
     if scale_block == 128:
         _check_shared_runs("a", a, a_scales)
-        _check_shared_runs("b", b, b_scales)
+        _check_shared_runs("b", b, b_scales, b_blocks_2d)
     acc = _deq_rowwise(a, a_scales) @ _deq_rowwise(b, b_scales).t()
     if bias is not None:  # added to the fp32 accumulator: one rounding to out_dtype, as cuBLAS's bias epilogue
         acc = acc + bias.float()
     return acc.to(out_dtype)
 
 
-def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32):
+def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, b_blocks_2d=False):
     m, k = a.shape
     end = F.validate_offsets(offs, m)
     a_plain = F.from_blocked_scales_grouped_m(a_scales, offs, m, k // _B)
     if scale_block == 128:  # the promise, on the rows in groups and on every expert
         _check_runs("a", a_plain[:end])
         for g in range(b.shape[0]):
-            _check_shared_runs("b", b[g], b_scales[g])
+            _check_shared_runs("b", b[g], b_scales[g], b_blocks_2d)
     out = torch.zeros(m, b.shape[1], dtype=torch.float32, device=a.device)
     for g, (s, e) in enumerate(F.group_bounds(offs)):
         if e > s:

@@ -29,6 +29,24 @@ def check_quant_args(scale_mode: str, elem_dtype: torch.dtype, scale_block: int 
         raise ValueError(f"elem_dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {elem_dtype}")
 
 
+def check_blocks_2d(blocks_2d, scale_block: int, offs=None, token_align: int = 0) -> None:
+    """``blocks_2d`` (a bool) is a weight layout of the fast mode: 128 x 128 tiles sharing a scale, so it needs
+    ``scale_block=128`` and no token groups."""
+    if type(blocks_2d) is not bool:
+        raise ValueError(f"blocks_2d must be a bool, got {blocks_2d!r}")
+    if blocks_2d and (scale_block != 128 or offs is not None or token_align):
+        raise ValueError(f"blocks_2d=True (128 x 128 weight blocks) needs scale_block=128 and no offs / token_align, "
+                         f"got scale_block={scale_block!r}, offs {'given' if offs is not None else 'None'}, "
+                         f"token_align={token_align!r}")
+
+
+def check_b_blocks_2d(b_blocks_2d, scale_block: int) -> None:
+    """A GEMM's ``b_blocks_2d`` (a bool) states B's 128 x 128 blocks: only with ``scale_block=128``."""
+    if type(b_blocks_2d) is not bool or (b_blocks_2d and scale_block != 128):
+        raise ValueError(f"b_blocks_2d (a bool) states that b was quantized with scale_block=128, blocks_2d=True; it "
+                         f"needs scale_block=128, got b_blocks_2d={b_blocks_2d!r} with scale_block={scale_block!r}")
+
+
 def check_hp(name: str, x: torch.Tensor, ranks=(2,)) -> None:
     if x.dtype not in _HP_DTYPES:
         raise ValueError(f"{name} must be bfloat16 or float32, got {x.dtype}; cast it with .to(torch.bfloat16)")

@@ -1,0 +1,289 @@
+"""The Hopper fast mode's 128 x 128 weight blocks (``MXFP8Config(hopper_weight_blocks="128x128")``, issue 16):
+the reference quantization (``formats.quantize_mxfp8(..., blocks_2d=True)``), the ops' arguments and promise
+checks, the autograd functions on the reference, and on the H200 the tile-cast kernels (bit-exact) and the
+fast-mode GEMMs with one scalar B scale per block (bit-exact on integer data)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cute_mxfp8 import MXFP8Config, ops
+from cute_mxfp8 import formats as F
+from cute_mxfp8.ops import autograd as AG
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+W2D = MXFP8Config(hopper_block_k=128, hopper_weight_blocks="128x128")
+
+
+def _u8(t):
+    return t.view(torch.uint8)
+
+
+def _equal(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert torch.equal(_u8(g).cpu(), _u8(w).cpu()), f"{(_u8(g).cpu() != _u8(w).cpu()).sum().item()} bytes differ"
+
+
+def _sqnr(ref, x):
+    ref, x = ref.double(), x.double()
+    return (10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum())).item()
+
+
+def _tile_max(scales_1x128: torch.Tensor, rows: int) -> torch.Tensor:
+    """The largest 1x128 scale byte of each 128 x 128 tile, repeated back to the plain (.., rows, K/32) layout."""
+    s = _u8(scales_1x128).float()
+    kb = s.shape[-1]
+    pad = torch.nn.functional.pad(s, (0, -kb % 4, 0, -rows % 128), value=-1)
+    tiles = pad.unflatten(-1, (-1, 4)).unflatten(-3, (-1, 128)).amax(dim=(-3, -1))
+    return tiles.repeat_interleave(128, -2)[..., :rows, :].repeat_interleave(4, -1)[..., :kb]
+
+
+# ---- reference numerics ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(256, 384), (200, 96), (3, 160, 288), (1, 32)])
+@pytest.mark.parametrize("mode", ["rceil", "floor"])
+def test_each_tile_takes_the_largest_of_its_1x128_scales(shape, mode, rng):
+    x = torch.randn(*shape, generator=rng) * torch.logspace(-6, 6, shape[-2])[:, None]
+    q, s = F.quantize_mxfp8(x, scale_mode=mode, scale_block=128, blocks_2d=True)
+    _, s1 = F.quantize_mxfp8(x, scale_mode=mode, scale_block=128)
+    assert torch.equal(_u8(s).float(), _tile_max(s1, shape[-2]))
+    # the elements: x over the tile's scale, rounded and saturated (the formats' element rule)
+    want = (x / F.e8m0_to_float(_u8(s)).repeat_interleave(32, -1)).clamp(-448, 448).to(E4M3)
+    assert torch.equal(_u8(q), _u8(want))
+
+
+@pytest.mark.parametrize("shape", [(256, 384), (224, 96), (2, 160, 128)])
+def test_rowwise_and_colwise_casts_hold_the_same_elements(shape, rng):
+    x = torch.randn(*shape, generator=rng) * torch.logspace(-3, 3, shape[-1])
+    qr, sr = F.quantize_mxfp8(x, dim=-1, scale_block=128, blocks_2d=True)
+    qc, sc = F.quantize_mxfp8(x, dim=-2, scale_block=128, blocks_2d=True)
+    assert torch.equal(_u8(qr), _u8(qc))
+    assert torch.equal(F.dequantize_mxfp8(qr, sr), F.dequantize_mxfp8(qc, sc, dim=-2))
+
+
+def test_a_nan_poisons_its_tile_only(rng):
+    x = torch.randn(256, 256, generator=rng)
+    x[130, 200] = float("nan")
+    q, s = F.quantize_mxfp8(x, scale_block=128, blocks_2d=True)
+    b = _u8(s)
+    assert torch.all(b[128:, 4:] == 255) and torch.all(b[:128] != 255) and torch.all(b[128:, :4] != 255)
+    assert torch.isnan(q[128:, 128:].float()).all() and not torch.isnan(q[:128].float()).any()
+
+
+def test_blocks_2d_arguments_are_checked():
+    x = torch.randn(64, 64)
+    for kw, match in [(dict(blocks_2d=True), "scale_block=128"), (dict(blocks_2d=1, scale_block=128), "bool")]:
+        with pytest.raises(ValueError, match=match):
+            F.quantize_mxfp8(x, **kw)
+    with pytest.raises(ValueError, match="rank >= 2"):
+        F.quantize_mxfp8(torch.randn(64), scale_block=128, blocks_2d=True)
+    with pytest.raises(ValueError, match="last two dims"):
+        F.quantize_mxfp8(torch.randn(64, 32, 32), dim=0, scale_block=128, blocks_2d=True)
+    offs = torch.tensor([64], dtype=torch.int32)
+    for op in (ops.quantize_rowwise, ops.quantize_colwise, ops.quantize_dual):
+        with pytest.raises(ValueError, match="blocks_2d"):
+            op(x, blocks_2d=True, backend="reference")
+        with pytest.raises(ValueError, match="no offs"):
+            op(x, offs=offs, blocks_2d=True, scale_block=128, backend="reference")
+        with pytest.raises(ValueError, match="bool"):
+            op(x, blocks_2d="yes", scale_block=128, backend="reference")
+    with pytest.raises(ValueError, match="blocks_2d"):
+        ops.quantize_gate_up(x, x, blocks_2d=True, backend="reference")
+    a, a_s = ops.quantize_rowwise(x, scale_block=128)
+    with pytest.raises(ValueError, match="b_blocks_2d"):
+        ops.mm(a, a_s, a, a_s, b_blocks_2d=True, backend="reference")
+    with pytest.raises(ValueError, match="hopper_weight_blocks"):
+        MXFP8Config(hopper_weight_blocks="128x128")
+    with pytest.raises(ValueError, match="hopper_weight_blocks"):
+        MXFP8Config(hopper_block_k=128, hopper_weight_blocks="2d")
+
+
+def test_ops_reference_casts_are_the_formats_quantization(rng):
+    for shape in [(256, 160), (2, 224, 96)]:
+        x = torch.randn(*shape, generator=rng) * torch.logspace(-4, 4, shape[-1])
+        kw = dict(scale_block=128, blocks_2d=True)
+        r, rs, c, cs = ops.quantize_dual(x, blocked=False, backend="reference", **kw)
+        qr, sr = F.quantize_mxfp8(x, dim=-1, **kw)
+        qc, sc = F.quantize_mxfp8(x, dim=-2, **kw)
+        _equal((r, rs, c, cs), (qr, sr, qc.transpose(-1, -2).contiguous(), sc.transpose(-1, -2).contiguous()))
+    w1, w3 = torch.randn(256, 96, generator=rng), torch.randn(256, 96, generator=rng) * 100
+    got = ops.quantize_gate_up(w1, w3, scale_block=128, blocks_2d=True, blocked=False, backend="reference")
+    want = ops.quantize_dual(torch.cat([w1, w3]), scale_block=128, blocks_2d=True, blocked=False,
+                             backend="reference")
+    _equal(got, want)  # a tile of W13 never mixes the projections (I % 128 == 0)
+
+
+def test_b_blocks_2d_promise_is_checked_by_the_reference(rng):
+    a, a_s = ops.quantize_rowwise(torch.randn(64, 256, generator=rng), scale_block=128)
+    w = torch.randn(256, 256, generator=rng) * torch.logspace(-2, 2, 256)[:, None]  # rows of different scales
+    b, b_s = ops.quantize_rowwise(w, scale_block=128)
+    with pytest.raises(ValueError, match="along each 128 rows"):
+        ops.mm(a, a_s, b, b_s, scale_block=128, b_blocks_2d=True, backend="reference")
+    b2, b2_s = ops.quantize_rowwise(w, scale_block=128, blocks_2d=True)
+    got = ops.mm(a, a_s, b2, b2_s, scale_block=128, b_blocks_2d=True, backend="reference")
+    assert torch.equal(got, ops.mm(a, a_s, b2, b2_s, scale_block=128, backend="reference"))
+    offs = torch.tensor([30, 64], dtype=torch.int32)
+    ga, ga_s = ops.quantize_rowwise(torch.randn(64, 256, generator=rng), offs=offs, scale_block=128)
+    wb = torch.stack([w, w.flip(0)])
+    with pytest.raises(ValueError, match="along each 128 rows"):
+        ops.grouped_mm(ga, ga_s, *ops.quantize_rowwise(wb, scale_block=128), offs, scale_block=128,
+                       b_blocks_2d=True, backend="reference")
+    q, s = ops.quantize_rowwise(wb, scale_block=128, blocks_2d=True)
+    ops.grouped_mm(ga, ga_s, q, s, offs, scale_block=128, b_blocks_2d=True, backend="reference")
+
+
+def _deq2d(w):
+    q, s = F.quantize_mxfp8(w, scale_block=128, blocks_2d=True)
+    return F.dequantize_mxfp8(q, s)
+
+
+def test_linear_with_128x128_weights_is_the_product_of_those_operands(rng):
+    """Forward = x's 1x128 cast times w's 128 x 128 cast; the dgrad's weight operand is the same elements."""
+    x = torch.randn(200, 256, generator=rng)
+    w = torch.randn(384, 256, generator=rng) * torch.logspace(-3, 3, 384)[:, None]
+    cfg = MXFP8Config(hopper_block_k=128, hopper_weight_blocks="128x128", backend="reference")
+    xs = F.dequantize_mxfp8(*F.quantize_mxfp8(x, scale_block=128))
+    y = AG.mxfp8_linear(x, w, config=cfg)
+    assert torch.allclose(y, xs @ _deq2d(w).t(), rtol=1e-5, atol=1e-5)
+    y1 = AG.mxfp8_linear(x, w, config=MXFP8Config(hopper_block_k=128, backend="reference"))
+    assert not torch.equal(y, y1)  # the rows' scales differ within tiles here: the weights round differently
+    xg = x.clone().requires_grad_()
+    dy = torch.randn(200, 384, generator=rng)
+    AG.mxfp8_linear(xg, w, config=cfg).backward(dy)
+    dys = F.dequantize_mxfp8(*F.quantize_mxfp8(dy, scale_block=128))
+    wt = w.t().contiguous()
+    wts = F.dequantize_mxfp8(*F.quantize_mxfp8(wt, scale_block=128, blocks_2d=True))
+    assert torch.allclose(xg.grad, dys @ wts.t(), rtol=1e-5, atol=1e-5)
+    assert torch.equal(wts, _deq2d(w).t())
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_mlp_with_128x128_weights_matches_the_exact_recipe(grouped, rng):
+    e, d, i, m = 3, 128, 256, 192
+    lead = (e,) if grouped else ()
+    x = torch.randn(m, d, generator=rng)
+    ws = [torch.randn(*lead, i, d, generator=rng) / d ** 0.5, torch.randn(*lead, d, i, generator=rng) / i ** 0.5,
+          torch.randn(*lead, i, d, generator=rng) / d ** 0.5]
+    offs = torch.tensor([50, 50, 180], dtype=torch.int32) if grouped else None
+    dy = torch.randn(m, d, generator=rng)
+
+    def run(cfg):
+        leaves = [t.clone().requires_grad_() for t in (x, *ws)]
+        y = ops.mxfp8_swiglu_mlp(*leaves, offs=offs, config=cfg)
+        y.backward(dy)
+        return [y.detach()] + [t.grad for t in leaves]
+
+    exact = run(MXFP8Config(backend="reference"))
+    w2d = run(MXFP8Config(hopper_block_k=128, hopper_weight_blocks="128x128", backend="reference"))
+    fast = run(MXFP8Config(hopper_block_k=128, backend="reference"))
+    for a, b, c in zip(exact, w2d, fast):
+        assert _sqnr(a, b) > 25 and abs(_sqnr(a, b) - _sqnr(a, c)) < 3
+
+
+# ---- the kernels on the H200 -----------------------------------------------------------------------------------
+
+sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+                          reason="needs an SM90 GPU (run on the H200 with -m gpu)")
+
+
+def _special(x: torch.Tensor) -> torch.Tensor:
+    """NaN, Inf, zero rows, saturation and subnormal-range values, in different 128 x 128 tiles."""
+    if x.shape[-2] >= 200 and x.shape[-1] >= 160:
+        x[..., 0, 3] = float("nan")
+        x[..., 140, 150] = float("inf")
+        x[..., 2, :] = 0.0
+        x[..., 3, :32] = 448.0 * 2.0 ** 20
+        x[..., 4, :] = 1e-30
+        x[..., 150:, :] *= 1e-6  # a tile far below its neighbours
+    return x
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("shape", [(32, 32), (127, 96), (300, 416), (256, 4096), (2, 224, 160), (3, 160, 96)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_blocks_2d_cast_kernels_bit_exact(shape, dtype, rng):
+    x = _special(torch.randn(*shape, generator=rng) * torch.logspace(-8, 8, shape[-1])).to(dtype)
+    for mode in ("floor", "rceil"):
+        for elem in (E4M3, E5M2):
+            for op in (ops.quantize_rowwise, ops.quantize_colwise, ops.quantize_dual):
+                for blocked in (False, True):
+                    kw = dict(scale_mode=mode, elem_dtype=elem, blocked=blocked, scale_block=128, blocks_2d=True)
+                    _equal(op(x.cuda(), backend="sm90", **kw), op(x, backend="reference", **kw))
+    if len(shape) == 2 and shape[0] % 128 == 0:
+        w1, w3 = x, x.flip(-1).contiguous()
+        for tile in (0, 128):
+            kw = dict(scale_block=128, blocks_2d=True, gate_up_tile=tile)
+            _equal(ops.quantize_gate_up(w1.cuda(), w3.cuda(), backend="sm90", **kw),
+                   ops.quantize_gate_up(w1, w3, backend="reference", **kw))
+
+
+def _integer_weight(shape, rng):
+    """Small integers times a power of two per 128 x 128 tile: what a 128 x 128 cast stores exactly."""
+    *lead, n, k = shape
+    ints = torch.randint(-4, 5, shape, generator=rng).float()
+    exps = torch.randint(-1, 2, (*lead, -(-n // 128), -(-k // 128)), generator=rng).float()
+    return ints * 2.0 ** exps.repeat_interleave(128, -2)[..., :n, :].repeat_interleave(128, -1)[..., :k]
+
+
+def _integer_act(shape, rng):
+    k = shape[-1]
+    ints = torch.randint(-4, 5, shape, generator=rng).float()
+    exps = torch.randint(-1, 2, (*shape[:-1], -(-k // 128)), generator=rng).float()
+    return ints * 2.0 ** exps.repeat_interleave(128, -1)[..., :k]
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("m,n,k", [(300, 200, 416), (257, 129, 1024), (1024, 768, 2048), (128, 576, 256)])
+def test_b_blocks_2d_mm_is_bit_exact_on_integer_data(m, n, k, rng):
+    """Every 192-column tile's two 128-blocks (a warpgroup's columns split at 32, 64 or 96), N not a multiple of
+    the tile: the kernel's result equals the reference's bit for bit."""
+    a, a_s = ops.quantize_rowwise(_integer_act((m, k), rng), scale_block=128)
+    b, b_s = ops.quantize_rowwise(_integer_weight((n, k), rng), scale_block=128, blocks_2d=True)
+    for out in (torch.bfloat16, torch.float32):
+        got = ops.mm(a.cuda(), a_s.cuda(), b.cuda(), b_s.cuda(), out_dtype=out, backend="sm90", scale_block=128,
+                     b_blocks_2d=True)
+        assert torch.equal(got.cpu(), ops.mm(a, a_s, b, b_s, out_dtype=out, scale_block=128, b_blocks_2d=True))
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("sizes", [[0, 1, 31, 129, 300], [257], [64, 0, 70]], ids=str)
+@pytest.mark.parametrize("n,k", [(200, 416), (384, 256)])
+def test_b_blocks_2d_grouped_mm_is_bit_exact_on_integer_data(sizes, n, k, rng):
+    t = sum(sizes) + 40
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32)
+    a, a_s = ops.quantize_rowwise(_integer_act((t, k), rng), offs=offs, scale_block=128)
+    b, b_s = ops.quantize_rowwise(_integer_weight((len(sizes), n, k), rng), scale_block=128, blocks_2d=True)
+    for out in (torch.bfloat16, torch.float32):
+        got = ops.grouped_mm(a.cuda(), a_s.cuda(), b.cuda(), b_s.cuda(), offs.cuda(), out_dtype=out,
+                             backend="sm90", scale_block=128, b_blocks_2d=True).cpu()
+        want = ops.grouped_mm(a, a_s, b, b_s, offs, out_dtype=out, scale_block=128, b_blocks_2d=True)
+        assert torch.equal(got, want), f"{(got != want).sum().item()} outputs differ"
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("grouped", [False, True])
+def test_128x128_weight_mlp_on_sm90_matches_the_reference(grouped, rng):
+    e, d, i, m = 4, 256, 512, 1000
+    lead = (e,) if grouped else ()
+    x = torch.randn(m, d, generator=rng)
+    ws = [torch.randn(*lead, i, d, generator=rng) / d ** 0.5, torch.randn(*lead, d, i, generator=rng) / i ** 0.5,
+          torch.randn(*lead, i, d, generator=rng) / d ** 0.5]
+    offs = torch.tensor([100, 100, 600, 990], dtype=torch.int32) if grouped else None
+    dy = torch.randn(m, d, generator=rng)
+
+    def run(device, backend):
+        leaves = [t.to(device).to(torch.bfloat16).requires_grad_() for t in (x, *ws)]
+        cfg = MXFP8Config(hopper_block_k=128, hopper_weight_blocks="128x128", backend=backend)
+        y = ops.mxfp8_swiglu_mlp(*leaves, offs=None if offs is None else offs.to(device), config=cfg)
+        y.backward(dy.to(device).to(torch.bfloat16))
+        return [y.detach().float().cpu()] + [t.grad.float().cpu() for t in leaves]
+
+    for got, want in zip(run("cuda", "sm90"), run("cpu", "reference")):
+        assert _sqnr(want, got) > 35
