@@ -342,6 +342,9 @@ def main(args) -> int:
         print(f"bench: --profile applies to the mlp group only; ignored for {groups}")
     large = device.type == "cuda"
     hopper_block_k = getattr(args, "hopper_block_k", 32) or 32
+    weight_blocks = getattr(args, "hopper_weight_blocks", "1x128") or "1x128"
+    if weight_blocks != "1x128" and hopper_block_k != 128:
+        raise SystemExit("bench: --hopper-weight-blocks 128x128 needs --hopper-block-k 128")
     if hopper_block_k != 32 and "gemm" in groups:
         print("bench: --hopper-block-k does not apply to the gemm group (its operands are MX 32-block casts); the "
               "fast mode's GEMM: python tools/fast_mode_gemm.py")
@@ -414,9 +417,10 @@ def main(args) -> int:
         from cute_mxfp8 import MXFP8Config
 
         mlp = mlp_rows(device, _time_ms, profile=getattr(args, "profile", 0) or 0,
-                       config=MXFP8Config(hopper_block_k=hopper_block_k))
+                       config=MXFP8Config(hopper_block_k=hopper_block_k, hopper_weight_blocks=weight_blocks))
         if hopper_block_k == 128:
-            print("MXFP8 modules in the Hopper fast mode: MXFP8Config(hopper_block_k=128) (SM100 ignores it)")
+            print(f"MXFP8 modules in the Hopper fast mode: MXFP8Config(hopper_block_k=128, hopper_weight_blocks="
+                  f"{weight_blocks!r}) (SM100 ignores it)")
         print(tabulate([[w, s, f"{b:.2f}", f"{q:.2f}", f"{r:.2f}x", "" if pb is None else f"{pb:.0f}",
                          "" if pq is None else f"{pq:.0f}"] for w, s, b, q, r, pb, pq in mlp],
                        headers=["fwd+bwd step", "shape", "bf16 ms", "MXFP8 ms", "MXFP8 / bf16", "bf16 peak MiB",

@@ -112,6 +112,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                          help="128: the Hopper fast mode; the mlp group's modules take MXFP8Config(hopper_block_k="
                               "128), the quantize and swiglu groups time scale_block=128 casts against the same op "
                               "in 32-blocks; not the gemm group (default: %(default)s, plain MXFP8)")
+    p_bench.add_argument("--hopper-weight-blocks", choices=["1x128", "128x128"], default="1x128",
+                         help="with --hopper-block-k 128: the mlp group's weights in 1x128 (default) or 128 x 128 "
+                              "blocks (MXFP8Config(hopper_weight_blocks=...))")
     p_bench.set_defaults(func=_run_bench)
 
     p_inspect = sub.add_parser("inspect", help="compile every kernel variant for an arch (no GPU) and report",
