@@ -170,17 +170,30 @@ def test_mlp_with_128x128_weights_matches_the_exact_recipe(grouped, rng):
     offs = torch.tensor([50, 50, 180], dtype=torch.int32) if grouped else None
     dy = torch.randn(m, d, generator=rng)
 
-    def run(cfg):
+    def mlp(x, w1, w2, w3, rows=slice(None)):
+        return (torch.nn.functional.silu(x[rows] @ w1.t()) * (x[rows] @ w3.t())) @ w2.t()
+
+    def hp(x, w1, w2, w3, offs):  # fp32, per token group
+        if offs is None:
+            return mlp(x, w1, w2, w3)
+        ends = [0] + offs.tolist()
+        parts = [mlp(x, w1[g], w2[g], w3[g], slice(ends[g], ends[g + 1])) for g in range(len(offs))]
+        return torch.cat(parts + [x.new_zeros(m - ends[-1], d)])
+
+    def run(fn):
         leaves = [t.clone().requires_grad_() for t in (x, *ws)]
-        y = ops.mxfp8_swiglu_mlp(*leaves, offs=offs, config=cfg)
+        y = fn(*leaves)
         y.backward(dy)
         return [y.detach()] + [t.grad for t in leaves]
 
-    exact = run(MXFP8Config(backend="reference"))
-    w2d = run(MXFP8Config(hopper_block_k=128, hopper_weight_blocks="128x128", backend="reference"))
-    fast = run(MXFP8Config(hopper_block_k=128, backend="reference"))
-    for a, b, c in zip(exact, w2d, fast):
-        assert _sqnr(a, b) > 25 and abs(_sqnr(a, b) - _sqnr(a, c)) < 3
+    def mx(cfg):
+        return run(lambda *leaves: ops.mxfp8_swiglu_mlp(*leaves, offs=offs, config=cfg))
+
+    ref = run(lambda *leaves: hp(*leaves, offs))
+    w2d = mx(MXFP8Config(hopper_block_k=128, hopper_weight_blocks="128x128", backend="reference"))
+    fast = mx(MXFP8Config(hopper_block_k=128, backend="reference"))
+    for r, b, c in zip(ref, w2d, fast):  # about MXFP8's accuracy (~25-30 dB here), and within 1.5 dB of 1x128's
+        assert _sqnr(r, b) > 22 and _sqnr(r, b) > _sqnr(r, c) - 1.5
 
 
 # ---- the kernels on the H200 -----------------------------------------------------------------------------------
