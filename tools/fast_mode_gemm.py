@@ -69,6 +69,9 @@ def grouped(only):
             a, a_s, b, b_s, offs, backend="sm90", scale_block=block))
         fns[f"2d-2d sm90 {name}"] = (lambda ga=ga, ga_s=ga_s, gb=gb, gb_s=gb_s, block=block: ops.grouped_mm_wgrad(
             ga, ga_s, gb, gb_s, offs, backend="sm90", scale_block=block))
+    b2, b2_s = ops.quantize_rowwise(w, scale_block=128, blocks_2d=True)
+    fns["2d-3d sm90 fast mode B 128x128"] = lambda: ops.grouped_mm(a, a_s, b2, b2_s, offs, backend="sm90",
+                                                                   scale_block=128, b_blocks_2d=True)
     if only:
         fns = {name: fn for name, fn in fns.items() if _picked(name, only)}
     row = {}
