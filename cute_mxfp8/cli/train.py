@@ -53,6 +53,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--hopper-block-k", type=int, choices=[32, 128], default=32,
                    help="MXFP8Config(hopper_block_k=...) of the mxfp8 run: 128 is the Hopper fast mode (1x128 shared "
                         "scales, needs --hidden %% 128 == 0; the sm100 backend ignores it) (default: %(default)s)")
+    m.add_argument("--hopper-weight-blocks", choices=["1x128", "128x128"], default="1x128",
+                   help="MXFP8Config(hopper_weight_blocks=...) with --hopper-block-k 128: the weights' scale blocks "
+                        "(default: %(default)s)")
     o = parser.add_argument_group("eval and output")
     o.add_argument("--eval-batches", type=int, default=8, help="fixed held-out batches per eval (default: %(default)s)")
     o.add_argument("--eval-every", type=int, default=None, help="steps between evals, plus one at the end (default: 4 evenly spaced evals)")
@@ -136,6 +139,8 @@ def validate_args(args: argparse.Namespace) -> str | None:
             errors.append(f"argument --heads: head dim --dim/--heads = {args.dim // args.heads} must be even for RoPE")
     if getattr(args, "hopper_block_k", 32) == 128 and isinstance(args.hidden, int) and args.hidden % 128:
         errors.append(f"argument --hopper-block-k: 128 needs --hidden to be a multiple of 128, got {args.hidden}")
+    if getattr(args, "hopper_weight_blocks", "1x128") != "1x128" and getattr(args, "hopper_block_k", 32) != 128:
+        errors.append("argument --hopper-weight-blocks: 128x128 needs --hopper-block-k 128")
     experts_ok = positive("--experts", args.experts)
     if positive("--top-k", args.top_k) and experts_ok and args.moe and args.top_k > args.experts:
         errors.append(f"argument --top-k: must be in [1, --experts {args.experts}], got {args.top_k}")
@@ -328,7 +333,8 @@ def run(args: argparse.Namespace) -> int:
     hp = _Run("high precision", "high_precision", base.to(device))
     mx = _Run("mxfp8", "mxfp8", copy.deepcopy(hp.model))
     n_params = sum(p.numel() for p in hp.model.parameters())
-    mx_config = MXFP8Config(hopper_block_k=getattr(args, "hopper_block_k", 32))
+    mx_config = MXFP8Config(hopper_block_k=getattr(args, "hopper_block_k", 32),
+                            hopper_weight_blocks=getattr(args, "hopper_weight_blocks", "1x128"))
     report = convert_to_mxfp8(mx.model, config=mx_config)
     # which backend runs each kind of op (kernels may cover some ops before others)
     op_backends = {kind: str(resolve_backend(device, op=op))
