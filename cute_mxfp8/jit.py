@@ -330,7 +330,7 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
                       grouping: str = "none", epilogue: str = "plain", cast_elem: str = "e4m3",
                       scale_mode: str = "rceil", emit_hp: bool = False, max_ctas: int = 132, block_k: int = 32,
                       n_tile: int = 128, cluster_mn: tuple = (1, 1), pingpong: bool = True,
-                      split_halves: bool = False, b_block_n: int = 1):
+                      split_halves: bool = False, b_block_n: int = 1, consumer_split: str = "n"):
     """Compiled SM90 MXFP8 GEMM.  ``mainloop``: ``"dequant"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90Dequant`, bf16 WGMMA on scaled operands) or ``"promote"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`, fp8 WGMMA per block, dense only).
@@ -343,7 +343,9 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
       the output tile's N, 128 or (fast mode) 192; ``cluster_mn``: CTAs per cluster along (M, N), the A tile
       multicast across the N extent and the B tile across the M extent (``MXGemmSm90.CLUSTERS``);
       ``b_block_n=128`` (fast mode, dense or ``"m"``): B's scales shared by 128 x 128 blocks (the weights of
-      ``MXFP8Config(hopper_weight_block=128)``), one FFMA per element and stage.
+      ``MXFP8Config(hopper_weight_blocks="128x128")``), one FFMA per element and stage; ``consumer_split``
+      ``"n"`` (the two consumer warpgroups each all 128 rows x half the columns) or, with ``b_block_n=128``,
+      ``"m"`` (each 64 rows x all columns: one m64 x n_tile WGMMA per K step).
     * ``"dequant"``: ``fn(a, b, sfa, sfb, d, offs, sched)`` with the operands of ``grouping`` as
       ``MXGemmSm90Dequant.__call__`` lists them (``"none"`` dense, ``"m"`` 2d-3d, ``"k"`` 2d-2d); offs (G,) and
       sched (2, G) int32 (placeholders for dense).
@@ -362,7 +364,8 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     if mainloop not in ("dequant", "promote"):
         raise ValueError(f"mainloop must be 'dequant' or 'promote', got {mainloop!r}")
     cluster_mn = tuple(cluster_mn)
-    if (block_k != 32 or n_tile != 128 or cluster_mn != (1, 1) or b_block_n != 1) and mainloop != "promote":
+    if (block_k != 32 or n_tile != 128 or cluster_mn != (1, 1) or b_block_n != 1 or consumer_split != "n") and \
+            mainloop != "promote":
         raise ValueError(f"block_k={block_k!r} / n_tile={n_tile!r} / cluster_mn={cluster_mn} / b_block_n={b_block_n!r} "
                          f"are options of mainloop='promote' (the dequantize mainloop has block_k 32, n_tile 128, "
                          f"no cluster and 1x32 B scales), "
@@ -378,7 +381,8 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     kernel = MXGemmSm90Dequant(a_elem, b_elem, out_dtype, transform_warps, grouping, epilogue, cast_elem,
                                scale_mode, emit_hp, max_ctas) if mainloop == "dequant" else \
         MXGemmSm90(a_elem, b_elem, out_dtype, n_tile, block_k=block_k, max_ctas=max_ctas, cluster_mn=cluster_mn,
-                   pingpong=pingpong, grouping=grouping, split_halves=split_halves, b_block_n=b_block_n)
+                   pingpong=pingpong, grouping=grouping, split_halves=split_halves, b_block_n=b_block_n,
+                   consumer_split=consumer_split)
     fake, sym = _fake, _sym
     scales = [fake(cutlass.Uint8, (sym(),), align=16) for _ in range(2)]
     kdiv = 16 if grouping == "k" else 32  # 2d-2d: K is the token count, a multiple of 16 (TMA's row pitch)

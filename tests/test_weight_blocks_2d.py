@@ -264,6 +264,24 @@ def test_b_blocks_2d_mm_is_bit_exact_on_integer_data(m, n, k, rng):
 
 @pytest.mark.gpu
 @sm90
+@pytest.mark.parametrize("split", ["n", "m"])
+def test_both_consumer_splits_are_bit_exact_on_integer_data(split, rng):
+    """The kernel build the ops do not run (split N) and the one they do (split M), called directly."""
+    from cute_mxfp8.jit import compile_gemm_sm90
+
+    m, n, k = 300, 328, 640
+    a, a_s = ops.quantize_rowwise(_integer_act((m, k), rng), scale_block=128)
+    b, b_s = ops.quantize_rowwise(_integer_weight((n, k), rng), scale_block=128, blocks_2d=True)
+    fn = compile_gemm_sm90("e4m3", "e4m3", "float32", "promote", block_k=128, n_tile=192, b_block_n=128,
+                           consumer_split=split)
+    got = torch.empty(m, n, device="cuda")
+    fn(a.cuda(), b.cuda(), _u8(a_s).cuda(), _u8(b_s).cuda(), got)
+    want = ops.mm(a, a_s, b, b_s, out_dtype=torch.float32, scale_block=128, b_blocks_2d=True)
+    assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.gpu
+@sm90
 @pytest.mark.parametrize("sizes", [[0, 1, 31, 129, 300], [257], [64, 0, 70]], ids=str)
 @pytest.mark.parametrize("n,k", [(200, 416), (384, 256)])
 def test_b_blocks_2d_grouped_mm_is_bit_exact_on_integer_data(sizes, n, k, rng):

@@ -25,6 +25,7 @@ def fast_operand(x, blocks_2d=False):
 VARIANTS = {"n_tile 128": {"n_tile": 128}, "n_tile 192": {"n_tile": 192},
             "n_tile 192 B 128x128": {"n_tile": 192, "b_block_n": 128},
             "n_tile 128 B 128x128": {"n_tile": 128, "b_block_n": 128},
+            "n_tile 192 B 128x128 split M": {"n_tile": 192, "b_block_n": 128, "consumer_split": "m"},
             "n_tile 192 no pingpong": {"n_tile": 192, "pingpong": False},
             "n_tile 192 cluster 2x1": {"n_tile": 192, "cluster_mn": (2, 1)},
             "n_tile 192 cluster 1x2": {"n_tile": 192, "cluster_mn": (1, 2)}}

@@ -114,12 +114,14 @@ FAMILIES = [
              {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["promote"]},
              archs=("sm_90a",))
       for nt in (128, 192)),
-    # ... with 128 x 128 B blocks (MXFP8Config(hopper_weight_blocks="128x128")): dense and 2d-3d, n_tile 192
-    *(Family(f"gemm_sm90_fast_mode_b128x128{'_grouped_m' if g == 'm' else ''}",
-             functools.partial(jit.compile_gemm_sm90, block_k=128, n_tile=192, grouping=g, b_block_n=128),
+    # ... with 128 x 128 B blocks (MXFP8Config(hopper_weight_blocks="128x128")): dense and 2d-3d, n_tile 192, the
+    # consumers split M as the ops run them (dense split N: an option, measured 4-5 % slower)
+    *(Family(f"gemm_sm90_fast_mode_b128x128{'_grouped_m' if g == 'm' else ''}_split_{split}",
+             functools.partial(jit.compile_gemm_sm90, block_k=128, n_tile=192, grouping=g, b_block_n=128,
+                               consumer_split=split),
              {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["promote"]},
              archs=("sm_90a",))
-      for g in ("none", "m")),
+      for g, split in (("none", "m"), ("m", "m"), ("none", "n"))),
     # ... the op's configuration (n_tile 192) in 2-CTA clusters with TMA multicast (an option; measured no faster)
     *(Family(f"gemm_sm90_fast_mode_n192_cluster{m}x{n}",
              functools.partial(jit.compile_gemm_sm90, block_k=128, n_tile=192, cluster_mn=(m, n)),

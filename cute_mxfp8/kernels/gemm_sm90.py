@@ -91,7 +91,10 @@ class MXGemmSm90:
     scalars per warpgroup (a warpgroup's columns span at most two 128-blocks, split on a 32-column boundary) and the
     promotion is one FFMA per element (``acc += part * (sa[row] * sb)``) instead of an FMUL and an FFMA.  The
     kernel reads the scale of each block's first row (the ops layer guarantees B's scales are equal along the
-    block); the result is the reference's product of those operands.
+    block); the result is the reference's product of those operands.  ``consumer_split="m"`` (with
+    ``b_block_n=128``; what the ops run): the consumer warpgroups split the tile's M instead, each 64 rows x all
+    ``n_tile`` columns with one ``m64 x n_tile`` WGMMA per K step (the 192 columns span at most two 128-blocks
+    too); with per-column scales this cost twice the column-scale reads, with two scalars it is 4-5 % faster.
     ``pingpong`` (block_k=128, default on): the consumer warpgroups pass a WGMMA issue token round a ring (named
     barriers, :meth:`_token`): each issues a stage's WGMMAs only after the previous one issued its own, so the
     tensor core runs one warpgroup's MMAs while the others promote.  ``cluster_mn`` (:attr:`CLUSTERS`): CTAs per
@@ -107,8 +110,8 @@ class MXGemmSm90:
     ``n_tile`` the output tile's N, 128, or 192 with ``block_k=128``; ``block_k`` 32 or 128; ``max_ctas`` the
     persistent grid's CTAs (one per SM); ``cluster_mn`` one of :attr:`CLUSTERS` (dense only); ``pingpong`` the
     issue token (``block_k=128`` only; ignored with 32); ``grouping`` ``"none"``, or ``"m"`` / ``"k"`` with
-    ``block_k=128`` and no cluster; ``b_block_n`` 1 or (fast mode, not ``"k"``) 128.  Raises ValueError naming the
-    argument for anything else.
+    ``block_k=128`` and no cluster; ``b_block_n`` 1 or (fast mode, not ``"k"``) 128; ``consumer_split`` ``"n"``
+    or (``b_block_n=128``) ``"m"``.  Raises ValueError naming the argument for anything else.
     """
 
     TILE_M = 128
@@ -125,7 +128,8 @@ class MXGemmSm90:
 
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
                  block_k: int = 32, max_ctas: int = 132, cluster_mn: tuple = (1, 1), pingpong: bool = True,
-                 grouping: str = "none", split_halves: bool = False, b_block_n: int = 1):
+                 grouping: str = "none", split_halves: bool = False, b_block_n: int = 1,
+                 consumer_split: str = "n"):
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
         self.split_halves = _check_split_halves(split_halves, grouping)
         cluster_mn = tuple(cluster_mn) if isinstance(cluster_mn, (tuple, list)) else cluster_mn
@@ -152,7 +156,15 @@ class MXGemmSm90:
                              f"block_k={block_k}, grouping={grouping!r}")
         self.n_tile, self.block_k, self.max_ctas, self.grouping = n_tile, block_k, max_ctas, grouping
         self.b_block_n = b_block_n
-        self.wg_cols = n_tile // self.consumers  # output columns per consumer warpgroup
+        if consumer_split not in ("n", "m") or (consumer_split == "m" and b_block_n != 128):
+            raise ValueError(f"consumer_split must be 'n', or 'm' with b_block_n=128 (split M needs every column's "
+                             f"scale per thread: affordable with one scalar per B block only), got "
+                             f"{consumer_split!r} with b_block_n={b_block_n}")
+        self.split_m = consumer_split == "m"
+        # split N: each consumer warpgroup all 128 rows (two m64 WGMMAs per K step) x n_tile / 2 columns;
+        # split M: 64 rows x all n_tile columns (one m64 WGMMA per K step)
+        self.wg_cols = n_tile if self.split_m else n_tile // self.consumers  # output columns per warpgroup
+        self.row_frags = 1 if self.split_m else 2  # m64 fragments per warpgroup
         self.thr_cols = self.wg_cols // 4  # accumulator columns per thread (and row)
 
     @staticmethod
@@ -169,7 +181,8 @@ class MXGemmSm90:
         # the consumer warpgroups split the tile's N (each all 128 rows: two m64 WGMMAs per K step)
         self.tiled_mma = sm90.make_trivial_tiled_mma(
             self.a_dtype, self.b_dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
-            cutlass.Float32, (1, self.consumers, 1), tiler_mn=(64, self.wg_cols))
+            cutlass.Float32, (self.consumers, 1, 1) if self.split_m else (1, self.consumers, 1),
+            tiler_mn=(64, self.wg_cols))
         self.stage_bytes = (self.TILE_M + self.n_tile) * self.K_STAGE  # fp8: one byte per element
         capacity = cutlass.memory.get_smem_capacity_in_bytes("sm_90")
         # decoded scales: per buffer (2) and consumer warpgroup, the tile's 128 rows and its half's columns (padded
@@ -349,8 +362,11 @@ class MXGemmSm90:
         parts = (cute.make_rmem_tensor(acc_shape, cutlass.Float32), cute.make_rmem_tensor(acc_shape, cutlass.Float32))
         acc.fill(0.0)
         k_tiles = work.k_tiles
-        rl = w * 16 + lane // 4  # row of fragment elements with mi = rs = 0
+        rl = w * 16 + lane // 4  # tile row of fragment elements with mi = rs = 0
         c0 = bn * self.n_tile + wgi * self.wg_cols  # the warpgroup's first output column
+        if cutlass.const_expr(self.split_m):
+            rl = rl + wgi * 64
+            c0 = bn * self.n_tile
         col_b = c0 + t  # the column whose scales this thread decodes (t < wg_cols)
         lo_chunks = cutlass.Int32(0)
         if cutlass.const_expr(self.b_block_n == 128):
@@ -427,7 +443,7 @@ class MXGemmSm90:
                 pipe.consumer_release(state)
             state.advance()
         self._store(acc, d, work.rows, cols, work.d_row0 + rl,
-                    bn * self.n_tile + wgi * self.wg_cols + 2 * (lane % 4))
+                    c0 + 2 * (lane % 4))
         return state
 
     @cute.jit
@@ -436,7 +452,7 @@ class MXGemmSm90:
         """Epilogue: the thread's accumulator elements (:meth:`consume`'s layout; element (mi = rs = j = e = 0) at
         (``row0``, ``col0``)) converted to ``d``'s dtype and stored, predicated on the output's edges; bf16 pairs of
         adjacent columns as one 32-bit store when ``cols`` is even."""
-        elems = 4 * self.thr_cols
+        elems = 2 * self.thr_cols * self.row_frags
         paired = cutlass.const_expr(self.d_dtype == cutlass.BFloat16)
         if paired and cols % 2 == 0:
             d2 = cute.make_tensor(cute.recast_ptr(d.iterator, dtype=cutlass.Uint32),
@@ -575,7 +591,7 @@ class MXGemmSm90:
     def _load_row_scales(self, sdec: cute.Tensor, a_base: cutlass.Int32, rl: cutlass.Int32):
         """The decoded scales of the thread's 4 accumulator rows (``sdec[a_base:]``), in registers."""
         scale_a = cute.make_rmem_tensor((4,), cutlass.Float32)
-        for mi in cutlass.range_constexpr(2):
+        for mi in cutlass.range_constexpr(self.row_frags):
             for rs in cutlass.range_constexpr(2):
                 scale_a[2 * mi + rs] = sdec[a_base + 64 * mi + rl + 8 * rs]
         return scale_a
@@ -612,9 +628,9 @@ class MXGemmSm90:
         chunks = self.wg_cols // 32
         for c in cutlass.range_constexpr(chunks):
             sb = cutlass.select_(lo_chunks > c, scale_b[0], scale_b[1])
-            rs_c = [scale_a[r] * sb for r in range(4)]
+            rs_c = [scale_a[r] * sb for r in range(2 * self.row_frags)]
             for q in cutlass.range_constexpr(8 * c, 8 * c + 8):  # columns 8 (q // 2) + ... of chunk q // 8
-                for mi in cutlass.range_constexpr(2):
+                for mi in cutlass.range_constexpr(self.row_frags):
                     for rs in cutlass.range_constexpr(2):
                         i = q % 2 + 2 * rs + 4 * (q // 2) + 2 * ncol * mi
                         acc[i] = acc[i] + part[i] * rs_c[2 * mi + rs]
