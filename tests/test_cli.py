@@ -14,13 +14,16 @@ TINY = ["--steps", "4", "--batch-size", "4", "--seq-len", "32", "--dim", "64", "
         "--heads", "2", "--eval-batches", "1", "--no-progress", "--device", "cpu"]
 
 
-def test_train_tiny_in_the_fast_mode(tmp_path, capsys):
+@pytest.mark.parametrize("blocks", ["1x128", "128x128"])
+def test_train_tiny_in_the_fast_mode(tmp_path, capsys, blocks):
     out = tmp_path / "run"
-    assert main(["train", *TINY, "--hopper-block-k", "128", "--out", str(out)]) == 0  # TINY's hidden is 128
+    assert main(["train", *TINY, "--hopper-block-k", "128", "--hopper-weight-blocks", blocks, "--out",
+                 str(out)]) == 0  # TINY's hidden is 128
     summary = json.loads((out / "summary.json").read_text())
     assert summary["scale_block"] == 128 and summary["args"]["hopper_block_k"] == 128
+    assert summary["args"]["hopper_weight_blocks"] == blocks
     assert all(math.isfinite(v) for v in summary["runs"]["mxfp8"]["train_losses"])
-    assert "Hopper fast mode (hopper_block_k=128)" in capsys.readouterr().out
+    assert f"Hopper fast mode (hopper_block_k=128, {blocks} weight blocks)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("moe", [False, True])
@@ -74,7 +77,16 @@ def test_bench_mlp_in_the_fast_mode_says_so_and_records_it(tmp_path, capsys):
     assert main(["bench", "mlp", "--hopper-block-k", "128", "--device", "cpu", "--json", str(path)]) == 0
     out = json.loads(path.read_text())
     assert out["mlp_hopper_block_k"] == 128 and out["mlp_steps"] and out["mlp_steps"][0][3] > 0
-    assert "Hopper fast mode: MXFP8Config(hopper_block_k=128)" in capsys.readouterr().out
+    assert "Hopper fast mode: MXFP8Config(hopper_block_k=128, hopper_weight_blocks='1x128')" in \
+        capsys.readouterr().out
+    assert out["mlp_hopper_weight_blocks"] == "1x128"
+    path2 = tmp_path / "mlp2.json"
+    assert main(["bench", "mlp", "--hopper-block-k", "128", "--hopper-weight-blocks", "128x128", "--device", "cpu",
+                 "--json", str(path2)]) == 0
+    assert json.loads(path2.read_text())["mlp_hopper_weight_blocks"] == "128x128"
+    assert "hopper_weight_blocks='128x128'" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="needs --hopper-block-k 128"):
+        main(["bench", "mlp", "--hopper-weight-blocks", "128x128", "--device", "cpu"])
     path = tmp_path / "casts.json"
     assert main(["bench", "quantize", "swiglu", "--hopper-block-k", "128", "--device", "cpu", "--json",
                  str(path)]) == 0
@@ -128,6 +140,7 @@ def _train_args(tmp_path, *extra):
     (["--eval-every", "0"], "argument --eval-every: must be a positive integer"),
     (["--warmup", "-1"], "argument --warmup: must be an integer >= 0"),
     (["--hopper-block-k", "128", "--hidden", "96"], "argument --hopper-block-k: 128 needs --hidden to be a multiple of 128"),
+    (["--hopper-weight-blocks", "128x128"], "argument --hopper-weight-blocks: 128x128 needs --hopper-block-k 128"),
 ])  # fmt: skip
 def test_train_rejects_bad_args(tmp_path, capsys, extra, message):
     """Bad values are argparse errors (usage line, exit status 2) before anything runs, not tracebacks or NaNs."""

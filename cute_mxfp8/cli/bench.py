@@ -427,7 +427,7 @@ def main(args) -> int:
                                 "MXFP8 peak MiB"]))
     result = {"device": str(device), "copy_gbps": copy_gbps, "launch_overhead_us": overhead,
               "rows": [asdict(r) for r in rows], "mlp_steps": mlp, "skipped_baselines": SKIPPED_BASELINES,
-              "mlp_hopper_block_k": hopper_block_k}
+              "mlp_hopper_block_k": hopper_block_k, "mlp_hopper_weight_blocks": weight_blocks}
     if getattr(args, "json", None):
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -354,7 +354,8 @@ def run(args: argparse.Namespace) -> int:
         r.optimizer = _adamw(r.model, args.lr)
 
     tokens_per_step = args.batch_size * args.seq_len
-    fast = " | Hopper fast mode (hopper_block_k=128)" if scale_block(mx_config, device) == 128 else ""
+    fast = (f" | Hopper fast mode (hopper_block_k=128, {mx_config.hopper_weight_blocks} weight blocks)"
+            if scale_block(mx_config, device) == 128 else "")
     print(f"device: {device} | high-precision run: {precision} | mxfp8 backend: {backend} | SwiGLU: {swiglu}{fast}")
     print(
         f"model: {'MoE' if cfg.moe else 'dense'} dim={cfg.dim} hidden={cfg.hidden} layers={cfg.layers} "
