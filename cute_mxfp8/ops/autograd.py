@@ -34,7 +34,6 @@ from . import api
 from .amp import autocast_input, autocast_off
 from .backends import fuses_mlp, resolve_backend
 from .shapes import fast_mode_hidden_reason, mxfp8_dims_reason
-from .row_chunks import DualOutputs, blocked_rows, row_chunks
 from .token_layout import prime_fast_schedules
 
 
@@ -243,9 +242,6 @@ class _SwiGLUMLPFn(torch.autograd.Function):
             h13, h_row, h_row_s, h_col, h_col_s, h_hp = api.mm_swiglu_quant(
                 x_row, x_row_s, w13_row, w13_row_s, gate_up_tile=tile, emit_hp=wgrad_with_hp, out_dtype=x.dtype,
                 offs=offs, **qw)
-        elif offs is None and len(row_chunks(x2.shape[0], w13_row.shape[0])) > 1:  # dense: in row chunks
-            h13, (h_row, h_row_s, h_col, h_col_s, h_hp) = _chunked_swiglu(
-                x_row, x_row_s, w13_row, w13_row_s, x.dtype, backend, sb, w2d, wgrad_with_hp, qw)
         else:  # GEMM1 -> fp32 accumulator; h13 is saved in the activation dtype, h comes from the accumulator
             acc = _gemm(x_row, x_row_s, w13_row, w13_row_s, offs, torch.float32, backend, sb, w2d)
             h13 = acc.to(x.dtype)
@@ -273,9 +269,6 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         if tile:  # w2 dgrad with the dSwiGLU + dual-quant epilogue
             dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.mm_dswiglu_quant(
                 dy_row, dy_row_s, w2_col, w2_col_s, h13, gate_up_tile=tile, offs=offs, **qg)
-        elif offs is None and len(row_chunks(dy2.shape[0], w2_col.shape[0])) > 1:  # dense: in row chunks
-            dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = _chunked_dswiglu(
-                dy_row, dy_row_s, w2_col, w2_col_s, h13, backend, sb, w2d, qg)
         else:
             dh = _gemm(dy_row, dy_row_s, w2_col, w2_col_s, offs, torch.float32, backend, sb, w2d)  # w2 dgrad (M, I)
             # dh fp32 (the accumulator) beside the saved h13 in the activation dtype: the kernel reads both
@@ -302,34 +295,6 @@ class _SwiGLUMLPFn(torch.autograd.Function):
                 dw1, dw3 = (t.to(w13_dtype) for t in split_gate_up(dw13, dim=-2, tile=tile))
             dw2 = dw2.to(w2_dtype)
         return dx, dw1, dw2, dw3, None, None, None, None, None, None, None, None, None
-
-
-def _chunked_swiglu(x_row, x_row_s, w13_row, w13_row_s, h13_dtype, backend, sb, w2d, emit_hp, qw):
-    """Dense unfused GEMM1 + SwiGLU cast over row chunks (:mod:`.row_chunks`): one chunk's fp32 accumulator at a
-    time; h13 (the accumulator in ``h13_dtype``) and the casts' outputs in full-size tensors, the same bytes as
-    the unchunked ops."""
-    m, n2 = x_row.shape[0], w13_row.shape[0]
-    h13 = torch.empty(m, n2, dtype=h13_dtype, device=x_row.device)
-    out = DualOutputs(m, n2 // 2, qw["elem_dtype"], x_row.device, torch.float32, emit_hp)
-    for r0, r1 in row_chunks(m, n2):
-        acc = _gemm(x_row[r0:r1], blocked_rows(x_row_s, r0, r1, x_row.shape[1]), w13_row, w13_row_s, None,
-                    torch.float32, backend, sb, w2d)
-        h13[r0:r1].copy_(acc)  # rounds to nearest even, as acc.to(h13_dtype)
-        out.put(r0, r1, *api.swiglu_quant(acc, emit_hp=emit_hp, scale_block=sb, **qw))
-        del acc
-    return h13, out.result()
-
-
-def _chunked_dswiglu(dy_row, dy_row_s, w2_col, w2_col_s, h13, backend, sb, w2d, qg):
-    """Dense unfused w2 dgrad + dSwiGLU cast over row chunks (as :func:`_chunked_swiglu`)."""
-    m, i = dy_row.shape[0], w2_col.shape[0]
-    out = DualOutputs(m, 2 * i, qg["elem_dtype"], dy_row.device, torch.float32, qg["emit_hp"])
-    for r0, r1 in row_chunks(m, i):
-        dh = _gemm(dy_row[r0:r1], blocked_rows(dy_row_s, r0, r1, dy_row.shape[1]), w2_col, w2_col_s, None,
-                   torch.float32, backend, sb, w2d)
-        out.put(r0, r1, *api.dswiglu_quant(dh, h13[r0:r1], scale_block=sb, **qg))
-        del dh
-    return out.result()
 
 
 def _cfg_args(config, device):
