@@ -196,6 +196,59 @@ def test_mlp_with_128x128_weights_matches_the_exact_recipe(grouped, rng):
         assert _sqnr(r, b) > 22 and _sqnr(r, b) > _sqnr(r, c) - 1.5
 
 
+# ---- the kernels, compiled on the CPU (SASS facts) --------------------------------------------------------------
+
+def _sass(fn):
+    from cute_mxfp8.cli import sass_facts
+
+    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
+    sass = sass_facts.disassemble(fn.__cubin__)
+    counts = sass_facts.opcode_counts(sass)  # (opcodes cut at an 'x': QGMMA.64x96x32... counts as QGMMA.64)
+    return res, (lambda p: sass.count(p) if "x" in p else sum(v for k, v in counts.items() if k.startswith(p)))
+
+
+@pytest.mark.parametrize("split,grouping", [("m", "none"), ("m", "m"), ("n", "none")])
+def test_the_128x128_gemm_promotes_with_one_ffma_per_element(split, grouping):
+    """Per stage: 96 FFMA (a thread's accumulator elements) and 12 FMUL (rows x 32-column chunks times the two
+    blocks' scalars; the 1x128 build: 96 FMUL), the B scales one 8-byte shared load (1x128: 6 x 16 bytes), one
+    m64n192 (split M) or two m64n96 (split N) WGMMAs per K step, no local memory, setmaxnreg kept."""
+    from cute_mxfp8.cli.sass_facts import find_nvdisasm
+    from cute_mxfp8.jit import compile_gemm_sm90
+
+    if find_nvdisasm() is None:
+        pytest.skip('nvdisasm not installed (pip install -e ".[sass]")')
+    fn = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, block_k=128, n_tile=192,
+                           grouping=grouping, b_block_n=128, consumer_split=split)
+    res, count = _sass(fn)
+    assert res["local_frame"] == 0 and count("LDL") == count("STL") == 0 and count("USETMAXREG") == 2
+    assert count("FFMA") == 96 and count("FMUL") == 12 and count("LDS.64") == 1 and count("LDS.128") == 0
+    assert count("QGMMA.64x192x32.F32.E4M3.E4M3") == (4 if split == "m" else 0)
+    assert count("QGMMA.64x96x32.F32.E4M3.E4M3") == (0 if split == "m" else 8)
+    for bad in (dict(b_block_n=64), dict(b_block_n=128, block_k=32), dict(b_block_n=128, grouping="k"),
+                dict(consumer_split="m"), dict(b_block_n=128, consumer_split="k")):
+        with pytest.raises(ValueError, match="b_block_n|consumer_split"):
+            compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", **{"block_k": 128, "n_tile": 192, **bad})
+
+
+@pytest.mark.parametrize("direction", ["rowwise", "colwise", "dual"])
+def test_the_blocks_2d_casts_reduce_the_tile_once(direction):
+    """The one-pass 128-block cast with the tile's amax: 5 butterfly shuffles (the warp's amax), one CTA barrier,
+    the 4 warps' words read back (4 shared loads), no atomics, no local memory."""
+    from cute_mxfp8.cli.sass_facts import find_nvdisasm
+    from cute_mxfp8.jit import compile_quant
+
+    if find_nvdisasm() is None:
+        pytest.skip('nvdisasm not installed (pip install -e ".[sass]")')
+    fn = compile_quant(direction, "bfloat16", "e4m3", "rceil", True, "sm_90a", True, False, True, 128, "cast",
+                       False, True)
+    res, count = _sass(fn)
+    assert res["local_frame"] == 0 and count("LDL") == count("STL") == 0
+    assert count("SHFL.BFLY") == 5 and count("BAR.SYNC") == 1 and count("LDS") == 4 and count("ATOM") == 0
+    with pytest.raises(ValueError, match="blocks_2d"):
+        compile_quant(direction, "bfloat16", "e4m3", "rceil", True, "sm_90a", True, True, False, 128, "cast",
+                      False, True)
+
+
 # ---- the kernels on the H200 -----------------------------------------------------------------------------------
 
 sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
