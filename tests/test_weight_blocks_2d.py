@@ -11,25 +11,18 @@ import torch
 from cute_mxfp8 import MXFP8Config, ops
 from cute_mxfp8 import formats as F
 from cute_mxfp8.ops import autograd as AG
+from test_fast_mode import _equal, _fast_integer_values as _integer_act, _sqnr, _u8, sm90
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-W2D = MXFP8Config(hopper_block_k=128, hopper_weight_blocks="128x128")
 
 
-def _u8(t):
-    return t.view(torch.uint8)
-
-
-def _equal(got, want):
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape and g.dtype == w.dtype
-        assert torch.equal(_u8(g).cpu(), _u8(w).cpu()), f"{(_u8(g).cpu() != _u8(w).cpu()).sum().item()} bytes differ"
-
-
-def _sqnr(ref, x):
-    ref, x = ref.double(), x.double()
-    return (10 * torch.log10(ref.pow(2).sum() / (ref - x).pow(2).sum())).item()
+def _mlp_inputs(grouped, e, d, i, m, rng):
+    """x (m, d), [w1, w2, w3] (dense or e experts), dy: the SwiGLU MLP tests' random operands."""
+    lead = (e,) if grouped else ()
+    x = torch.randn(m, d, generator=rng)
+    ws = [torch.randn(*lead, i, d, generator=rng) / d ** 0.5, torch.randn(*lead, d, i, generator=rng) / i ** 0.5,
+          torch.randn(*lead, i, d, generator=rng) / d ** 0.5]
+    return x, ws, torch.randn(m, d, generator=rng)
 
 
 def _tile_max(scales_1x128: torch.Tensor, rows: int) -> torch.Tensor:
@@ -163,12 +156,8 @@ def test_linear_with_128x128_weights_is_the_product_of_those_operands(rng):
 @pytest.mark.parametrize("grouped", [False, True])
 def test_mlp_with_128x128_weights_matches_the_exact_recipe(grouped, rng):
     e, d, i, m = 3, 128, 256, 192
-    lead = (e,) if grouped else ()
-    x = torch.randn(m, d, generator=rng)
-    ws = [torch.randn(*lead, i, d, generator=rng) / d ** 0.5, torch.randn(*lead, d, i, generator=rng) / i ** 0.5,
-          torch.randn(*lead, i, d, generator=rng) / d ** 0.5]
+    x, ws, dy = _mlp_inputs(grouped, e, d, i, m, rng)
     offs = torch.tensor([50, 50, 180], dtype=torch.int32) if grouped else None
-    dy = torch.randn(m, d, generator=rng)
 
     def mlp(x, w1, w2, w3, rows=slice(None)):
         return (torch.nn.functional.silu(x[rows] @ w1.t()) * (x[rows] @ w3.t())) @ w2.t()
@@ -251,10 +240,6 @@ def test_the_blocks_2d_casts_reduce_the_tile_once(direction):
 
 # ---- the kernels on the H200 -----------------------------------------------------------------------------------
 
-sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
-                          reason="needs an SM90 GPU (run on the H200 with -m gpu)")
-
-
 def _special(x: torch.Tensor) -> torch.Tensor:
     """NaN, Inf, zero rows, saturation and subnormal-range values, in different 128 x 128 tiles."""
     if x.shape[-2] >= 200 and x.shape[-1] >= 160:
@@ -292,13 +277,6 @@ def _integer_weight(shape, rng):
     ints = torch.randint(-4, 5, shape, generator=rng).float()
     exps = torch.randint(-1, 2, (*lead, -(-n // 128), -(-k // 128)), generator=rng).float()
     return ints * 2.0 ** exps.repeat_interleave(128, -2)[..., :n, :].repeat_interleave(128, -1)[..., :k]
-
-
-def _integer_act(shape, rng):
-    k = shape[-1]
-    ints = torch.randint(-4, 5, shape, generator=rng).float()
-    exps = torch.randint(-1, 2, (*shape[:-1], -(-k // 128)), generator=rng).float()
-    return ints * 2.0 ** exps.repeat_interleave(128, -1)[..., :k]
 
 
 @pytest.mark.gpu
@@ -353,13 +331,8 @@ def test_b_blocks_2d_grouped_mm_is_bit_exact_on_integer_data(sizes, n, k, rng):
 @sm90
 @pytest.mark.parametrize("grouped", [False, True])
 def test_128x128_weight_mlp_on_sm90_matches_the_reference(grouped, rng):
-    e, d, i, m = 4, 256, 512, 1000
-    lead = (e,) if grouped else ()
-    x = torch.randn(m, d, generator=rng)
-    ws = [torch.randn(*lead, i, d, generator=rng) / d ** 0.5, torch.randn(*lead, d, i, generator=rng) / i ** 0.5,
-          torch.randn(*lead, i, d, generator=rng) / d ** 0.5]
+    x, ws, dy = _mlp_inputs(grouped, 4, 256, 512, 1000, rng)
     offs = torch.tensor([100, 100, 600, 990], dtype=torch.int32) if grouped else None
-    dy = torch.randn(m, d, generator=rng)
 
     def run(device, backend):
         leaves = [t.to(device).to(torch.bfloat16).requires_grad_() for t in (x, *ws)]
