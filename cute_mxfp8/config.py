@@ -75,14 +75,14 @@ class MXFP8Config:
     hopper_weight_blocks: str = "1x128"
 
     def __post_init__(self):
+        if type(self.hopper_block_k) is not int or self.hopper_block_k not in (32, 128):
+            raise ValueError(f"hopper_block_k must be 32 (MXFP8) or 128 (the Hopper fast mode), got "
+                             f"{self.hopper_block_k!r}")
         if self.hopper_weight_blocks not in ("1x128", "128x128") or (
                 self.hopper_weight_blocks == "128x128" and self.hopper_block_k != 128):
             raise ValueError(f"hopper_weight_blocks must be '1x128' (default), or '128x128' with hopper_block_k=128 "
                              f"(the Hopper fast mode's 128 x 128 weight blocks), got {self.hopper_weight_blocks!r} "
                              f"with hopper_block_k={self.hopper_block_k!r}")
-        if type(self.hopper_block_k) is not int or self.hopper_block_k not in (32, 128):
-            raise ValueError(f"hopper_block_k must be 32 (MXFP8) or 128 (the Hopper fast mode), got "
-                             f"{self.hopper_block_k!r}")
         if self.hopper_block_k == 128 and self.fsdp_mxfp8_all_gather:
             raise ValueError("hopper_block_k=128 does not combine with fsdp_mxfp8_all_gather=True yet (the gathered "
                              "shards are quantized in 32-blocks); use one of the two")

@@ -345,6 +345,9 @@ def main(args) -> int:
     weight_blocks = getattr(args, "hopper_weight_blocks", "1x128") or "1x128"
     if weight_blocks != "1x128" and hopper_block_k != 128:
         raise SystemExit("bench: --hopper-weight-blocks 128x128 needs --hopper-block-k 128")
+    if weight_blocks != "1x128" and any(g != "mlp" for g in groups):
+        print("bench: --hopper-weight-blocks applies to the mlp group only (its modules' weights); ignored for "
+              f"{[g for g in groups if g != 'mlp']}")
     if hopper_block_k != 32 and "gemm" in groups:
         print("bench: --hopper-block-k does not apply to the gemm group (its operands are MX 32-block casts); the "
               "fast mode's GEMM: python tools/fast_mode_gemm.py")

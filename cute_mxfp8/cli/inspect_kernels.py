@@ -91,11 +91,13 @@ FAMILIES = [
       for d, grouped, batched, pad in (("rowwise", False, False, False), ("rowwise", False, True, False),
                                        ("colwise", False, False, False), ("dual", False, False, False),
                                        ("dual", True, False, False), ("dual", True, False, True))),
-    # ... and the 128 x 128 weight blocks (hopper_weight_blocks="128x128"): the weights' rowwise / colwise / dual casts
-    *(Family(f"quantize_{d}_fast_mode_blocks_2d",
-             functools.partial(jit.compile_quant, batched=True, scale_block=128, blocks_2d=True),
-             {"direction": [d], "in_dtype": IN_DTYPES, "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})
-      for d in ("rowwise", "colwise", "dual")),
+    # ... and the 128 x 128 weight blocks (hopper_weight_blocks="128x128"): the weights' casts, dual (what the
+    # layers run) in every input dtype and mode, 2-D / 3-D rowwise and colwise once
+    *(Family(f"quantize_{d}{'_3d' if batched else ''}_blocks_2d_fast_mode",
+             functools.partial(jit.compile_quant, batched=batched, scale_block=128, blocks_2d=True),
+             {"direction": [d], "in_dtype": IN_DTYPES if d == "dual" else ["bfloat16"], "elem": ["e4m3"],
+              "scale_mode": MODES if d == "dual" else ["rceil"], "blocked": [True]})
+      for d, batched in (("dual", False), ("rowwise", False), ("rowwise", True), ("colwise", False))),
     *(Family(f"swiglu_quant_{d}_fast_mode_{phase}",
              functools.partial(jit.compile_swiglu_quant, scale_block=128, phase=phase),
              {"direction": [d], "in_dtype": ["bfloat16"], "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})
@@ -119,7 +121,8 @@ FAMILIES = [
     *(Family(f"gemm_sm90_fast_mode_b128x128{'_grouped_m' if g == 'm' else ''}_split_{split}",
              functools.partial(jit.compile_gemm_sm90, block_k=128, n_tile=192, grouping=g, b_block_n=128,
                                consumer_split=split),
-             {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["promote"]},
+             {**(dict(a_elem=ELEMS, b_elem=ELEMS) if g == "none" and split == "m" else _GEMM_E4M3),
+              "out_dtype": ["bfloat16", "float32"] if split == "m" else ["bfloat16"], "mainloop": ["promote"]},
              archs=("sm_90a",))
       for g, split in (("none", "m"), ("m", "m"), ("none", "n"))),
     # ... the op's configuration (n_tile 192) in 2-CTA clusters with TMA multicast (an option; measured no faster)

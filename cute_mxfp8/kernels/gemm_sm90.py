@@ -86,7 +86,7 @@ class MXGemmSm90:
     promoted once per stage with the block's scale (the first of the four; the others are not read).  A warpgroup
     promotes while the other warpgroup's WGMMAs run.  The result is the reference's product of those operands.
     ``b_block_n=128`` (fast mode, dense and ``grouping="m"``): B's scales are also shared along N, one per
-    128 x 128 block of B (``quantize_mxfp8(..., scale_block=128, square=True)``: the weight blocks of DeepSeek-V3's
+    128 x 128 block of B (``quantize_mxfp8(..., scale_block=128, blocks_2d=True)``: the weight blocks of DeepSeek-V3's
     recipe and cuBLAS's 1x128 x 128x128 blockwise fp8), so the stage's scale of an output column is one of two
     scalars per warpgroup (a warpgroup's columns span at most two 128-blocks, split on a 32-column boundary) and the
     promotion is one FFMA per element (``acc += part * (sa[row] * sb)``) instead of an FMUL and an FFMA.  The

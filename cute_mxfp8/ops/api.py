@@ -82,8 +82,8 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
             and type(scale_block) is int and type(blocks_2d) is bool
             and (token_align is _NO_ALIGN or (type(token_align) is int and token_align == 0))):
         # (a token_align other than 0 takes the full path, which raises without offs)
-        key = (name, x.shape, x.dtype, x.device, scale_mode, elem_dtype, blocked, backend, scale_block, blocks_2d,
-               os.environ.get(B.ENV_VAR))
+        key = (name, x.shape, x.dtype, x.device, scale_mode, elem_dtype, blocked, backend, scale_block,
+               os.environ.get(B.ENV_VAR)) + (("blocks_2d",) if blocks_2d else ())
         try:
             run = B.PLANS.get(key)
         except TypeError:  # an unhashable argument: the full path says what is wrong with it
@@ -97,12 +97,14 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
     if type(blocks_2d) is not bool:
         raise ValueError(f"blocks_2d must be a bool, got {blocks_2d!r}")
     direct = _direct(x, offs)
-    extra = (() if token_align is _NO_ALIGN else (token_align,)) + (blocks_2d,)
-    out = (impl if direct else op)(x, scale_mode, elem_dtype, blocked, offs, backend or "", scale_block, *extra)
+    extra = () if token_align is _NO_ALIGN else (token_align,)
+    out = (impl if direct else op)(x, scale_mode, elem_dtype, blocked, offs, backend or "", scale_block, *extra,
+                                   blocks_2d)
     if (key is not None and direct and key not in B.PLANS and x.is_contiguous() and x.layout == torch.strided
             and not torch._C._functorch.is_functorch_wrapped_tensor(x) and not x.data_ptr() % 16):
         B.remember_plan(key, B.make_plan(name, x.device, backend,
-                                         (x, scale_mode, elem_dtype, blocked, None, scale_block, *extra)))
+                                         (x, scale_mode, elem_dtype, blocked, None, scale_block,
+                                          *((*extra, True) if blocks_2d else ()))))
     return out
 
 

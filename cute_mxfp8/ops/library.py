@@ -60,6 +60,12 @@ def _empty(like: Tensor, shape, dtype) -> Tensor:
     return torch.empty(shape, dtype=dtype, device=like.device)
 
 
+def _flag(on: bool) -> tuple:
+    """A new trailing flag (``blocks_2d``, ``b_blocks_2d``) as the backends' positional argument only when set: a
+    backend written before it (its functions without the parameter) still takes every call that does not use it."""
+    return (True,) if on else ()
+
+
 def _num_groups(offs: Optional[Tensor]) -> Optional[int]:
     return None if offs is None else offs.shape[0]
 
@@ -77,7 +83,7 @@ def quantize_rowwise_impl(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, b
     S.check_blocks_2d(blocks_2d, scale_block, offs)
     S.check_quantize_input(x, offs, colwise=False, rowwise=True)
     return _call("quantize_rowwise", x.device, backend, x, scale_mode, elem_dtype, blocked, offs, scale_block,
-                 blocks_2d)
+                 *_flag(blocks_2d))
 
 
 _quantize_rowwise = torch.library.custom_op(f"{_NS}::quantize_rowwise", quantize_rowwise_impl, mutates_args=())
@@ -100,7 +106,7 @@ def quantize_colwise_impl(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, b
     S.check_token_align(token_align, offs)
     S.check_blocks_2d(blocks_2d, scale_block, offs, token_align)
     return _call("quantize_colwise", x.device, backend, x, scale_mode, elem_dtype, blocked, offs, scale_block,
-                 token_align, blocks_2d)
+                 token_align, *_flag(blocks_2d))
 
 
 _quantize_colwise = torch.library.custom_op(f"{_NS}::quantize_colwise", quantize_colwise_impl, mutates_args=())
@@ -124,7 +130,7 @@ def quantize_dual_impl(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, bloc
     S.check_token_align(token_align, offs)
     S.check_blocks_2d(blocks_2d, scale_block, offs, token_align)
     return _call("quantize_dual", x.device, backend, x, scale_mode, elem_dtype, blocked, offs, scale_block,
-                 token_align, blocks_2d)
+                 token_align, *_flag(blocks_2d))
 
 
 _quantize_dual = torch.library.custom_op(f"{_NS}::quantize_dual", quantize_dual_impl, mutates_args=())
@@ -177,7 +183,7 @@ def quantize_gate_up_impl(w1: Tensor, w3: Tensor, scale_mode: str, elem_dtype: t
     S.check_blocks_2d(blocks_2d, scale_block)
     _check_gate_up(w1, w3, gate_up_tile, scale_block)
     return _call("quantize_gate_up", w1.device, backend, w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile,
-                 scale_block, blocks_2d)
+                 scale_block, *_flag(blocks_2d))
 
 
 _quantize_gate_up = torch.library.custom_op(f"{_NS}::quantize_gate_up", quantize_gate_up_impl, mutates_args=())
@@ -197,7 +203,8 @@ def mm_impl(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, out_dtype:
     S.check_mm(a, a_scales, b, b_scales, out_dtype, bias)
     S.check_scale_block(scale_block)
     S.check_b_blocks_2d(b_blocks_2d, scale_block)
-    return _call("mm", a.device, backend, a, a_scales, b, b_scales, out_dtype, bias, scale_block, b_blocks_2d)
+    return _call("mm", a.device, backend, a, a_scales, b, b_scales, out_dtype, bias, scale_block,
+                 *_flag(b_blocks_2d))
 
 
 _mm = torch.library.custom_op(f"{_NS}::mm", mm_impl, mutates_args=())
@@ -216,7 +223,7 @@ def grouped_mm_impl(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, of
     S.check_scale_block(scale_block)
     S.check_b_blocks_2d(b_blocks_2d, scale_block)
     return _call("grouped_mm", a.device, backend, a, a_scales, b, b_scales, offs, out_dtype, scale_block,
-                 b_blocks_2d)
+                 *_flag(b_blocks_2d))
 
 
 _grouped_mm = torch.library.custom_op(f"{_NS}::grouped_mm", grouped_mm_impl, mutates_args=())

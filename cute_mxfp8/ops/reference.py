@@ -99,7 +99,8 @@ def _check_shared_runs(name: str, data: torch.Tensor, blocked: torch.Tensor, blo
         if not torch.equal(s, s[(torch.arange(s.shape[0], device=s.device) // 128) * 128]):
             raise ValueError(f"{name}'s scales are not equal along each 128 rows, as b_blocks_2d=True states (the "
                              f"sm90 kernel would read only the first row's): quantize it with blocks_2d=True, or "
-                             f"pass b_blocks_2d=False")
+                             f"pass b_blocks_2d=False (in the autograd functions: hopper_weight_blocks='128x128' "
+                             f"needs weight_operands cast with blocks_2d=True)")
 
 
 def mm(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32, b_blocks_2d=False):
