@@ -178,7 +178,7 @@ class MXGemmSm90:
 
     def _configure(self):
         self.tiler = (self.TILE_M, self.n_tile, self.K_STAGE)
-        # the consumer warpgroups split the tile's N (each all 128 rows: two m64 WGMMAs per K step)
+        # the consumer warpgroups split the tile's N (each all 128 rows: two m64 WGMMAs per K step), or its M
         self.tiled_mma = sm90.make_trivial_tiled_mma(
             self.a_dtype, self.b_dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
             cutlass.Float32, (self.consumers, 1, 1) if self.split_m else (1, self.consumers, 1),
@@ -342,7 +342,8 @@ class MXGemmSm90:
         ``8 j + 2 (t % 4) (+ 1)``: fragment element
         ``e + 2 rs + 4 j + (n_tile / 4) mi`` is (row + 8 rs, column 8 j + 2 (t % 4) + e).  Splitting N rather than
         M halves the column scales each thread applies (the promotion's shared-memory reads) and the B tile each
-        warpgroup's WGMMAs read.
+        warpgroup's WGMMAs read.  With ``consumer_split="m"`` the warpgroup holds rows ``64 wgi + 16 w + t // 4
+        (+ 8)`` of all ``n_tile`` columns (no ``mi``: element ``e + 2 rs + 4 j``).
 
         Per 128-deep K stage the warpgroup decodes the stage's scales into shared memory (thread t: tile row t and
         half column t (t < n_tile / 2), one 32-bit word each, loaded a stage ahead; double-buffered, one named
@@ -367,7 +368,7 @@ class MXGemmSm90:
         if cutlass.const_expr(self.split_m):
             rl = rl + wgi * 64
             c0 = bn * self.n_tile
-        col_b = c0 + t  # the column whose scales this thread decodes (t < wg_cols)
+        col_b = c0 + t  # the column whose scales this thread decodes (t < wg_cols; 1x128 B scales)
         lo_chunks = cutlass.Int32(0)
         if cutlass.const_expr(self.b_block_n == 128):
             # 128 x 128 B blocks: threads 0 and 1 decode the scales of the (at most) two blocks the warpgroup's
