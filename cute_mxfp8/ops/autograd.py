@@ -385,15 +385,9 @@ def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None, *, we
 
     Args:
         x: (M, K) tokens sorted by group; weight: (E, N, K); offs: (E,) int32 cumulative end offsets.
-        weight_operands: None (``weight`` is quantized here), or an object whose ``rowwise()`` returns the
-            weight's forward operand ``(data, blocked scales)`` exactly as :func:`~cute_mxfp8.ops.quantize_rowwise`
-            of ``weight`` would, and whose ``colwise()`` (called in backward) returns its dgrad operand as
-            :func:`~cute_mxfp8.ops.quantize_colwise` would, both with the config's casts (``scale_block=128``
-            with ``hopper_block_k=128`` where it applies, and ``blocks_2d=True`` with
-            ``hopper_weight_blocks="128x128"``: the fast-mode GEMMs read only the shared scales they promise,
-            which the reference backend checks).  The FSDP2 MXFP8 all-gather passes the all-gathered shards this
-            way (:mod:`cute_mxfp8.nn.fsdp`; plain MXFP8 only); ``weight`` then only gives shape, dtype and the
-            gradient.
+        weight_operands: None (``weight`` is quantized here), or the experts' (E, N, K) operands as
+            :func:`mxfp8_linear` takes them (``rowwise()`` / ``colwise()`` as ``quantize_rowwise`` /
+            ``quantize_colwise`` of ``weight`` with the config's casts would return them).
     Returns: (M, N) in ``x.dtype``; rows at or past ``offs[-1]`` are zero.
     """
     api._check_tensors(x=x, weight=weight)
