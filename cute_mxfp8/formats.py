@@ -154,13 +154,11 @@ def _quantize_blocks(xb: torch.Tensor, scale_mode: str, elem_dtype: torch.dtype,
     fmax = ELEM_DTYPES[elem_dtype][0]
     if amax is None:
         amax = xb.abs().amax(dim=-1)  # NaN if the block holds a NaN (amax propagates it), Inf if it holds an Inf
-    elif share > 1:
-        share = 1  # the given amaxes are already shared
-    if share > 1:
-        nb = amax.shape[-1]
-        pad = -nb % share
-        runs = torch.nn.functional.pad(amax, (0, pad)).unflatten(-1, (-1, share)).amax(dim=-1)
-        amax = runs.repeat_interleave(share, dim=-1)[..., :nb]
+        if share > 1:  # (given amaxes are already shared)
+            nb = amax.shape[-1]
+            pad = -nb % share
+            runs = torch.nn.functional.pad(amax, (0, pad)).unflatten(-1, (-1, share)).amax(dim=-1)
+            amax = runs.repeat_interleave(share, dim=-1)[..., :nb]
     byte = amax_to_e8m0(amax, scale_mode, elem_dtype)  # 255 for a non-finite amax
     scale = e8m0_to_float(byte)
     # Division by a power of two is exact.  Every element of a poisoned block becomes the positive NaN (0x7F):
@@ -188,8 +186,7 @@ def _tile_amax(x: torch.Tensor, dim: int) -> torch.Tensor:
     t = torch.nn.functional.pad(x.float().abs(), (0, -cols % 128, 0, -rows % 128))  # NaN stays NaN (amax too)
     tiles = t.unflatten(-1, (-1, 128)).unflatten(-3, (-1, 128)).amax(dim=(-3, -1))  # (..., R/128, C/128)
     if dim == -1:  # per (row, 32-column block)
-        full = tiles.repeat_interleave(128, dim=-2)[..., :rows, :].repeat_interleave(4, dim=-1)[..., :cols // 32]
-        return full
+        return tiles.repeat_interleave(128, dim=-2)[..., :rows, :].repeat_interleave(4, dim=-1)[..., :cols // 32]
     full = tiles.repeat_interleave(4, dim=-2)[..., :rows // 32, :].repeat_interleave(128, dim=-1)[..., :cols]
     return full.transpose(-1, -2)
 

@@ -476,6 +476,11 @@ class MXGemmSm90:
         ncol = self.thr_cols
         return 64 * (i // (2 * ncol)) + 8 * ((i // 2) % 2), 8 * ((i % (2 * ncol)) // 4) + i % 2
 
+    def _frag_index(self, q: int, mi: int, rs: int) -> int:
+        """Fragment element of the thread's column ``q`` (``8 (q // 2) + 2 (t % 4) + q % 2``), m64 fragment ``mi``
+        and row half ``rs`` (the inverse of :meth:`_frag_offset`'s layout)."""
+        return q % 2 + 2 * rs + 4 * (q // 2) + 2 * self.thr_cols * mi
+
     @cute.jit
     def tile_work(self, offs, sched, m: cutlass.Int32, n: cutlass.Int32, k_total: cutlass.Int32,
                   bm: cutlass.Int32, bn: cutlass.Int32):
@@ -611,13 +616,11 @@ class MXGemmSm90:
     def _promote(self, acc: cute.Tensor, part: cute.Tensor, scales: tuple):
         """``acc += part * sa[row] * sb[col]`` with the thread's ``scales``: (row scales, column scales)."""
         scale_a, scale_b = scales
-        ncol = self.thr_cols
-        for q in cutlass.range_constexpr(ncol):
+        for q in cutlass.range_constexpr(self.thr_cols):
             for mi in cutlass.range_constexpr(2):
                 for rs in cutlass.range_constexpr(2):
-                    i = q % 2 + 2 * rs + 4 * (q // 2) + 2 * ncol * mi
+                    i = self._frag_index(q, mi, rs)
                     acc[i] = acc[i] + part[i] * (scale_a[2 * mi + rs] * scale_b[q])
-
 
     @cute.jit
     def _promote_blocks(self, acc: cute.Tensor, part: cute.Tensor, scale_a: cute.Tensor, scale_b: tuple,
@@ -625,7 +628,6 @@ class MXGemmSm90:
         """``b_block_n=128``: ``acc += part * (sa[row] * sb)``, sb the first of ``scale_b`` for the warpgroup's
         first ``lo_chunks`` 32-column chunks (the thread's columns ``8 j + ...`` with ``j // 4`` the chunk), the
         second after them: 4 x chunks FMUL per stage, then one FFMA per element."""
-        ncol = self.thr_cols
         chunks = self.wg_cols // 32
         for c in cutlass.range_constexpr(chunks):
             sb = cutlass.select_(lo_chunks > c, scale_b[0], scale_b[1])
@@ -633,7 +635,7 @@ class MXGemmSm90:
             for q in cutlass.range_constexpr(8 * c, 8 * c + 8):  # columns 8 (q // 2) + ... of chunk q // 8
                 for mi in cutlass.range_constexpr(self.row_frags):
                     for rs in cutlass.range_constexpr(2):
-                        i = q % 2 + 2 * rs + 4 * (q // 2) + 2 * ncol * mi
+                        i = self._frag_index(q, mi, rs)
                         acc[i] = acc[i] + part[i] * rs_c[2 * mi + rs]
 
 
