@@ -330,7 +330,8 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
                       grouping: str = "none", epilogue: str = "plain", cast_elem: str = "e4m3",
                       scale_mode: str = "rceil", emit_hp: bool = False, max_ctas: int = 132, block_k: int = 32,
                       n_tile: int = 128, cluster_mn: tuple = (1, 1), pingpong: bool = True,
-                      split_halves: bool = False, b_block_n: int = 1, consumer_split: str = "n"):
+                      split_halves: bool = False, b_block_n: int = 1, consumer_split: str = "n",
+                      tma_store: bool = False):
     """Compiled SM90 MXFP8 GEMM.  ``mainloop``: ``"dequant"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90Dequant`, bf16 WGMMA on scaled operands) or ``"promote"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`, fp8 WGMMA per block, dense only).
@@ -345,7 +346,9 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
       ``b_block_n=128`` (fast mode, dense or ``"m"``): B's scales shared by 128 x 128 blocks (the weights of
       ``MXFP8Config(hopper_weight_blocks="128x128")``), one FFMA per element and stage; ``consumer_split``
       ``"n"`` (the two consumer warpgroups each all 128 rows x half the columns) or, with ``b_block_n=128``,
-      ``"m"`` (each 64 rows x all columns: one m64 x n_tile WGMMA per K step).
+      ``"m"`` (each 64 rows x all columns: one m64 x n_tile WGMMA per K step); ``tma_store`` (split M, dense,
+      bf16 d with N % 8 == 0): the output tile staged in shared memory and TMA-stored, overlapping the next
+      tile's mainloop.
     * ``"dequant"``: ``fn(a, b, sfa, sfb, d, offs, sched)`` with the operands of ``grouping`` as
       ``MXGemmSm90Dequant.__call__`` lists them (``"none"`` dense, ``"m"`` 2d-3d, ``"k"`` 2d-2d); offs (G,) and
       sched (2, G) int32 (placeholders for dense).
@@ -364,9 +367,10 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     if mainloop not in ("dequant", "promote"):
         raise ValueError(f"mainloop must be 'dequant' or 'promote', got {mainloop!r}")
     cluster_mn = tuple(cluster_mn)
-    if (block_k != 32 or n_tile != 128 or cluster_mn != (1, 1) or b_block_n != 1 or consumer_split != "n") and \
-            mainloop != "promote":
+    if (block_k != 32 or n_tile != 128 or cluster_mn != (1, 1) or b_block_n != 1 or consumer_split != "n"
+            or tma_store) and mainloop != "promote":
         raise ValueError(f"block_k={block_k!r} / n_tile={n_tile!r} / cluster_mn={cluster_mn} / b_block_n={b_block_n!r} "
+                         f"/ consumer_split={consumer_split!r} / tma_store={tma_store!r} "
                          f"are options of mainloop='promote' (the dequantize mainloop has block_k 32, n_tile 128, "
                          f"no cluster and 1x32 B scales), "
                          f"got mainloop={mainloop!r}")
@@ -382,12 +386,12 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
                                scale_mode, emit_hp, max_ctas) if mainloop == "dequant" else \
         MXGemmSm90(a_elem, b_elem, out_dtype, n_tile, block_k=block_k, max_ctas=max_ctas, cluster_mn=cluster_mn,
                    pingpong=pingpong, grouping=grouping, split_halves=split_halves, b_block_n=b_block_n,
-                   consumer_split=consumer_split)
+                   consumer_split=consumer_split, tma_store=tma_store)
     fake, sym = _fake, _sym
     scales = [fake(cutlass.Uint8, (sym(),), align=16) for _ in range(2)]
     kdiv = 16 if grouping == "k" else 32  # 2d-2d: K is the token count, a multiple of 16 (TMA's row pitch)
     args = (fake(kernel.a_dtype, (sym(), sym(kdiv))), fake(kernel.b_dtype, (sym(), sym(kdiv))), *scales,
-            fake(kernel.d_dtype, (sym(), sym())))
+            fake(kernel.d_dtype, (sym(), sym(8 if tma_store else 1))))  # TMA: 16-byte row pitch
     groups = (fake(cutlass.Int32, (sym(),)), fake(cutlass.Int32, (sym(), sym())))  # offs, sched
     if epilogue != "plain":  # the outputs of compile_gemm_sm100's fused epilogues (qt (n, T) unpadded if grouped)
         q = kernel.cast.elem_dtype

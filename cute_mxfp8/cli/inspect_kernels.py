@@ -102,11 +102,11 @@ FAMILIES = [
              functools.partial(jit.compile_swiglu_quant, scale_block=128, phase=phase),
              {"direction": [d], "in_dtype": ["bfloat16"], "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})
       for d in ("fwd", "bwd") for phase in ("amax", "apply")),
-    # ... and the grouped MLP's (fp32 GEMM outputs in, colwise outputs in the padded group layout)
+    # ... and the grouped MLP's (bf16 GEMM outputs in, colwise outputs in the padded group layout)
     *(Family(f"swiglu_quant_{d}_grouped_padded_fast_mode_apply",
              functools.partial(jit.compile_swiglu_quant, grouped=True, scale_block=128, phase="apply",
                                h13_dtype=h13, pad_groups=True),
-             {"direction": [d], "in_dtype": ["float32"], "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})
+             {"direction": [d], "in_dtype": ["bfloat16"], "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})
       for d, h13 in (("fwd", None), ("bwd", "bfloat16"))),
     Family("gemm_sm90", jit.compile_gemm_sm90,
            {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["dequant", "promote"]},

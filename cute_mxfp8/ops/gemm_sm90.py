@@ -72,7 +72,7 @@ def mm(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32, b_blocks_
         if scale_block == 128:  # the fast mode: fp8 WGMMA, one promotion per 128 of K
             fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[d.dtype], "promote", block_k=128,
                                    n_tile=FAST_N_TILE, max_ctas=_sm_count(_device(a)),
-                                   **_b_blocks(b_blocks_2d))
+                                   **_b_blocks(b_blocks_2d), **_tma_store(b_blocks_2d, d))
             fn(a, b, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d)
             return
         fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[d.dtype], MAINLOOP, **_persistent(a))
@@ -100,6 +100,13 @@ def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, b_bloc
 def _b_blocks(b_blocks_2d: bool) -> dict:
     """The fast GEMM's compile arguments for B's scale blocks: 1x128, or 128 x 128 (split M, :data:`B2D_SPLIT`)."""
     return {"b_block_n": 128, "consumer_split": B2D_SPLIT} if b_blocks_2d else {}
+
+
+def _tma_store(b_blocks_2d: bool, d: torch.Tensor) -> dict:
+    """The dense split-M build's epilogue: the output tile staged in shared memory and TMA-stored (overlapping the
+    next tile's mainloop) when D is bf16 with a 16-byte row pitch (N % 8 == 0; ``d`` is a fresh allocation, so
+    16-byte aligned); else each thread stores its elements."""
+    return {"tma_store": True} if b_blocks_2d and d.dtype == torch.bfloat16 and d.shape[1] % 8 == 0 else {}
 
 
 def _schedule_m(offs, t):
