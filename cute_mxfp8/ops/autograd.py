@@ -48,6 +48,13 @@ def _gemm(a, a_s, b, b_s, offs, out_dtype, backend, scale_block, b_blocks_2d=Fal
     return api.grouped_mm(a, a_s, b, b_s, offs, **kw)
 
 
+def _hp_out(scale_block: int, activation_dtype: torch.dtype) -> torch.dtype:
+    """The unfused SwiGLU MLP's GEMM1 / w2-dgrad output dtype: fp32 (the accumulator, the SwiGLU math's input
+    in the MXFP8 contract), or in the Hopper fast mode (``scale_block=128``) the activation dtype: the SwiGLU
+    casts read the bf16 h13 / dh that bf16 autograd has, half the bytes, and h13 needs no copy for the backward."""
+    return activation_dtype if scale_block == 128 else torch.float32
+
+
 def _wgrad(a_col, a_s, b_col, b_s, offs, backend, scale_block, out_dtype, split_halves=False):
     """``aᵀ·b`` over the token dim from two colwise-quantized operands (dense or 2d-2d grouped), accumulated in
     fp32 and rounded once to ``out_dtype`` (the weight's dtype) in the GEMM's epilogue: the same bytes as an fp32
@@ -243,10 +250,13 @@ class _SwiGLUMLPFn(torch.autograd.Function):
                 x_row, x_row_s, w13_row, w13_row_s, gate_up_tile=tile, emit_hp=wgrad_with_hp, out_dtype=x.dtype,
                 offs=offs, **qw)
         else:  # GEMM1 -> fp32 accumulator; h13 is saved in the activation dtype, h comes from the accumulator
-            acc = _gemm(x_row, x_row_s, w13_row, w13_row_s, offs, torch.float32, backend, sb, w2d)
+            # (the Hopper fast mode: GEMM1 writes h13 in the activation dtype, the tensor saved for the backward,
+            # and h comes from it, as the backward's dSwiGLU does: no fp32 copy, its write and its reads)
+            acc = _gemm(x_row, x_row_s, w13_row, w13_row_s, offs, _hp_out(sb, x.dtype), backend, sb, w2d)
             h13 = acc.to(x.dtype)
             h_row, h_row_s, h_col, h_col_s, h_hp = api.swiglu_quant(acc, emit_hp=wgrad_with_hp, offs=offs,
                                                                     scale_block=sb, token_align=ta, **qw)
+            del acc
         y = _gemm(h_row, h_row_s, w2_row, w2_row_s, offs, x.dtype, backend, sb, w2d)
         ctx.save_for_backward(x2 if wgrad_with_hp else x_col, x_col_s, h13, h_hp if wgrad_with_hp else h_col,
                               h_col_s, w13_col, w13_col_s, w2_col, w2_col_s, offs)
@@ -270,8 +280,9 @@ class _SwiGLUMLPFn(torch.autograd.Function):
             dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.mm_dswiglu_quant(
                 dy_row, dy_row_s, w2_col, w2_col_s, h13, gate_up_tile=tile, offs=offs, **qg)
         else:
-            dh = _gemm(dy_row, dy_row_s, w2_col, w2_col_s, offs, torch.float32, backend, sb, w2d)  # w2 dgrad (M, I)
-            # dh fp32 (the accumulator) beside the saved h13 in the activation dtype: the kernel reads both
+            # w2 dgrad (M, I): dh fp32 (the accumulator; the fast mode: in h13's dtype, as bf16 autograd has it)
+            # beside the saved h13 in the activation dtype: the kernel reads both
+            dh = _gemm(dy_row, dy_row_s, w2_col, w2_col_s, offs, _hp_out(sb, h13.dtype), backend, sb, w2d)
             dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.dswiglu_quant(dh, h13, offs=offs,
                                                                                     scale_block=sb, token_align=ta,
                                                                                     **qg)
