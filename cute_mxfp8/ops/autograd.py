@@ -286,9 +286,12 @@ class _SwiGLUMLPFn(torch.autograd.Function):
             dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.dswiglu_quant(dh, h13, offs=offs,
                                                                                     scale_block=sb, token_align=ta,
                                                                                     **qg)
+            del dh  # (M, I): not alive beside the dgrad and wgrad GEMMs' outputs
+        del dy_row
         dx = dw1 = dw2 = dw3 = None
         if ctx.needs_input_grad[0]:
             dx = _gemm(dh13_row, dh13_row_s, w13_col, w13_col_s, offs, x_dtype, backend, sb, w2d).reshape(x_shape)
+        del dh13_row, dh13_row_s  # (M, 2I): freed before the wgrads' outputs
         if need_w:
             if hp:
                 dw2 = _hp_wgrad(dy2, h_saved, offs)
