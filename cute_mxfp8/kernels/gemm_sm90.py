@@ -99,7 +99,8 @@ class MXGemmSm90:
     ``tma_store`` (split M, dense, bf16 D with N % 8 == 0; what the ops run there): the epilogue stages the tile in
     shared memory (``stmatrix``) and TMA-stores it, each warpgroup its own 64 rows; the stores drain while the
     next tile's mainloop runs (:meth:`_store_tma`).  It costs the pipeline one stage (4 instead of 5: the staged
-    tile takes 48 KB) and measured +12-16 % TFLOP/s at K = 2048 (the epilogue is a larger share of short K).
+    tile takes 48 KB) and measured +14-20 % TFLOP/s at K = 2048, +3-4 % at K = 7168 (a tile's store is a
+    larger share of a short K loop; ``docs/sm90_gemm.md``).
     ``pingpong`` (block_k=128, default on): the consumer warpgroups pass a WGMMA issue token round a ring (named
     barriers, :meth:`_token`): each issues a stage's WGMMAs only after the previous one issued its own, so the
     tensor core runs one warpgroup's MMAs while the others promote.  ``cluster_mn`` (:attr:`CLUSTERS`): CTAs per
