@@ -131,3 +131,18 @@ def test_cli_exit_status_json_and_the_sass_hint(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "1/3 variants compiled" in out and "error: RuntimeError: no such kernel" in out
     assert "local memory (spills)" in out
+
+
+def test_pairwise_variants_cover_every_pair_of_argument_values():
+    import itertools
+
+    fam = ik.Family("toy", lambda *a, **k: None, {"a": [1, 2], "b": ["x", "y", "z"], "c": [False, True], "d": [0]})
+    full, some = fam.variants(), fam.pairwise_variants()
+    assert len(full) == 12 and len(some) < len(full) and all(v in full for v in some)
+    assert some == [v for v in full if v in some] and some == fam.pairwise_variants()  # registry order, fixed
+    for p, q in itertools.combinations("abc", 2):
+        assert {(v[p], v[q]) for v in some} == set(itertools.product(fam.axes[p], fam.axes[q]))
+    one = ik.Family("one", lambda *a, **k: None, {"a": [1]})
+    assert one.pairwise_variants() == one.variants() == [{"a": 1}]
+    real = {f.kernel: f for f in ik.FAMILIES}["gemm_sm90"]  # 2 x 2 x 2 x 2
+    assert 4 <= len(real.pairwise_variants()) < len(real.variants()) == 16

@@ -1,4 +1,4 @@
-"""``python -m cute_mxfp8 inspect [--arch sm_100f|sm_100a|sm_103a|sm_90a] [--jobs N]``: compile every kernel variant for an arch, no GPU needed, in N processes (default: the CPU count).
+"""``python -m cute_mxfp8 inspect [--arch sm_100f|sm_100a|sm_103a|sm_90a] [--jobs N] [--pairwise]``: compile every kernel variant for an arch, no GPU needed, in N processes (default: the CPU count); ``--pairwise``: the subset of each family in which every pair of argument values occurs (the CI's check).
 
 One row per variant of the registry :data:`FAMILIES`: whether it compiled (or the error); from the CUBIN, the
 registers per thread, shared memory (static from the CUBIN, dynamic from the launch) and the local-memory frame;
@@ -39,6 +39,25 @@ class Family:
 
     def variants(self) -> list[dict]:
         return [dict(zip(self.axes, values)) for values in itertools.product(*self.axes.values())]
+
+    def pairwise_variants(self) -> list[dict]:
+        """A subset of :meth:`variants` in which every value of every varying argument, and every pair of values
+        of two of them, occurs at least once (greedy: each pick covers the most pairs still missing; ties go to
+        the first in :meth:`variants` order, so the subset is fixed).  The CI's compile check (``inspect
+        --pairwise``): about half the variants, every argument interaction of order two still built."""
+        full = self.variants()
+        varying = [k for k in self.axes if len(self.axes[k]) > 1]
+
+        def pairs(v: dict) -> set:
+            return {((a, v[a]), (b, v[b])) for a, b in itertools.combinations(varying, 2)} | {(k, v[k]) for k in varying}
+
+        missing = set().union(*(pairs(v) for v in full))
+        chosen = [] if missing else full[:1]
+        while missing:
+            best = max(full, key=lambda v: len(pairs(v) & missing))
+            chosen.append(best)
+            missing -= pairs(best)
+        return [v for v in full if v in chosen]  # registry order
 
     def build(self, args: dict, arch: str):
         """The call, spelled with every argument positional and defaults included (a ``functools.partial`` with
@@ -207,10 +226,11 @@ PTX_COLUMNS = {
 SASS_HINT = 'SASS columns (LDL/STL spills, instruction counts) need nvdisasm: pip install -e ".[sass]"'
 
 
-def variants(arch: str | None = None) -> list[tuple[Family, dict]]:
-    """Every (family, arguments) pair, or those of the families built for ``arch``."""
+def variants(arch: str | None = None, pairwise: bool = False) -> list[tuple[Family, dict]]:
+    """Every (family, arguments) pair, or those of the families built for ``arch``; ``pairwise``: each family's
+    :meth:`Family.pairwise_variants` only."""
     return [(family, args) for family in FAMILIES if arch is None or arch in family.archs
-            for args in family.variants()]
+            for args in (family.pairwise_variants() if pairwise else family.variants())]
 
 
 def _error(e: Exception) -> str:
@@ -260,13 +280,13 @@ def _compile_in_worker(arch: str, family: Family, args: dict) -> tuple[dict, byt
     return row, None if fn is None else fn.__cubin__
 
 
-def inspect_all(arch: str, with_sass: bool, jobs: int = 1) -> list[dict]:
-    """Compile every variant, in ``jobs`` processes (1: in this one), with a progress bar on stderr (so --json and
-    the table stay clean); disassemble the CUBINs on worker threads while the next ones compile.  Rows come back
-    in registry order whatever the completion order."""
+def inspect_all(arch: str, with_sass: bool, jobs: int = 1, pairwise: bool = False) -> list[dict]:
+    """Compile every variant (``pairwise``: :func:`variants`' pairwise subset), in ``jobs`` processes (1: in this
+    one), with a progress bar on stderr (so --json and the table stay clean); disassemble the CUBINs on worker
+    threads while the next ones compile.  Rows come back in registry order whatever the completion order."""
     from tqdm import tqdm
 
-    todo = variants(arch)
+    todo = variants(arch, pairwise)
     rows: list[dict | None] = [None] * len(todo)
     cubins: list[bytes | None] = [None] * len(todo)
     bar = tqdm(total=len(todo), desc=f"compiling for {arch}", unit="variant", leave=False)
@@ -319,7 +339,8 @@ def main(args) -> int:
     from tabulate import tabulate
 
     with_sass = sass_facts.find_nvdisasm() is not None
-    rows = inspect_all(args.arch, with_sass, getattr(args, "jobs", None) or os.cpu_count() or 1)
+    rows = inspect_all(args.arch, with_sass, getattr(args, "jobs", None) or os.cpu_count() or 1,
+                       getattr(args, "pairwise", False))
     print(f"arch {args.arch}: {sum(r['status'] == 'ok' for r in rows)}/{len(rows)} variants compiled")
     if not with_sass:
         print(SASS_HINT)

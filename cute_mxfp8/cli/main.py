@@ -127,6 +127,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p_inspect.add_argument("--json", metavar="PATH", default=None, help="also write the rows as JSON to PATH")
     p_inspect.add_argument("--jobs", metavar="N", type=_positive, default=None,
                            help="compile in N processes (default: the CPU count)")
+    p_inspect.add_argument("--pairwise", action="store_true",
+                           help="compile only a subset of each kernel's variants in which every value of each "
+                                "argument and every pair of values of two arguments occur (about half; the CI "
+                                "test's check; without it, every variant)")
     p_inspect.set_defaults(func=_run_inspect)
     return parser
 
