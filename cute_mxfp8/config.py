@@ -48,7 +48,10 @@ class MXFP8Config:
             MXFP8: Blackwell's MMA applies every scale).  With it the SwiGLU MLP runs unfused (the GEMM-fused
             epilogues emit 32-blocks; ``fused_epilogues=True`` with it raises ValueError here) and needs I % 128 == 0
             (the modules raise ValueError; :func:`~cute_mxfp8.convert_to_mxfp8` leaves such FFNs unfused and
-            converts their Linears); the grouped GEMMs (2d-3d, 2d-2d) run the fast mode's kernels too.  Not
+            converts their Linears); its GEMM1 and w2 dgrad write the activation dtype, so ``h = silu(g) · u`` and
+            the dSwiGLU take g, u and dh rounded to it (bf16 for a bf16 model, as bf16 autograd has them; the
+            exact mode takes them from the fp32 accumulators); the grouped GEMMs (2d-3d, 2d-2d) run the fast mode's
+            kernels too.  Not
             combined with ``fsdp_mxfp8_all_gather`` (ValueError).
         hopper_weight_blocks: with ``hopper_block_k=128``, the weights' scale blocks: ``"1x128"`` (default; 128
             along K, as the activations) or ``"128x128"``: each 128 x 128 tile of a weight (of each expert) shares one

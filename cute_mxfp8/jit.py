@@ -323,7 +323,7 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
     return _compile(entry, (*ab, *fused, *groups), arch, keep_ptx)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None, typed=True)  # (typed: tma_store=1 is not the validated True)
 @disk_cached(skip_if="keep_ptx")
 def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mainloop: str = "dequant",
                       arch: str = "sm_90a", keep_ptx: bool = False, transform_warps: int = 8,
@@ -367,13 +367,14 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     if mainloop not in ("dequant", "promote"):
         raise ValueError(f"mainloop must be 'dequant' or 'promote', got {mainloop!r}")
     cluster_mn = tuple(cluster_mn)
-    if (block_k != 32 or n_tile != 128 or cluster_mn != (1, 1) or b_block_n != 1 or consumer_split != "n"
-            or tma_store) and mainloop != "promote":
-        raise ValueError(f"block_k={block_k!r} / n_tile={n_tile!r} / cluster_mn={cluster_mn} / b_block_n={b_block_n!r} "
-                         f"/ consumer_split={consumer_split!r} / tma_store={tma_store!r} "
-                         f"are options of mainloop='promote' (the dequantize mainloop has block_k 32, n_tile 128, "
-                         f"no cluster and 1x32 B scales), "
-                         f"got mainloop={mainloop!r}")
+    promote_only = {k: v for k, v, default in (("block_k", block_k, 32), ("n_tile", n_tile, 128),
+                                               ("cluster_mn", cluster_mn, (1, 1)), ("b_block_n", b_block_n, 1),
+                                               ("consumer_split", consumer_split, "n"), ("tma_store", tma_store, False))
+                    if v != default}
+    if promote_only and mainloop != "promote":
+        raise ValueError(f"{', '.join(f'{k}={v!r}' for k, v in promote_only.items())}: options of "
+                         f"mainloop='promote' (the dequantize mainloop has block_k 32, n_tile 128, no cluster, 1x32 B "
+                         f"scales, split N and per-thread stores), got mainloop={mainloop!r}")
     cutlass, _ = _cutlass()
     from .kernels.gemm_sm90 import MXGemmSm90, MXGemmSm90Dequant
 

@@ -364,6 +364,35 @@ def test_fast_mode_mlp_matches_bf16_as_closely_as_mxfp8(grouped, rng):
 
 # ---- the kernels on the H200 ---------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("block_k,x_dtype,hp_dtype", [(128, torch.bfloat16, torch.bfloat16),
+                                                     (128, torch.float32, torch.float32),
+                                                     (32, torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_unfused_mlp_writes_gemm1_and_the_w2_dgrad_in_the_activation_dtype_in_the_fast_mode(
+        block_k, x_dtype, hp_dtype, grouped, monkeypatch, rng):
+    """The SwiGLU casts' inputs: the fast mode's GEMM1 (h13, the tensor saved for the backward) and w2 dgrad (dh)
+    come in the activation dtype; plain MXFP8 keeps them fp32 (the accumulators, the MX contract's input)."""
+    seen = []
+    gemm = AG._gemm
+
+    def spy(a, a_s, b, b_s, offs, out_dtype, *rest):
+        seen.append(out_dtype)
+        return gemm(a, a_s, b, b_s, offs, out_dtype, *rest)
+
+    monkeypatch.setattr(AG, "_gemm", spy)
+    m, d, i = 256, 128, 256
+    x = torch.randn(m, d, generator=rng).to(x_dtype).requires_grad_()
+    lead = (2,) if grouped else ()
+    w1, w3 = (torch.randn(*lead, i, d, generator=rng).mul(0.1).to(x_dtype).requires_grad_() for _ in range(2))
+    w2 = torch.randn(*lead, d, i, generator=rng).mul(0.1).to(x_dtype).requires_grad_()
+    offs = torch.tensor([100, 256], dtype=torch.int32) if grouped else None
+    y = AG.mxfp8_swiglu_mlp(x, w1, w2, w3, offs, MXFP8Config(hopper_block_k=block_k, backend="reference"))
+    y.backward(torch.randn_like(y))
+    # forward: GEMM1, GEMM2 (x's dtype); backward: w2 dgrad, then the dx GEMM (x's dtype)
+    assert seen == [hp_dtype, x_dtype, hp_dtype, x_dtype]
+    assert y.dtype == x.grad.dtype == x_dtype and all(torch.isfinite(t).all() for t in (y, x.grad, w1.grad))
+
+
 sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
                           reason="needs an SM90 GPU (run on the H200 with -m gpu)")
 

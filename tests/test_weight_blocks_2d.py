@@ -221,7 +221,8 @@ def test_the_128x128_gemm_promotes_with_one_ffma_per_element(split, grouping):
 
 def test_the_tma_store_epilogue_stages_the_tile_and_stores_it_asynchronously():
     """The split-M build with ``tma_store``: the 128 x 192 tile written to shared memory by 12 ``stmatrix`` per
-    thread (96 bf16 = 12 x 8) and stored by 6 TMA stores of 128 x 32 (one warp; no thread-level global stores), the
+    thread (96 bf16 = 12 x 8) and stored by TMA, each warpgroup's first warp 6 boxes of 64 x 32 (the 6 UTMASTG of
+    the code, 12 per tile; no thread-level global stores), the
     same mainloop (96 FFMA, 4 WGMMAs per stage), the two epilogue barriers, no local memory."""
     from cute_mxfp8.cli.sass_facts import find_nvdisasm
     from cute_mxfp8.jit import compile_gemm_sm90
@@ -238,13 +239,15 @@ def test_the_tma_store_epilogue_stages_the_tile_and_stores_it_asynchronously():
     assert count_d("STSM") == count_d("UTMASTG") == 0
     assert count("FFMA") == count_d("FFMA") == 96 and count("QGMMA.64x192x32.F32.E4M3.E4M3") == 4
     assert count("BAR.SYNC") == count_d("BAR.SYNC") + 2
-    for bad in (dict(kw, consumer_split="n"), dict(kw, grouping="m"), dict(block_k=128)):
+    for bad in (dict(kw, consumer_split="n"), dict(kw, grouping="m"), dict(block_k=128), dict(kw, cluster_mn=(2, 1))):
         with pytest.raises(ValueError, match="tma_store"):
             compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", tma_store=True, **bad)
     with pytest.raises(ValueError, match="tma_store"):
         compile_gemm_sm90("e4m3", "e4m3", "float32", "promote", tma_store=True, **kw)
-    with pytest.raises(ValueError, match="tma_store"):
+    with pytest.raises(ValueError, match="tma_store=True: options of mainloop='promote'"):
         compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "dequant", tma_store=True)
+    with pytest.raises(ValueError, match="tma_store"):  # not the cached True build
+        compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, tma_store=1, **kw)
 
 
 def test_ops_mm_picks_the_tma_store_build_for_a_bf16_output_with_a_16_byte_row_pitch():
@@ -354,12 +357,14 @@ def test_both_consumer_splits_are_bit_exact_on_integer_data(split, rng):
 @sm90
 @pytest.mark.parametrize("m,n,k", [(1, 8, 128), (300, 1000, 2048), (128, 192, 128), (1000, 136, 4128),
                                    (257, 8, 416), (4096, 4104, 1024)])
-def test_the_tma_store_build_writes_what_the_direct_one_does_and_nothing_else(m, n, k, rng):
+@pytest.mark.parametrize("build", [{}, {"n_tile": 128}, {"pingpong": False}], ids=["ops", "n_tile 128", "no pingpong"])
+def test_the_tma_store_build_writes_what_the_direct_one_does_and_nothing_else(m, n, k, build, rng):
     """Random data (not exact in bf16): the TMA-stored tile equals the per-thread stores bit for bit; TMA clips
-    the tiles at M and N (a guard after D keeps its values, no NaN fill is left)."""
+    the tiles at M and N (a guard after D keeps its values, no NaN fill is left).  The ops' build, and the two
+    other builds the kernel takes (4 sub-tiles per tile; both warpgroups' WGMMAs at once)."""
     from cute_mxfp8.jit import compile_gemm_sm90
 
-    kw = dict(block_k=128, n_tile=192, b_block_n=128, consumer_split="m")
+    kw = {**dict(block_k=128, n_tile=192, b_block_n=128, consumer_split="m"), **build}
     a, a_s = ops.quantize_rowwise(torch.randn(m, k, generator=rng).cuda(), scale_block=128)
     b, b_s = ops.quantize_rowwise(torch.randn(n, k, generator=rng).cuda(), scale_block=128, blocks_2d=True)
     want = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -368,7 +373,8 @@ def test_the_tma_store_build_writes_what_the_direct_one_does_and_nothing_else(m,
     got = buf[:m * n].view(m, n).fill_(float("nan"))
     compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", tma_store=True, **kw)(a, b, _u8(a_s), _u8(b_s), got)
     assert not want.isnan().any() and torch.equal(got, want) and bool((buf[m * n:] == 7).all())
-    assert torch.equal(ops.mm(a, a_s, b, b_s, backend="sm90", scale_block=128, b_blocks_2d=True), want)
+    if not build:
+        assert torch.equal(ops.mm(a, a_s, b, b_s, backend="sm90", scale_block=128, b_blocks_2d=True), want)
 
 
 @pytest.mark.gpu

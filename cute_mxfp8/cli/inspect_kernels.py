@@ -121,12 +121,12 @@ FAMILIES = [
              functools.partial(jit.compile_swiglu_quant, scale_block=128, phase=phase),
              {"direction": [d], "in_dtype": ["bfloat16"], "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})
       for d in ("fwd", "bwd") for phase in ("amax", "apply")),
-    # ... and the grouped MLP's (bf16 GEMM outputs in, colwise outputs in the padded group layout)
+    # ... and the grouped MLP's (GEMM outputs in the activation dtype in, colwise outputs in the padded group layout)
     *(Family(f"swiglu_quant_{d}_grouped_padded_fast_mode_apply",
              functools.partial(jit.compile_swiglu_quant, grouped=True, scale_block=128, phase="apply",
-                               h13_dtype=h13, pad_groups=True),
-             {"direction": [d], "in_dtype": ["bfloat16"], "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})
-      for d, h13 in (("fwd", None), ("bwd", "bfloat16"))),
+                               pad_groups=True),  # (dh and the saved h13 in one dtype)
+             {"direction": [d], "in_dtype": IN_DTYPES, "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})
+      for d in ("fwd", "bwd")),
     Family("gemm_sm90", jit.compile_gemm_sm90,
            {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16", "float32"], "mainloop": ["dequant", "promote"]},
            archs=("sm_90a",)),
@@ -209,7 +209,7 @@ SASS_COLUMNS = {
     "F2FP.fp8": r"F2FP\.(?:\w+\.)*E[45]M[23]",  # hardware RNE + saturating fp8 conversion
     "LDG.128": r"LDG\.E\.128\b", "LDG.64": r"LDG\.E\.64\b", "LDG.narrow": r"LDG\.E(?!\.(?:128|64)\b)",
     "STG.128": r"STG\.E\.128\b", "STG.64": r"STG\.E\.64\b", "STG.narrow": r"STG\.E(?!\.(?:128|64)\b)",
-    "LDS": r"LDS\b", "STS": r"STS\b", "SHFL": r"SHFL\.", "BAR": r"BAR\.",
+    "LDS": r"LDS\b", "STS": r"STS\b", "STSM": r"STSM\b", "SHFL": r"SHFL\.", "BAR": r"BAR\.",
     "UTMALDG": r"UTMALDG\b", "UTMASTG": r"UTMASTG\b", "UTCCP": r"UTCCP\b", "UTCQMMA": r"UTCQMMA\b",
     "UTCHMMA": r"UTCHMMA\b", "QGMMA": r"QGMMA\b", "HGMMA": r"HGMMA\b",
     "USETMAXREG": r"USETMAXREG\b",  # the warpgroups' register budgets, as the PTX's setmaxnreg asks

@@ -99,8 +99,8 @@ class MXGemmSm90:
     ``tma_store`` (split M, dense, bf16 D with N % 8 == 0; what the ops run there): the epilogue stages the tile in
     shared memory (``stmatrix``) and TMA-stores it, each warpgroup its own 64 rows; the stores drain while the
     next tile's mainloop runs (:meth:`_store_tma`).  It costs the pipeline one stage (4 instead of 5: the staged
-    tile takes 48 KB) and measured +14-20 % TFLOP/s at K = 2048, +3-4 % at K = 7168 (a tile's store is a
-    larger share of a short K loop; ``docs/sm90_gemm.md``).
+    tile takes 48 KB) and measured +14-20 % TFLOP/s at K = 2048, +3-4 % at K = 7168, 0-6 % at 8192³ (a tile's
+    store is a larger share of a short K loop; ``docs/sm90_gemm.md``).
     ``pingpong`` (block_k=128, default on): the consumer warpgroups pass a WGMMA issue token round a ring (named
     barriers, :meth:`_token`): each issues a stage's WGMMAs only after the previous one issued its own, so the
     tensor core runs one warpgroup's MMAs while the others promote.  ``cluster_mn`` (:attr:`CLUSTERS`): CTAs per
@@ -117,8 +117,8 @@ class MXGemmSm90:
     persistent grid's CTAs (one per SM); ``cluster_mn`` one of :attr:`CLUSTERS` (dense only); ``pingpong`` the
     issue token (``block_k=128`` only; ignored with 32); ``grouping`` ``"none"``, or ``"m"`` / ``"k"`` with
     ``block_k=128`` and no cluster; ``b_block_n`` 1 or (fast mode, not ``"k"``) 128; ``consumer_split`` ``"n"``
-    or (``b_block_n=128``) ``"m"``; ``tma_store`` (bool) with ``consumer_split="m"``, ``grouping="none"`` and
-    ``out_dtype="bfloat16"`` (D's rows then need a 16-byte pitch: N % 8 == 0).  Raises ValueError naming the
+    or (``b_block_n=128``) ``"m"``; ``tma_store`` (bool) with ``consumer_split="m"``, ``grouping="none"``, no
+    cluster and ``out_dtype="bfloat16"`` (D's rows then need a 16-byte pitch: N % 8 == 0).  Raises ValueError naming the
     argument for anything else.
     """
 
@@ -171,11 +171,11 @@ class MXGemmSm90:
                              f"{consumer_split!r} with b_block_n={b_block_n}")
         self.split_m = consumer_split == "m"
         if type(tma_store) is not bool or (tma_store and (not self.split_m or grouping != "none"
-                                                          or out_dtype != "bfloat16")):
-            raise ValueError(f"tma_store (a bool) needs consumer_split='m', grouping 'none' and a bfloat16 output "
-                             f"(the whole tile is staged in shared memory; TMA clips only at the output's edges), "
-                             f"got tma_store={tma_store!r} with consumer_split={consumer_split!r}, "
-                             f"grouping={grouping!r}, out_dtype={out_dtype!r}")
+                                                          or out_dtype != "bfloat16" or cluster_mn != (1, 1))):
+            raise ValueError(f"tma_store (a bool) needs consumer_split='m', grouping 'none', no cluster and a "
+                             f"bfloat16 output (the whole tile is staged in shared memory; TMA clips only at the "
+                             f"output's edges), got tma_store={tma_store!r} with consumer_split={consumer_split!r}, "
+                             f"grouping={grouping!r}, cluster_mn={cluster_mn}, out_dtype={out_dtype!r}")
         self.tma_store = tma_store
         # split N: each consumer warpgroup all 128 rows (two m64 WGMMAs per K step) x n_tile / 2 columns;
         # split M: 64 rows x all n_tile columns (one m64 WGMMA per K step)
