@@ -1,4 +1,6 @@
-"""``python -m cute_mxfp8 inspect [--arch sm_100f|sm_100a|sm_103a|sm_90a] [--jobs N] [--pairwise]``: compile every kernel variant for an arch, no GPU needed, in N processes (default: the CPU count); ``--pairwise``: the subset of each family in which every pair of argument values occurs (the CI's check).
+"""``python -m cute_mxfp8 inspect [--arch sm_100f|sm_100a|sm_103a|sm_90a] [--jobs N] [--pairwise]``: compile
+every kernel variant for an arch, no GPU needed, in N processes (default: the CPU count); ``--pairwise``: the
+subset of each family in which every pair of argument values occurs (the CPU test suite's check).
 
 One row per variant of the registry :data:`FAMILIES`: whether it compiled (or the error); from the CUBIN, the
 registers per thread, shared memory (static from the CUBIN, dynamic from the launch) and the local-memory frame;
@@ -49,7 +51,8 @@ class Family:
         varying = [k for k in self.axes if len(self.axes[k]) > 1]
 
         def pairs(v: dict) -> set:
-            return {((a, v[a]), (b, v[b])) for a, b in itertools.combinations(varying, 2)} | {(k, v[k]) for k in varying}
+            singles = {(k, v[k]) for k in varying}
+            return {((a, v[a]), (b, v[b])) for a, b in itertools.combinations(varying, 2)} | singles
 
         missing = set().union(*(pairs(v) for v in full))
         chosen = [] if missing else full[:1]

@@ -118,8 +118,8 @@ class MXGemmSm90:
     issue token (``block_k=128`` only; ignored with 32); ``grouping`` ``"none"``, or ``"m"`` / ``"k"`` with
     ``block_k=128`` and no cluster; ``b_block_n`` 1 or (fast mode, not ``"k"``) 128; ``consumer_split`` ``"n"``
     or (``b_block_n=128``) ``"m"``; ``tma_store`` (bool) with ``consumer_split="m"``, ``grouping="none"``, no
-    cluster and ``out_dtype="bfloat16"`` (D's rows then need a 16-byte pitch: N % 8 == 0).  Raises ValueError naming the
-    argument for anything else.
+    cluster and ``out_dtype="bfloat16"`` (D's rows then need a 16-byte pitch: N % 8 == 0).  Raises ValueError
+    naming the argument for anything else.
     """
 
     TILE_M = 128

@@ -7,8 +7,8 @@ Every GEMM operand is quantized along that GEMM's contraction dim (``design.md``
 * SwiGLU MLP (dense, or grouped experts when ``offs`` is given): x dual-quantized once; GEMM1 against the fused
   W13 = [w1; w3]; SwiGLU + dual quantization of h from the fp32 accumulator (h in bf16 is never materialized;
   in the Hopper fast mode, ``scale_block=128``, GEMM1 writes h13 in the activation dtype and h comes from that,
-  :func:`_hp_out`); GEMM2 against w2.  Backward: dy dual-quantized; w2 dgrad; dSwiGLU from the saved h13 + dual quantization of
-  dh13; w13 dgrad; w2 and w13 wgrads (2d-2d grouped when grouped).
+  :func:`_hp_out`); GEMM2 against w2.  Backward: dy dual-quantized; w2 dgrad; dSwiGLU from the saved h13 + dual
+  quantization of dh13; w13 dgrad; w2 and w13 wgrads (2d-2d grouped when grouped).
 * ``wgrad_with_hp``: the weight gradients use the saved high-precision tensors instead (x, h, dy, dh13; h and
   dh13 in the activation dtype in the fast mode, where GEMM1 and the w2 dgrad write it).
 * Fused epilogues (``MXFP8Config.fused_epilogues``, default on the ``sm100`` backend for dense MLPs): GEMM1 is
