@@ -51,8 +51,7 @@ class MXFP8Config:
             converts their Linears); its GEMM1 and w2 dgrad write the activation dtype, so ``h = silu(g) · u`` and
             the dSwiGLU take g, u and dh rounded to it (bf16 for a bf16 model, as bf16 autograd has them; the
             exact mode takes them from the fp32 accumulators); the grouped GEMMs (2d-3d, 2d-2d) run the fast mode's
-            kernels too.  Not
-            combined with ``fsdp_mxfp8_all_gather`` (ValueError).
+            kernels too.  Not combined with ``fsdp_mxfp8_all_gather`` (ValueError).
         hopper_weight_blocks: with ``hopper_block_k=128``, the weights' scale blocks: ``"1x128"`` (default; 128
             along K, as the activations) or ``"128x128"``: each 128 x 128 tile of a weight (of each expert) shares one
             E8M0 scale, the largest of its 1x128 scales (DeepSeek-V3's weight blocks, cuBLAS's blockwise
