@@ -262,11 +262,10 @@ class MXGemmSm90:
         sfb_w = cute.make_tensor(cute.recast_ptr(sfb.iterator, dtype=cutlass.Uint32),
                                  cute.make_layout(cute.size(sfb) // 4))
         k_tiles = (k + self.K_STAGE - 1) // self.K_STAGE
-        tma_d, gd, d_words = None, None, 8
+        tma_d, gd = None, None
         if cutlass.const_expr(self.tma_store):
             tma_d, gd = cpasync.make_tiled_tma_atom(cpasync.CopyBulkTensorTileS2GOp(), d,
                                                     cute.slice_(self.d_box, (None, None, 0)), self.epi_box)
-            d_words = cute.cosize(self.d_smem.outer)
 
         @cute.struct
         class Shared:
@@ -274,7 +273,8 @@ class MXGemmSm90:
             sa: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem.outer)], 1024]
             sb: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem.outer)], 1024]
             sdec: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, 2 * self.consumers * self.DEC_WORDS], 16]
-            sd: cute.struct.Align[cute.struct.MemRange[self.d_dtype, d_words], 1024]  # tma_store's staged tile
+            if cutlass.const_expr(self.tma_store):  # the staged output tile (other builds have no such field)
+                sd: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(self.d_smem.outer)], 1024]
 
         self.shared = Shared
         m_tiles = (m + self.TILE_M - 1) // self.TILE_M
