@@ -42,10 +42,9 @@ def check(m, n, k, gen, **kw):
     x = torch.randn(m, k, generator=gen).cuda() * torch.logspace(-3, 3, k, device="cuda")
     w = torch.randn(n, k, generator=gen).cuda()
     (a, a_s), (b, b_s) = fast_operand(x), fast_operand(w, kw.get("b_block_n", 1) == 128)
-    out = torch.bfloat16 if kw.get("tma_store") else torch.float32  # (the TMA-stored build: bf16 only)
-    fn = compile_gemm_sm90("e4m3", "e4m3", "bfloat16" if kw.get("tma_store") else "float32", "promote",
-                           block_k=128, **kw)
-    got = torch.empty(m, n, device="cuda", dtype=out)
+    out = "bfloat16" if kw.get("tma_store") else "float32"  # (the TMA-stored build: bf16 only)
+    fn = compile_gemm_sm90("e4m3", "e4m3", out, "promote", block_k=128, **kw)
+    got = torch.empty(m, n, device="cuda", dtype=getattr(torch, out))
     fn(a, b, a_s.view(torch.uint8), b_s.view(torch.uint8), got)
     da = F.dequantize_mxfp8(a, F.from_blocked_scales(a_s, m, k // 32)).double()
     db = F.dequantize_mxfp8(b, F.from_blocked_scales(b_s, n, k // 32)).double()
