@@ -106,7 +106,8 @@ def _tma_store(b_blocks_2d: bool, d: torch.Tensor) -> dict:
     """The dense split-M build's epilogue: the output tile staged in shared memory and TMA-stored (overlapping the
     next tile's mainloop) when D is bf16 with a 16-byte row pitch (N % 8 == 0; ``d`` is a fresh allocation, so
     16-byte aligned); else each thread stores its elements."""
-    return {"tma_store": True} if b_blocks_2d and d.dtype == torch.bfloat16 and d.shape[1] % 8 == 0 else {}
+    staged = b_blocks_2d and B2D_SPLIT == "m" and d.dtype == torch.bfloat16 and d.shape[1] % 8 == 0
+    return {"tma_store": True} if staged else {}
 
 
 def _schedule_m(offs, t):
