@@ -239,8 +239,8 @@ def test_the_tma_store_epilogue_stages_the_tile_and_stores_it_asynchronously():
     assert count_d("STSM") == count_d("UTMASTG") == 0
     assert count("FFMA") == count_d("FFMA") == 96 and count("QGMMA.64x192x32.F32.E4M3.E4M3") == 4
     assert count("BAR.SYNC") == count_d("BAR.SYNC") + 2
-    for bad in (dict(kw, consumer_split="n"), dict(kw, grouping="m"), dict(block_k=128), dict(kw, cluster_mn=(2, 1))):
-        with pytest.raises(ValueError, match="tma_store"):
+    for bad in (dict(kw, consumer_split="n"), dict(kw, grouping="k"), dict(block_k=128), dict(kw, cluster_mn=(2, 1))):
+        with pytest.raises(ValueError, match="tma_store|b_block_n"):  # (2d-2d has no 128 x 128 B blocks either)
             compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", tma_store=True, **bad)
     with pytest.raises(ValueError, match="tma_store"):
         compile_gemm_sm90("e4m3", "e4m3", "float32", "promote", tma_store=True, **kw)
@@ -250,13 +250,33 @@ def test_the_tma_store_epilogue_stages_the_tile_and_stores_it_asynchronously():
         compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, tma_store=1, **kw)
 
 
+def test_the_grouped_tma_store_build_stages_its_tile_without_spilling():
+    """The 2d-3d build with ``tma_store``: the same staging (12 ``stmatrix``, 6 UTMASTG per warpgroup), plus the
+    element-wise copy of a group's last rows from the staged tile (6 boxes x 16 elements per thread: 96 STG of
+    16 bits, no 32-bit pairs) in place of the per-thread stores (144 STG); setmaxnreg 24 / 240 keeps it out of
+    local memory (at 40 / 232 ptxas spilled 4 words), the same mainloop."""
+    from cute_mxfp8.cli.sass_facts import find_nvdisasm
+    from cute_mxfp8.jit import compile_gemm_sm90
+
+    if find_nvdisasm() is None:
+        pytest.skip('nvdisasm not installed (pip install -e ".[sass]")')
+    kw = dict(block_k=128, n_tile=192, b_block_n=128, consumer_split="m", grouping="m")
+    direct = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, **kw)
+    staged = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, tma_store=True, **kw)
+    (res_d, count_d), (res, count) = _sass(direct), _sass(staged)
+    assert res["local_frame"] == 0 and count("LDL") == count("STL") == 0 and count("USETMAXREG") == 2
+    assert count("USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xf0") == 1 and count("USETMAXREG.DEALLOC.CTAPOOL 0x18") == 1
+    assert count("STSM") == 12 and count("UTMASTG") == 6 and count("STG.E.U16") == 96 and count("STG") == 96
+    assert count_d("STG") == 144 and count_d("STSM") == count_d("UTMASTG") == 0
+    assert count("FFMA") == count_d("FFMA") == 96 and count("QGMMA.64x192x32.F32.E4M3.E4M3") == 4
+
+
 def test_ops_mm_picks_the_tma_store_build_for_a_bf16_output_with_a_16_byte_row_pitch():
     from cute_mxfp8.ops.gemm_sm90 import _tma_store
 
-    d = torch.empty(4, 200, dtype=torch.bfloat16)
-    assert _tma_store(True, d) == {"tma_store": True}
-    assert _tma_store(False, d) == {}  # 1x128 B scales: the split-N build
-    assert _tma_store(True, d[:, :129]) == {} and _tma_store(True, d.float()) == {}
+    assert _tma_store(True, torch.bfloat16, 200) == {"tma_store": True}
+    assert _tma_store(False, torch.bfloat16, 200) == {}  # 1x128 B scales: the split-N build
+    assert _tma_store(True, torch.bfloat16, 129) == {} and _tma_store(True, torch.float32, 200) == {}
 
 
 @pytest.mark.parametrize("direction", ["rowwise", "colwise", "dual"])
@@ -375,6 +395,38 @@ def test_the_tma_store_build_writes_what_the_direct_one_does_and_nothing_else(m,
     assert not want.isnan().any() and torch.equal(got, want) and bool((buf[m * n:] == 7).all())
     if not build:
         assert torch.equal(ops.mm(a, a_s, b, b_s, backend="sm90", scale_block=128, b_blocks_2d=True), want)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("sizes", [[0, 1, 31, 129, 300], [257], [64, 0, 70], [128, 64, 192, 63, 65], [5000, 3, 1200]],
+                         ids=str)
+@pytest.mark.parametrize("tail", [0, 40, 200])
+@pytest.mark.parametrize("n", [8, 200, 1000])
+def test_the_grouped_tma_store_build_writes_what_the_direct_one_does_and_nothing_else(sizes, tail, n, rng):
+    """2d-3d, random data: the TMA-stored build's D equals the per-thread stores' bit for bit, with groups that end
+    inside a warpgroup's 64 rows (copied element-wise from the staged tile), on a 64-row boundary (a whole box),
+    empty groups, rows past the last group (zeros, TMA-clipped at D's end) and a guard after D untouched."""
+    from cute_mxfp8.jit import compile_gemm_sm90
+    from cute_mxfp8.ops.gemm_common import schedule_m
+
+    k, t = 384, sum(sizes) + tail
+    offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    a, a_s = ops.quantize_rowwise(torch.randn(t, k, generator=rng).cuda(), offs=offs, scale_block=128)
+    b, b_s = ops.quantize_rowwise(torch.randn(len(sizes), n, k, generator=rng).cuda(), scale_block=128,
+                                  blocks_2d=True)
+    kw = dict(block_k=128, n_tile=192, b_block_n=128, consumer_split="m", grouping="m")
+    args = (a, b.view(-1, k), _u8(a_s), _u8(b_s).reshape(-1))
+    sched = schedule_m(offs, t, 128)
+    want = torch.full((t, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", **kw)(*args, want, *sched)
+    buf = torch.full((t * n + 4096,), 7.0, device="cuda", dtype=torch.bfloat16)
+    got = buf[:t * n].view(t, n).fill_(float("nan"))
+    compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", tma_store=True, **kw)(*args, got, *sched)
+    assert not want.isnan().any() and bool((want[sum(sizes):] == 0).all())
+    assert torch.equal(got, want), f"{(got != want).sum().item()} outputs differ"
+    assert bool((buf[t * n:] == 7).all())
+    assert torch.equal(ops.grouped_mm(a, a_s, b, b_s, offs, backend="sm90", scale_block=128, b_blocks_2d=True), want)
 
 
 @pytest.mark.gpu

@@ -15,6 +15,7 @@ from cute_mxfp8 import ops
 from cute_mxfp8.cli.bench import _time_ms
 from cute_mxfp8.cli.bench_baselines import sm90_dense_baselines
 from cute_mxfp8.jit import compile_gemm_sm90
+from cute_mxfp8.ops.gemm_common import schedule_m
 
 
 def fast_operand(x, blocks_2d=False):
@@ -76,6 +77,14 @@ def grouped(only):
     b2, b2_s = ops.quantize_rowwise(w, scale_block=128, blocks_2d=True)
     fns["2d-3d sm90 fast mode B 128x128"] = lambda: ops.grouped_mm(a, a_s, b2, b2_s, offs, backend="sm90",
                                                                    scale_block=128, b_blocks_2d=True)
+    # the same build with per-thread stores instead of the TMA-stored tile (what ops.grouped_mm ran before)
+    direct = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", grouping="m", block_k=128, n_tile=192,
+                               b_block_n=128, consumer_split="m", max_ctas=torch.cuda.get_device_properties(0)
+                               .multi_processor_count)
+    d_direct = torch.empty(t, n, device="cuda", dtype=torch.bfloat16)
+    sched = schedule_m(offs, t, 128)
+    fns["2d-3d sm90 fast mode B 128x128 per-thread stores"] = lambda: direct(
+        a, b2.view(-1, d), a_s.view(torch.uint8), b2_s.view(torch.uint8).reshape(-1), d_direct, *sched)
     if only:
         fns = {name: fn for name, fn in fns.items() if _picked(name, only)}
     row = {}

@@ -147,11 +147,14 @@ FAMILIES = [
               "out_dtype": ["bfloat16", "float32"] if split == "m" else ["bfloat16"], "mainloop": ["promote"]},
              archs=("sm_90a",))
       for g, split in (("none", "m"), ("m", "m"), ("none", "n"))),
-    # ... the dense split-M build the ops run for a bf16 D with N % 8 == 0: the tile TMA-stored from shared memory
-    Family("gemm_sm90_fast_mode_b128x128_split_m_tma_store",
-           functools.partial(jit.compile_gemm_sm90, block_k=128, n_tile=192, b_block_n=128, consumer_split="m",
-                             tma_store=True),
-           {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16"], "mainloop": ["promote"]}, archs=("sm_90a",)),
+    # ... the split-M builds the ops run for a bf16 D with N % 8 == 0 (dense and 2d-3d): the tile TMA-stored from
+    # shared memory
+    *(Family(f"gemm_sm90_fast_mode_b128x128{'_grouped_m' if g == 'm' else ''}_split_m_tma_store",
+             functools.partial(jit.compile_gemm_sm90, block_k=128, n_tile=192, b_block_n=128, consumer_split="m",
+                               grouping=g, tma_store=True),
+             {**(dict(a_elem=ELEMS, b_elem=ELEMS) if g == "none" else _GEMM_E4M3), "out_dtype": ["bfloat16"],
+              "mainloop": ["promote"]}, archs=("sm_90a",))
+      for g in ("none", "m")),
     # ... the op's configuration (n_tile 192) in 2-CTA clusters with TMA multicast (an option; measured no faster)
     *(Family(f"gemm_sm90_fast_mode_n192_cluster{m}x{n}",
              functools.partial(jit.compile_gemm_sm90, block_k=128, n_tile=192, cluster_mn=(m, n)),

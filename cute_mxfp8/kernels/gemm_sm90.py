@@ -134,6 +134,7 @@ class MXGemmSm90:
     # setmaxnreg budgets (producer warpgroup, each consumer warpgroup): 128 x 40 + 256 x 232 of the SM's 65536
     # registers (a consumer holds its accumulator and the partial)
     REGS = (40, 232)
+    REGS_GROUPED_STAGED = (24, 240)  # tma_store 2d-3d: the staging and the partial-rows copy need 8 more per thread
 
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
                  block_k: int = 32, max_ctas: int = 132, cluster_mn: tuple = (1, 1), pingpong: bool = True,
@@ -170,10 +171,10 @@ class MXGemmSm90:
                              f"scale per thread: affordable with one scalar per B block only), got "
                              f"{consumer_split!r} with b_block_n={b_block_n}")
         self.split_m = consumer_split == "m"
-        if type(tma_store) is not bool or (tma_store and (not self.split_m or grouping != "none"
+        if type(tma_store) is not bool or (tma_store and (not self.split_m or grouping == "k"
                                                           or out_dtype != "bfloat16" or cluster_mn != (1, 1))):
-            raise ValueError(f"tma_store (a bool) needs consumer_split='m', grouping 'none', no cluster and a "
-                             f"bfloat16 output (the whole tile is staged in shared memory; TMA clips only at the "
+            raise ValueError(f"tma_store (a bool) needs consumer_split='m', grouping 'none' or 'm', no cluster and "
+                             f"a bfloat16 output (the whole tile is staged in shared memory; TMA clips only at the "
                              f"output's edges), got tma_store={tma_store!r} with consumer_split={consumer_split!r}, "
                              f"grouping={grouping!r}, cluster_mn={cluster_mn}, out_dtype={out_dtype!r}")
         self.tma_store = tma_store
@@ -323,7 +324,7 @@ class MXGemmSm90:
         linear = tiles.first()
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
         if wg == 0:
-            cute.arch.warpgroup_reg_dealloc(self.REGS[0])
+            cute.arch.warpgroup_reg_dealloc(self._regs()[0])
             if warp == 0:  # TMA producer
                 # A tiles go to the cluster's CTAs of this M row (mode 1), B tiles to those of this N column;
                 # each CTA loads its slice of the shared tile and multicasts it.  A CTA past the output's last
@@ -354,7 +355,7 @@ class MXGemmSm90:
                     linear = tiles.next(linear)
                 pipe.producer_tail(state)
         else:
-            cute.arch.warpgroup_reg_alloc(self.REGS[1])
+            cute.arch.warpgroup_reg_alloc(self._regs()[1])
             sdec = st.sdec.get_tensor(cute.make_layout(2 * self.consumers * self.DEC_WORDS))
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             epi = None
@@ -488,7 +489,13 @@ class MXGemmSm90:
                         self._load_col_scales(sdec, b_base + blk * 4 * self._col_pitch(), lane)))
                 pipe.consumer_release(state)
             state.advance()
-        if cutlass.const_expr(self.tma_store):
+        if cutlass.const_expr(self.tma_store and self.grouping == "m"):
+            # 2d-3d: the warpgroup's 64 rows start at a group's first row plus a multiple of 64 (any row of D); a
+            # warpgroup past D's last row stores nothing
+            r0 = work.d_row0 + wgi * 64
+            if r0 < cute.size(d, mode=[0]):
+                self._store_tma(acc, epi, r0, bn, ct, (d, work.rows, cols))
+        elif cutlass.const_expr(self.tma_store):
             self._store_tma(acc, epi, work.d_row0 // self.TILE_M, bn, ct)
         else:
             self._store(acc, d, work.rows, cols, work.d_row0 + rl, c0 + 2 * (lane % 4))
@@ -507,15 +514,22 @@ class MXGemmSm90:
         thr = r2s.get_slice(ct)
         s_box, g_box = cpasync.tma_partition(tma_d, 0, cute.make_layout(1), cute.group_modes(sd_box, 0, 2),
                                              cute.group_modes(cute.local_tile(gd, self.epi_box, (None, None)), 0, 2))
+        if cutlass.const_expr(self.grouping == "m"):
+            g_box = (sd_box, gd)  # the boxes start on a group's row: partitioned per tile (:meth:`_store_tma`)
         return r2s, thr.partition_D(sd), cute.shape(thr.partition_S(sd))[:3], s_box, g_box, tma_d
 
     @cute.jit
-    def _store_tma(self, acc: cute.Tensor, epi, bm: cutlass.Int32, bn: cutlass.Int32, ct: cutlass.Int32):
+    def _store_tma(self, acc: cute.Tensor, epi, bm: cutlass.Int32, bn: cutlass.Int32, ct: cutlass.Int32,
+                   group=None):
         """``tma_store`` epilogue of output tile (bm, bn), each consumer warpgroup on its own 64 rows (no wait for
         the other, which may still promote its last stage): the previous tile's stores have read its boxes (its
         first warp waits), it writes its rows, converted to bf16, into shared memory (``stmatrix``, all
         ``n_tile / 32`` boxes at once), then its first warp issues their TMA stores and goes on without waiting:
-        they drain while the next tile's mainloop runs.  TMA clips rows past M and columns past N."""
+        they drain while the next tile's mainloop runs.  TMA clips rows past M and columns past N.  ``grouping="m"``:
+        ``bm`` is the warpgroup's first output row instead (any row: its boxes are partitioned here) and ``group``
+        (D, the group's row end, D's columns): boxes whose rows in D are all the group's are TMA-stored; when the
+        group ends inside them (rows past its end are the next group's, which a box store would overwrite) the
+        warpgroup's threads copy its rows from the staged tile to D instead, predicated on the group's end."""
         r2s, s_d, rd_shape, s_box, g_box, tma_d = epi
         subtiles = self.n_tile // self.EPI_COLS
         wgi = ct // 128
@@ -534,7 +548,29 @@ class MXGemmSm90:
             cute.copy(r2s, r16, s_d[(None, None, None, s)])
         cute.arch.fence_proxy("async.shared", space="cta")  # the generic-proxy writes, seen by the TMA unit
         cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)
-        if first:
+        if cutlass.const_expr(self.grouping == "m"):
+            d, rows, cols = group
+            sd_box, gd = g_box
+            if cutlass.min(bm + self.epi_box[0], cute.size(d, mode=[0])) <= rows:  # (TMA clips at D's end)
+                if first:
+                    _, g_rows = cpasync.tma_partition(
+                        tma_d, 0, cute.make_layout(1), cute.group_modes(sd_box, 0, 2),
+                        cute.group_modes(cute.local_tile(cute.domain_offset((bm, 0), gd), self.epi_box, (0, None)),
+                                         0, 2))
+                    for s in cutlass.range_constexpr(subtiles):
+                        cute.copy(tma_d, s_box[(None, self.consumers * s + wgi)], g_rows[(None, subtiles * bn + s)])
+                    cute.arch.cp_async_bulk_commit_group()
+            else:  # the group's last rows: element by element, a warp per 32-column row of a box
+                t = ct % 128
+                per_thread = self.epi_box[0] * self.epi_box[1] // 128
+                for s in cutlass.range_constexpr(subtiles):
+                    col0 = (subtiles * bn + s) * self.epi_box[1]
+                    for i in cutlass.range_constexpr(per_thread):
+                        r = (t + 128 * i) // self.epi_box[1]
+                        c = (t + 128 * i) % self.epi_box[1]
+                        if bm + r < rows and col0 + c < cols:
+                            d[bm + r, col0 + c] = sd_box[r, c, self.consumers * s + wgi]
+        elif first:
             for s in cutlass.range_constexpr(subtiles):
                 cute.copy(tma_d, s_box[(None, self.consumers * s + wgi)],
                           g_box[(None, self.consumers * bm + wgi, subtiles * bn + s)])
@@ -631,6 +667,10 @@ class MXGemmSm90:
             b_word0 = (n + 127) // 128 * sched[1, g] * 128
             b_ktiles = k_tiles
         return _Work(a_row0, b_row0, k0, k_tiles, d_row0, rows, a_word0, a_ok, b_word0, b_ktiles)
+
+    def _regs(self):
+        """setmaxnreg budgets (producer warpgroup, each consumer warpgroup) of this build."""
+        return self.REGS_GROUPED_STAGED if self.tma_store and self.grouping == "m" else self.REGS
 
     def _token(self, wgi):
         """Named barrier passing the WGMMA issue token to consumer warpgroup ``wgi`` (ids 1 .. consumers are the

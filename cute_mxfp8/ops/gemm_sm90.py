@@ -72,7 +72,7 @@ def mm(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32, b_blocks_
         if scale_block == 128:  # the fast mode: fp8 WGMMA, one promotion per 128 of K
             fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[d.dtype], "promote", block_k=128,
                                    n_tile=FAST_N_TILE, max_ctas=_sm_count(_device(a)),
-                                   **_b_blocks(b_blocks_2d), **_tma_store(b_blocks_2d, d))
+                                   **_b_blocks(b_blocks_2d), **_tma_store(b_blocks_2d, d.dtype, d.shape[1]))
             fn(a, b, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d)
             return
         fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[d.dtype], MAINLOOP, **_persistent(a))
@@ -90,7 +90,8 @@ def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, b_bloc
     ``b_blocks_2d``: the experts' 128 x 128 scale blocks, one FFMA per element and stage)."""
     if scale_block == 128:
         kernel = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "promote", grouping="m",
-                                   block_k=128, n_tile=FAST_N_TILE, **_b_blocks(b_blocks_2d), **_persistent(a))
+                                   block_k=128, n_tile=FAST_N_TILE, **_b_blocks(b_blocks_2d), **_persistent(a),
+                                   **_tma_store(b_blocks_2d, out_dtype, b.shape[1]))
         return run_grouped_mm(kernel, a, a_scales, b, b_scales, offs, out_dtype, _FAST_TILE_M)
     kernel = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="m",
                                **_persistent(a))
@@ -102,11 +103,11 @@ def _b_blocks(b_blocks_2d: bool) -> dict:
     return {"b_block_n": 128, "consumer_split": B2D_SPLIT} if b_blocks_2d else {}
 
 
-def _tma_store(b_blocks_2d: bool, d: torch.Tensor) -> dict:
-    """The dense split-M build's epilogue: the output tile staged in shared memory and TMA-stored (overlapping the
-    next tile's mainloop) when D is bf16 with a 16-byte row pitch (N % 8 == 0; ``d`` is a fresh allocation, so
-    16-byte aligned); else each thread stores its elements."""
-    staged = b_blocks_2d and B2D_SPLIT == "m" and d.dtype == torch.bfloat16 and d.shape[1] % 8 == 0
+def _tma_store(b_blocks_2d: bool, out_dtype: torch.dtype, n: int) -> dict:
+    """The split-M build's epilogue (dense and 2d-3d): the output tile staged in shared memory and TMA-stored
+    (overlapping the next tile's mainloop) when D is bf16 with a 16-byte row pitch (``n`` columns, N % 8 == 0; D
+    is a fresh allocation, so 16-byte aligned); else each thread stores its elements."""
+    staged = b_blocks_2d and B2D_SPLIT == "m" and out_dtype == torch.bfloat16 and n % 8 == 0
     return {"tma_store": True} if staged else {}
 
 
