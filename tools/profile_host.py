@@ -4,7 +4,8 @@ python tools/profile_host.py [--calls N] [--out DIR]: prints the per-call host t
 reports, a cProfile of the documented wrapper (top functions by own time), and whether the dense MXFP8 SwiGLU MLP
 forward + backward captures into CUDA graphs (torch.cuda.make_graphed_callables), with eager vs replay times.
 ``--grouped``: instead, the grouped experts step's wall / host / kernel time, launches and longest kernels (fast
-mode, plain MXFP8, bf16) and where its Python time goes (:func:`grouped_step`)."""
+mode, plain MXFP8, bf16) and where its host time goes (:func:`grouped_step`; ``--weight-blocks 128x128`` for the
+fast mode's 128 x 128 weight blocks)."""
 
 from __future__ import annotations
 
@@ -106,7 +107,24 @@ def sampled_frames(step, steps: int) -> dict:
     return {k: v / max(samples[0], 1) for k, v in hits.most_common(40)}
 
 
-def grouped_step(steps: int) -> dict:
+def cpu_ops(step, steps: int, top: int = 45) -> list[list]:
+    """Host time per step of each op (``torch.profiler`` CPU events over ``steps`` steps after a warm-up, the
+    backward's autograd thread included): [name, calls, total CPU ms, self CPU ms] per step, by total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    rows = [[e.key[:80], e.count / steps, e.cpu_time_total / steps / 1e3, e.self_cpu_time_total / steps / 1e3]
+            for e in prof.key_averages()]
+    rows.sort(key=lambda r: -r[2])
+    return rows[:top]
+
+
+def grouped_step(steps: int, weight_blocks: str = "1x128") -> dict:
     """One fwd + bwd step of the bench's grouped experts (T=32768 D=2048 I=1536 E=8, bf16) in the fast mode, in
     plain MXFP8 and as bf16 ``torch._grouped_mm``: do_bench wall ms; host ms, the median time the host takes to
     queue one step that starts on an idle GPU (so nothing in it waits for the GPU: the counts read returns at
@@ -120,7 +138,8 @@ def grouped_step(steps: int) -> dict:
     dev = torch.device("cuda")
     shape = dict(m=32768, d=2048, i=1536, e=8)
     report = {}
-    for name, config in (("fast mode", MXFP8Config(hopper_block_k=128)), ("plain MXFP8", MXFP8Config())):
+    fast = MXFP8Config(hopper_block_k=128, hopper_weight_blocks=weight_blocks)
+    for name, config in ((f"fast mode, {weight_blocks} weights", fast), ("plain MXFP8", MXFP8Config())):
         bf16, mx, xshape, counts = _grouped(dev, config, **shape)
         x = torch.randn(*xshape, device=dev, dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(*xshape, device=dev, dtype=torch.bfloat16)
@@ -141,7 +160,11 @@ def grouped_step(steps: int) -> dict:
                              "launches": sum(r[1] for r in kernels), "top_kernels": kernels[:15]}
             if label != "bf16":
                 report[label]["frames"] = sampled_frames(step, steps)
-            print(label, {k: round(v, 3) for k, v in report[label].items() if k not in ("frames", "top_kernels")})
+                report[label]["cpu_ops"] = cpu_ops(step, 5)
+                for row in report[label]["cpu_ops"]:
+                    print("    cpu", [round(v, 3) if isinstance(v, float) else v for v in row])
+            print(label, {k: round(v, 3) for k, v in report[label].items()
+                          if k not in ("frames", "top_kernels", "cpu_ops")})
             for row in kernels[:15]:
                 print("   ", row)
     return report
@@ -153,9 +176,11 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--grouped", action="store_true",
                     help="only the grouped experts step's host profile (grouped_step), then exit")
+    ap.add_argument("--weight-blocks", default="1x128", choices=("1x128", "128x128"),
+                    help="--grouped: the fast mode's weight scale blocks (MXFP8Config(hopper_weight_blocks=...))")
     args = ap.parse_args()
     if args.grouped:
-        report = grouped_step(50)
+        report = grouped_step(50, args.weight_blocks)
         if args.out:
             with open(f"{args.out}/host_grouped.json", "w") as f:
                 json.dump(report, f, indent=1)
