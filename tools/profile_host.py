@@ -124,6 +124,25 @@ def cpu_ops(step, steps: int, top: int = 45) -> list[list]:
     return rows[:top]
 
 
+def cprofiled(step, steps: int) -> str:
+    """cProfile of ``steps`` steps with the backward on the calling thread (autograd's multithreading off, so
+    the profiler sees it): the top functions by own time, then by cumulative time."""
+    step()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    with torch.autograd.set_multithreading_enabled(False):
+        prof.enable()
+        for _ in range(steps):
+            step()
+        prof.disable()
+    torch.cuda.synchronize()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(45)
+    stats.sort_stats("cumtime").print_stats(70)
+    return out.getvalue()
+
+
 def grouped_step(steps: int, weight_blocks: str = "1x128") -> dict:
     """One fwd + bwd step of the bench's grouped experts (T=32768 D=2048 I=1536 E=8, bf16) in the fast mode, in
     plain MXFP8 and as bf16 ``torch._grouped_mm``: do_bench wall ms; host ms, the median time the host takes to
@@ -161,6 +180,8 @@ def grouped_step(steps: int, weight_blocks: str = "1x128") -> dict:
             if label != "bf16":
                 report[label]["frames"] = sampled_frames(step, steps)
                 report[label]["cpu_ops"] = cpu_ops(step, 5)
+                report[label]["cprofile"] = cprofiled(step, 20)
+                print(report[label]["cprofile"])
                 for row in report[label]["cpu_ops"]:
                     print("    cpu", [round(v, 3) if isinstance(v, float) else v for v in row])
             print(label, {k: round(v, 3) for k, v in report[label].items()
