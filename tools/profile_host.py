@@ -185,7 +185,7 @@ def grouped_step(steps: int, weight_blocks: str = "1x128") -> dict:
                 for row in report[label]["cpu_ops"]:
                     print("    cpu", [round(v, 3) if isinstance(v, float) else v for v in row])
             print(label, {k: round(v, 3) for k, v in report[label].items()
-                          if k not in ("frames", "top_kernels", "cpu_ops")})
+                          if k not in ("frames", "top_kernels", "cpu_ops", "cprofile")})
             for row in kernels[:15]:
                 print("   ", row)
     return report
