@@ -23,19 +23,15 @@ def _bytes(outs) -> int:
     return sum(t.numel() * t.element_size() for t in outs if t is not None)
 
 
-def _copy_gbps(dev) -> float:
-    """GB/s of a 1 GiB bf16 device copy (read + write)."""
-    src = torch.empty(2**29, dtype=torch.bfloat16, device=dev)
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 2 / (_time_ms(lambda: dst.copy_(src), dev, 1.0) * 1e-3) / 1e9
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dev = torch.device("cuda")
-    copy_gbps = _copy_gbps(dev)
+    src = torch.empty(2**29, dtype=torch.bfloat16, device=dev)
+    dst = torch.empty_like(src)
+    copy_gbps = 2 * src.numel() * 2 / (_time_ms(lambda: dst.copy_(src), dev, 1.0) * 1e-3) / 1e9
+    del src, dst
     report = {"copy_gbps": copy_gbps, "cases": {}}
     print(f"bf16 copy: {copy_gbps:.0f} GB/s")
     for name, m, i, e in CASES:
