@@ -170,12 +170,6 @@ class TileQuantKernel(MXCastParams):
             block=(32 * WARPS, 1, 1), stream=stream, smem=self._smem_bytes(x.element_type),
             **self._launch_bounds())
 
-    def _outputs(self) -> int:
-        """Cast outputs per input tile: 2 for the dSwiGLU (dg, du), else 1.  The one-pass cast keeps each one's
-        amaxes: output ``o`` has the row slots ``[WARPS o, WARPS (o + 1))`` and column register ``o``; an
-        ``amaxes`` tuple (rows, columns, warp, o) names its output."""
-        return 2 if self.prologue == "dswiglu" else 1
-
     def _run(self) -> int:
         """(Virtual) 32-row blocks per CTA: a run of 4 in the one-pass 128-block cast, else 1 (token groups)."""
         return RUN if self.one_pass else 1
@@ -184,7 +178,7 @@ class TileQuantKernel(MXCastParams):
         """Dynamic shared memory per CTA: the one-pass 128-block cast's row amaxes (4 x 32 rows x 4 warps, int32),
         or the staged loop's cp.async buffers (``row_tiles > 1``: two tiles per operand per warp), else none."""
         if self.one_pass:
-            return RUN * BLOCK * WARPS * 4 * self._outputs()
+            return RUN * BLOCK * WARPS * 4
         if self.row_tiles == 1:
             return 0
         return WARPS * 2 * len(self._operand_names()) * 32 * LANE_ROWS * VEC * dtype.width // 8
@@ -233,9 +227,9 @@ class TileQuantKernel(MXCastParams):
             amaxes = None
             if cutlass.const_expr(self.one_pass):
                 rows_s = cutlass.memory.SmemAllocator().allocate_tensor(
-                    cutlass.Int32, cute.make_layout((RUN * BLOCK, WARPS * self._outputs())), 16)
-                cacc = cute.make_rmem_tensor((self._outputs(),), cutlass.Int32)
-                amaxes = (rows_s, cacc, warp, 0)  # (the last: which output's amaxes, see _outputs)
+                    cutlass.Int32, cute.make_layout((RUN * BLOCK, WARPS)), 16)
+                cacc = cute.make_rmem_tensor((1,), cutlass.Int32)
+                amaxes = (rows_s, cacc, warp)
             args = (gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, lane, rg, cg,
                     cb * COL_LANES + cg, amaxes)
             if cutlass.const_expr(self.grouped):
@@ -276,11 +270,10 @@ class TileQuantKernel(MXCastParams):
 
     @cute.jit
     def _reset_run(self, amaxes, lane):
-        """The one-pass cast's amaxes (every output's) before a run: a block or warp with no data leaves zeros."""
-        for o in cutlass.range_constexpr(self._outputs()):
-            amaxes[1][o] = cutlass.Int32(0)
-            for i in cutlass.range_constexpr(RUN):
-                amaxes[0][i * BLOCK + lane, amaxes[2] + WARPS * o] = cutlass.Int32(0)
+        """The one-pass cast's amaxes before a run: a block or warp with no data leaves zeros."""
+        amaxes[1][0] = cutlass.Int32(0)
+        for i in cutlass.range_constexpr(RUN):
+            amaxes[0][i * BLOCK + lane, amaxes[2]] = cutlass.Int32(0)
 
     @cute.jit
     def _tail(self, args, j, active):
@@ -386,8 +379,6 @@ class TileQuantKernel(MXCastParams):
                 t.store(dg)
                 u.store(du)
                 self._emit(t, pos, cv, gq, s, gqt, st, ghp, step)
-                if cutlass.const_expr(amaxes is not None):  # the one-pass cast: du's own 128-block amaxes
-                    pos = _Pos(e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, (*amaxes[:3], 1))
                 self._emit(u, pos, cv + kv, gq, s, gqt, st, ghp, step)
         elif cutlass.const_expr(self.pad_groups and step != "amax"):
             # a virtual block past its group's tokens: zero colwise data (the group's padding up to its 128-aligned
@@ -396,9 +387,9 @@ class TileQuantKernel(MXCastParams):
             t.fill(0.0)
             mag = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Int32)
             mag.fill(0)
-            for c in cutlass.range_constexpr(self._outputs()):
+            for c in cutlass.range_constexpr(2 if self.prologue == "dswiglu" else 1):
                 self._colwise(t, mag, gqt, st, e, r0, r0 + rg * LANE_ROWS, lane, rg, cg, end, tile0, vb, vblocks,
-                              cv + c * kv, ca, step, amaxes if amaxes is None else (*amaxes[:3], c))
+                              cv + c * kv, ca, step, amaxes)
 
     @cute.jit
     def _operands(self, gx: cute.Tensor, gy: cute.Tensor, cv, kv):
@@ -513,7 +504,7 @@ class TileQuantKernel(MXCastParams):
         r = rl + cg
         if cutlass.const_expr(step == "amax"):  # the 128-block amax: 4 warps' 32-blocks of the row meet
             if cutlass.const_expr(amaxes is not None):  # one pass: row r0 + lane of the run, this warp's slot
-                amaxes[0][(vb % RUN) * BLOCK + lane, amaxes[2] + WARPS * amaxes[3]] = a[0]
+                amaxes[0][(vb % RUN) * BLOCK + lane, amaxes[2]] = a[0]
             elif r < end:
                 cute.arch.atomic_max(ra.iterator + cute.crd2idx((e, r, cb // 4), ra.layout), a[0])
         else:
@@ -522,9 +513,9 @@ class TileQuantKernel(MXCastParams):
                 amax = amaxes[1][0]
             elif cutlass.const_expr(amaxes is not None):  # the 4 warps' slots of the row
                 row = (vb % RUN) * BLOCK + lane
-                amax = amaxes[0][row, WARPS * amaxes[3]]
+                amax = amaxes[0][row, 0]
                 for w in cutlass.range_constexpr(1, WARPS):
-                    amax = cutlass.max(amax, amaxes[0][row, w + WARPS * amaxes[3]])
+                    amax = cutlass.max(amax, amaxes[0][row, w])
             elif cutlass.const_expr(step == "apply"):  # the row's 128-block amax from the amax pass (a row past
                 # the end reads a clamped row: its data is not stored; a branch here made ptxas spill a predicate)
                 amax = cutlass.Int32(ra[e, cutlass.min(r, ra.shape[1] - 1), cb // 4])
@@ -561,13 +552,13 @@ class TileQuantKernel(MXCastParams):
         # of 4, so they never reach into the next group)
         if cutlass.const_expr(step == "amax"):
             if cutlass.const_expr(amaxes is not None):  # one pass: the lane's column over the run's 4 blocks
-                amaxes[1][amaxes[3]] = cutlass.max(amaxes[1][amaxes[3]], a[0])
+                amaxes[1][0] = cutlass.max(amaxes[1][0], a[0])
             else:
                 cute.arch.atomic_max(ca.iterator + cute.crd2idx((e, vb // 4, cv * VEC + rg), ca.layout), a[0])
         else:
             amax = a[0]
             if cutlass.const_expr(amaxes is not None):
-                amax = amaxes[1][amaxes[3]]
+                amax = amaxes[1][0]
             elif cutlass.const_expr(step == "apply"):  # the column's 128-block amax from the amax pass
                 amax = cutlass.Int32(ca[e, vb // 4, cv * VEC + rg])
             self._colwise_cast(t, amax, gqt, st, e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, cv)
@@ -692,6 +683,10 @@ class SwiGLUQuantKernel(TileQuantKernel):
                  pad_groups: bool = False):
         if prologue not in ("swiglu", "dswiglu"):
             raise ValueError(f"prologue must be 'swiglu' or 'dswiglu', got {prologue!r}")
+        if scale_block == 128 and phase == "cast":
+            raise ValueError("the SwiGLU kernels take scale_block=128 in two launches, phase 'amax' then 'apply' "
+                             "(a one-launch form measured 1.6-1.9x slower on the H200: a CTA's 128-row run of "
+                             "fp32 h13 / dh is 64-128 KB, and the runs in flight do not stay in L2 for the reload)")
         if row_tiles is None:  # the backward with its high-precision store, or reading the 128-block amaxes back,
             # would spill in the staged loop (255 registers + 8 bytes of local memory, measured for sm_90a)
             row_tiles = 1 if prologue == "dswiglu" and (emit_hp or phase == "apply") else self.ROW_TILES
