@@ -685,8 +685,9 @@ class SwiGLUQuantKernel(TileQuantKernel):
             raise ValueError(f"prologue must be 'swiglu' or 'dswiglu', got {prologue!r}")
         if scale_block == 128 and phase == "cast":
             raise ValueError("the SwiGLU kernels take scale_block=128 in two launches, phase 'amax' then 'apply' "
-                             "(a one-launch form measured 1.6-1.9x slower on the H200: a CTA's 128-row run of "
-                             "fp32 h13 / dh is 64-128 KB, and the runs in flight do not stay in L2 for the reload)")
+                             "(a one-launch form measured 1.6-1.9x slower on the H200 with fp32 h13 / dh, and "
+                             "1.8-2.4x slower with bf16, 2026-12-02: a CTA's 128-row run of the inputs is 64-192 KB, "
+                             "and the runs in flight do not stay in L2 for the reload)")
         if row_tiles is None:  # the backward with its high-precision store, or reading the 128-block amaxes back,
             # would spill in the staged loop (255 registers + 8 bytes of local memory, measured for sm_90a)
             row_tiles = 1 if prologue == "dswiglu" and (emit_hp or phase == "apply") else self.ROW_TILES
