@@ -346,8 +346,8 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
       ``b_block_n=128`` (fast mode, dense or ``"m"``): B's scales shared by 128 x 128 blocks (the weights of
       ``MXFP8Config(hopper_weight_blocks="128x128")``), one FFMA per element and stage; ``consumer_split``
       ``"n"`` (the two consumer warpgroups each all 128 rows x half the columns) or, with ``b_block_n=128``,
-      ``"m"`` (each 64 rows x all columns: one m64 x n_tile WGMMA per K step); ``tma_store`` (split M, dense,
-      bf16 d with N % 8 == 0): the output tile staged in shared memory and TMA-stored, overlapping the next
+      ``"m"`` (each 64 rows x all columns: one m64 x n_tile WGMMA per K step); ``tma_store`` (split M, dense or
+      ``"m"``, bf16 d with N % 8 == 0): the output tile staged in shared memory and TMA-stored, overlapping the next
       tile's mainloop.
     * ``"dequant"``: ``fn(a, b, sfa, sfb, d, offs, sched)`` with the operands of ``grouping`` as
       ``MXGemmSm90Dequant.__call__`` lists them (``"none"`` dense, ``"m"`` 2d-3d, ``"k"`` 2d-2d); offs (G,) and

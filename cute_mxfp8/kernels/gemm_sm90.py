@@ -96,11 +96,14 @@ class MXGemmSm90:
     ``b_block_n=128``; what the ops run): the consumer warpgroups split the tile's M instead, each 64 rows x all
     ``n_tile`` columns with one ``m64 x n_tile`` WGMMA per K step (the 192 columns span at most two 128-blocks
     too); with per-column scales this cost twice the column-scale reads, with two scalars it is 4-5 % faster.
-    ``tma_store`` (split M, dense, bf16 D with N % 8 == 0; what the ops run there): the epilogue stages the tile in
-    shared memory (``stmatrix``) and TMA-stores it, each warpgroup its own 64 rows; the stores drain while the
-    next tile's mainloop runs (:meth:`_store_tma`).  It costs the pipeline one stage (4 instead of 5: the staged
-    tile takes 48 KB) and measured +14-20 % TFLOP/s at K = 2048, +3-4 % at K = 7168, 0-6 % at 8192³ (a tile's
-    store is a larger share of a short K loop; ``docs/sm90_gemm.md``).
+    ``tma_store`` (split M, dense or ``grouping="m"``, bf16 D with N % 8 == 0; what the ops run there): the
+    epilogue stages the tile in shared memory (``stmatrix``) and TMA-stores it, each warpgroup its own 64 rows; the
+    stores drain while the next tile's mainloop runs (:meth:`_store_tma`).  It costs the pipeline one stage (4
+    instead of 5: the staged tile takes 48 KB) and measured +14-20 % TFLOP/s at K = 2048, +3-4 % at K = 7168, 0-6 %
+    at 8192³ (a tile's store is a larger share of a short K loop; ``docs/sm90_gemm.md``).  2d-3d: a warpgroup's
+    64 rows whose group ends inside them are copied from the staged tile element by element instead (the rows
+    past the end are the next group's); +19 % at 32768 x 3072 x 2048 in 8 groups.  That build's setmaxnreg
+    budgets are 24 / 240 (:meth:`_regs`: at 40 / 232 ptxas spilled 4 words).
     ``pingpong`` (block_k=128, default on): the consumer warpgroups pass a WGMMA issue token round a ring (named
     barriers, :meth:`_token`): each issues a stage's WGMMAs only after the previous one issued its own, so the
     tensor core runs one warpgroup's MMAs while the others promote.  ``cluster_mn`` (:attr:`CLUSTERS`): CTAs per
@@ -117,9 +120,9 @@ class MXGemmSm90:
     persistent grid's CTAs (one per SM); ``cluster_mn`` one of :attr:`CLUSTERS` (dense only); ``pingpong`` the
     issue token (``block_k=128`` only; ignored with 32); ``grouping`` ``"none"``, or ``"m"`` / ``"k"`` with
     ``block_k=128`` and no cluster; ``b_block_n`` 1 or (fast mode, not ``"k"``) 128; ``consumer_split`` ``"n"``
-    or (``b_block_n=128``) ``"m"``; ``tma_store`` (bool) with ``consumer_split="m"``, ``grouping="none"``, no
-    cluster and ``out_dtype="bfloat16"`` (D's rows then need a 16-byte pitch: N % 8 == 0).  Raises ValueError
-    naming the argument for anything else.
+    or (``b_block_n=128``) ``"m"``; ``tma_store`` (bool) with ``consumer_split="m"``, ``grouping`` ``"none"`` or
+    ``"m"``, no cluster and ``out_dtype="bfloat16"`` (D's rows then need a 16-byte pitch: N % 8 == 0).  Raises
+    ValueError naming the argument for anything else.
     """
 
     TILE_M = 128
