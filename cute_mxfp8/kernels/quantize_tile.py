@@ -345,41 +345,13 @@ class TileQuantKernel(MXCastParams):
         (32-blocks), ``"amax"`` (reduce only) or ``"apply"`` (cast with the 128-block amaxes); ``amaxes`` is the
         one-pass kernel's (row amaxes in shared memory, column amaxes in registers, warp), else None (the
         two-launch form's global buffers ``ra`` / ``ca``)."""
-        m = cute.size(gx, mode=[1, 1])
-        r0 = vb * BLOCK
-        end = m
-        tile0 = cutlass.Int32(0)
-        if cutlass.const_expr(self.grouped):
-            g = last_group_at_or_below(vb, tile_starts, cute.size(offs))
-            start = group_start(offs, g)
-            end = offs[g]
-            tile0 = tile_starts[g]
-            r0 = start + (vb - tile0 * 4) * BLOCK
+        r0, end, tile0 = self._locate(gx, offs, tile_starts, vb)
         if r0 < end:  # (a block past the run's last, in the one-pass kernel, starts at or past the end too)
             rl = r0 + rg * LANE_ROWS  # this lane's first row
-            full = r0 + BLOCK <= end
-            t = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
             pos = _Pos(e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, amaxes)
-            if cutlass.const_expr(self.prologue == "cast"):
-                _load_tile(t, gx, e, rl, end, full, cv)
-                self._emit(t, pos, cv, gq, s, gqt, st, ghp, step)
-            elif cutlass.const_expr(self.prologue == "swiglu"):  # x = h13 (1, M, 2I): gate cv, up cv + I/4
-                u = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
-                _load_tile(t, gx, e, rl, end, full, cv)
-                _load_tile(u, gx, e, rl, end, full, cv + kv)
-                t.store(swiglu_fwd(t.load(), u.load()))
-                self._emit(t, pos, cv, gq, s, gqt, st, ghp, step)
-            else:  # dswiglu: x = dh (1, M, I), y = h13; outputs dh13 = [dg | du] (1, M, 2I)
-                gate = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
-                u = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
-                _load_tile(t, gx, e, rl, end, full, cv)
-                _load_tile(gate, gy, e, rl, end, full, cv)
-                _load_tile(u, gy, e, rl, end, full, cv + kv)
-                dg, du = swiglu_bwd(t.load(), gate.load(), u.load())
-                t.store(dg)
-                u.store(du)
-                self._emit(t, pos, cv, gq, s, gqt, st, ghp, step)
-                self._emit(u, pos, cv + kv, gq, s, gqt, st, ghp, step)
+            tiles = self._input_tiles(gx, gy, e, rl, end, r0 + BLOCK <= end, cv, kv)
+            for o in cutlass.range_constexpr(len(tiles)):
+                self._emit(tiles[o], pos, cv + o * kv, gq, s, gqt, st, ghp, step)
         elif cutlass.const_expr(self.pad_groups and step != "amax"):
             # a virtual block past its group's tokens: zero colwise data (the group's padding up to its 128-aligned
             # end, or columns past the last group) and, inside the padded run, the run's scale
@@ -390,6 +362,47 @@ class TileQuantKernel(MXCastParams):
             for c in cutlass.range_constexpr(2 if self.prologue == "dswiglu" else 1):
                 self._colwise(t, mag, gqt, st, e, r0, r0 + rg * LANE_ROWS, lane, rg, cg, end, tile0, vb, vblocks,
                               cv + c * kv, ca, step, amaxes)
+
+    @cute.jit
+    def _locate(self, gx: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor, vb):
+        """(first row, end of its rows, the group's first 128-row tile) of (virtual) row block ``vb``: rows
+        ``[32 vb, M)``, or with token groups the block's group from its start (tile 0 without groups)."""
+        m = cute.size(gx, mode=[1, 1])
+        r0 = vb * BLOCK
+        end = m
+        tile0 = cutlass.Int32(0)
+        if cutlass.const_expr(self.grouped):
+            g = last_group_at_or_below(vb, tile_starts, cute.size(offs))
+            start = group_start(offs, g)
+            end = offs[g]
+            tile0 = tile_starts[g]
+            r0 = start + (vb - tile0 * 4) * BLOCK
+        return r0, end, tile0
+
+    @cute.jit
+    def _input_tiles(self, gx: cute.Tensor, gy: cute.Tensor, e, rl, end, full, cv, kv) -> list:
+        """The lane's 8 x 4 tiles to cast (fp32) at rows ``[rl, rl + 8)``, loaded and through the prologue: x;
+        h = silu(g) u from h13 = ``gx`` (gate at column vector ``cv``, up at ``cv + kv``); or dg, du from dh =
+        ``gx`` and h13 = ``gy`` (cast at ``cv`` and ``cv + kv`` of dh13)."""
+        t = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
+        if cutlass.const_expr(self.prologue == "cast"):
+            _load_tile(t, gx, e, rl, end, full, cv)
+            return [t]
+        elif cutlass.const_expr(self.prologue == "swiglu"):
+            u = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
+            _load_tile(t, gx, e, rl, end, full, cv)
+            _load_tile(u, gx, e, rl, end, full, cv + kv)
+            t.store(swiglu_fwd(t.load(), u.load()))
+            return [t]
+        gate = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
+        u = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
+        _load_tile(t, gx, e, rl, end, full, cv)
+        _load_tile(gate, gy, e, rl, end, full, cv)
+        _load_tile(u, gy, e, rl, end, full, cv + kv)
+        dg, du = swiglu_bwd(t.load(), gate.load(), u.load())
+        t.store(dg)
+        u.store(du)
+        return [t, u]
 
     @cute.jit
     def _operands(self, gx: cute.Tensor, gy: cute.Tensor, cv, kv):
