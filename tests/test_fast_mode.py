@@ -445,6 +445,56 @@ def test_fast_mode_grouped_cast_kernels_bit_exact(sizes, tail, rng):
                        op(x, offs=offs, backend="reference", **kw))
 
 
+def test_fast_mode_swiglu_casts_run_in_one_launch_for_bf16_inputs():
+    """The 128-block SwiGLU casts: one ``"cast"`` launch for bf16 inputs, the forward always and the backward when
+    I % 128 == 0 (a 128-block along 2I holding dg and du columns needs the two-launch form), fp32 inputs in two
+    launches (``"amax"`` into zeroed buffers, then ``"apply"``); 32-blocks one launch."""
+    from cute_mxfp8.ops import cute_kernels as CK
+
+    def phases(scale_block, dtype, ok=True):
+        seen = []
+        CK._launch_swiglu(lambda sb, phase: (lambda *a: seen.append((sb, phase, len(a)))), ("x",),
+                          torch.device("cpu"), (256, 128), None, scale_block, dtype, ok)
+        return seen
+
+    assert phases(128, torch.bfloat16) == [(128, "cast", 3)]
+    assert phases(128, torch.float32) == [(128, "amax", 3), (128, "apply", 3)]
+    assert phases(128, torch.bfloat16, ok=False) == [(128, "amax", 3), (128, "apply", 3)]
+    assert phases(32, torch.float32) == phases(32, torch.bfloat16, ok=False) == [(32, "cast", 3)]
+    assert CK._one_pass_width("fwd", 96) and CK._one_pass_width("bwd", 2 * 256)
+    assert not CK._one_pass_width("bwd", 2 * 96) and not CK._one_pass_width("bwd", 2 * 320)
+    x16, x32 = torch.empty(1, dtype=torch.bfloat16), torch.empty(1)
+    assert CK._one_pass_dtype((x16, x16)) == torch.bfloat16 and CK._one_pass_dtype((x32, x16)) == torch.float32
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("m,i", [(300, 128), (1000, 384), (4099, 256)])
+@pytest.mark.parametrize("groups", ["none", "grouped", "padded"])
+def test_fast_mode_swiglu_one_launch_writes_what_two_launches_do(m, i, groups, monkeypatch, rng):
+    """Random bf16 data with an outlier row and column, ragged M, token groups ending inside 128-row runs (and
+    rows past the last group): the one-launch 128-block SwiGLU / dSwiGLU casts write exactly the bytes of the
+    two-launch form (scales, both data layouts, the high-precision output)."""
+    from cute_mxfp8.ops import cute_kernels as CK
+
+    h13 = (torch.randn(m, 2 * i, generator=rng) * 3).to(torch.bfloat16).cuda()
+    h13[3, :] *= 1000
+    h13[:, 7] *= 1000
+    dh = torch.randn(m, i, generator=rng).to(torch.bfloat16).cuda()
+    kw = dict(scale_block=128, emit_hp=True)
+    if groups != "none":
+        kw.update(offs=torch.tensor([m // 5, m // 5 + 1, m // 2, m - 3], dtype=torch.int32).cuda(),
+                  token_align=128 if groups == "padded" else 0)
+    outs = {}
+    for one_pass in (True, False):
+        monkeypatch.setitem(CK.SWIGLU_ONE_PASS, torch.bfloat16, one_pass)
+        outs[one_pass] = (ops.swiglu_quant(h13, **kw), ops.dswiglu_quant(dh, h13, **kw))
+    for one, two in zip(*outs.values()):
+        for a, b in zip(one, two):
+            assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a,
+                                                      b.view(torch.uint8) if b.element_size() == 1 else b)
+
+
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("m,i", [(300, 96), (130, 256), (1024, 1024)])

@@ -104,6 +104,7 @@ class TileQuantKernel(MXCastParams):
     """
 
     prologue = "cast"
+    resident = False  # SwiGLUQuantKernel's one-launch 128-block form (RUN x WARPS warps, tiles kept in registers)
 
     def __init__(self, elem: str, scale_mode: str, blocked: bool, rowwise: bool, colwise: bool,
                  grouped: bool = False, emit_hp: bool = False, row_tiles: int = 1, scale_block: int = 32,
@@ -167,8 +168,18 @@ class TileQuantKernel(MXCastParams):
                     cute.zipped_divide(q, (1, 1, VEC)), s, gqt, st, cute.zipped_divide(hp, (1, 1, VEC)), offs,
                     tile_starts, amax_rows, amax_cols, vblocks, k // VEC).launch(
             grid=(grid_x, cute.ceil_div(k, CTA_COLS), e),
-            block=(32 * WARPS, 1, 1), stream=stream, smem=self._smem_bytes(x.element_type),
+            block=(self._threads(), 1, 1), stream=stream, smem=self._smem_bytes(x.element_type),
             **self._launch_bounds())
+
+    def _threads(self) -> int:
+        """Threads per CTA: 4 warps side by side along K, or (``resident``) 4 rows of them, one per block of the
+        run."""
+        return 32 * WARPS * (RUN if self.resident else 1)
+
+    def _outputs(self) -> int:
+        """Cast outputs per input tile: 2 for the dSwiGLU (dg at column vector ``cv``, du at ``cv + kv``), else
+        1."""
+        return 2 if self.prologue == "dswiglu" else 1
 
     def _run(self) -> int:
         """(Virtual) 32-row blocks per CTA: a run of 4 in the one-pass 128-block cast, else 1 (token groups)."""
@@ -177,6 +188,8 @@ class TileQuantKernel(MXCastParams):
     def _smem_bytes(self, dtype) -> int:
         """Dynamic shared memory per CTA: the one-pass 128-block cast's row amaxes (4 x 32 rows x 4 warps, int32),
         or the staged loop's cp.async buffers (``row_tiles > 1``: two tiles per operand per warp), else none."""
+        if self.resident:  # per output: the row amaxes as above, and the column amaxes (32 x 4 warps x 4 blocks)
+            return 2 * RUN * BLOCK * WARPS * 4 * self._outputs()
         if self.one_pass:
             return RUN * BLOCK * WARPS * 4
         if self.row_tiles == 1:
@@ -193,6 +206,9 @@ class TileQuantKernel(MXCastParams):
         (160-220 registers; without the bound, ptxas for sm_100a stopped the bf16 forward at 128 and spilled)."""
         if self.prologue == "cast":
             return {}
+        if self.resident:
+            return {"min_blocks_per_mp": 1, "max_number_threads": [self._threads(), 1, 1],
+                    "preferred_smem_carveout": 0}
         if self.row_tiles > 1:
             return {"min_blocks_per_mp": 1, "max_number_threads": [32 * WARPS, 1, 1], "preferred_smem_carveout": 0}
         if self.prologue == "swiglu":
@@ -223,6 +239,9 @@ class TileQuantKernel(MXCastParams):
             if cb * COL_LANES < kv:
                 self._staged(gx, gy, gq, s, gqt, st, ghp, staging, vblocks, kv, cb * COL_LANES + cg,
                              e, warp, lane, rg, cg, vb, ra, ca)
+        elif cutlass.const_expr(self.resident):
+            self._resident(gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, vb, bk, warp, lane,
+                           rg, cg)
         else:
             amaxes = None
             if cutlass.const_expr(self.one_pass):
@@ -240,6 +259,63 @@ class TileQuantKernel(MXCastParams):
                     self._tail(args, vb - main, cb * COL_LANES < kv)
             else:
                 self._blocks(args, vb, cb * COL_LANES < kv)
+
+    @cute.jit
+    def _resident(self, gx: cute.Tensor, gy: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor,
+                  st: cute.Tensor, ghp: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor, ra: cute.Tensor,
+                  ca: cute.Tensor, vblocks, kv, e, vb, bk, warp, lane, rg, cg):
+        """``resident`` CTA ``vb``: warp ``(wr, wk)`` = ``(warp // 4, warp % 4)`` owns row block ``wr`` of the run
+        and 32-column block ``wk`` of the CTA's 128 columns; with token groups, CTAs past the groups' runs are the
+        tail's (:meth:`_tail`)."""
+        alloc = cutlass.memory.SmemAllocator()
+        nout = self._outputs()
+        rows_s = alloc.allocate_tensor(cutlass.Int32, cute.make_layout((RUN * BLOCK, WARPS, nout)), 16)
+        cols_s = alloc.allocate_tensor(cutlass.Int32, cute.make_layout((BLOCK, WARPS, RUN, nout)), 16)
+        wk = warp % WARPS
+        wr = warp // WARPS
+        cb = bk * WARPS + wk
+        args = (gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, lane, rg, cg,
+                cb * COL_LANES + cg, (rows_s, cols_s, wk, wr))
+        if cutlass.const_expr(self.grouped):
+            if vb < (vblocks + RUN - 1) // RUN:
+                self._resident_run(args, vb, cb * COL_LANES < kv)
+            else:
+                self._tail(args, vb - (vblocks + RUN - 1) // RUN, cb * COL_LANES < kv)
+        else:
+            self._resident_run(args, vb, cb * COL_LANES < kv)
+
+    @cute.jit
+    def _resident_run(self, args, run, active):
+        """The ``resident`` form of the one-pass cast: the warp loads row block ``4 run + wr`` once and keeps its
+        tiles (h, or dg and du) in registers; it stores its 128-block amax parts (rows: one slot per row and
+        column warp; columns: one per column and row warp, per output; zeros where it has no data), the CTA meets
+        once, and it casts the kept tiles with the amaxes of the 4 slots of each row and of each column."""
+        gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, lane, rg, cg, cv, amaxes = args
+        rows_s, cols_s, wk, wr = amaxes
+        vb = run * RUN + wr
+        r0, end, tile0 = self._locate(gx, offs, tile_starts, vb)
+        nout = self._outputs()
+        parts = [(rows_s[(None, None, o)], cols_s[(None, wk, None, o)], wk, wr) for o in range(nout)]
+        for o in cutlass.range_constexpr(nout):  # the warp's own slots; a warp without data leaves zeros
+            rows_s[wr * BLOCK + lane, wk, o] = cutlass.Int32(0)
+            cols_s[lane, wk, wr, o] = cutlass.Int32(0)
+        rl = r0 + rg * LANE_ROWS
+        tiles = [cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32) for _ in range(nout)]
+        if active:
+            if r0 < end:
+                got = self._input_tiles(gx, gy, e, rl, end, r0 + BLOCK <= end, cv, kv)
+                for o in cutlass.range_constexpr(nout):
+                    tiles[o].store(got[o].load())
+                    pos = _Pos(e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, parts[o])
+                    self._emit(tiles[o], pos, cv + o * kv, gq, s, gqt, st, ghp, "amax")
+        cute.arch.barrier()  # every warp's amax parts are in shared memory
+        if active:
+            if r0 < end:
+                for o in cutlass.range_constexpr(nout):
+                    pos = _Pos(e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, parts[o])
+                    self._emit(tiles[o], pos, cv + o * kv, gq, s, gqt, st, ghp, "apply")
+            elif cutlass.const_expr(self.pad_groups):  # past its group's tokens: as _block
+                self._pad_block(gqt, st, e, r0, lane, rg, cg, end, tile0, vb, vblocks, cv, kv, ca, "apply", parts)
 
     @cute.jit
     def _blocks(self, args, vb, active):
@@ -286,7 +362,11 @@ class TileQuantKernel(MXCastParams):
         gx, offs, lane, amaxes = args[0], args[7], args[14], args[-1]
         m = cute.size(gx, mode=[1, 1])
         r = offs[cute.size(offs) - 1] + TAIL_ROWS * j
-        if cutlass.const_expr(self.one_pass):
+        if cutlass.const_expr(self.resident):  # (the SwiGLU kernels: zeros, no amaxes) row warp wr of each run
+            if active:
+                for u in cutlass.range_constexpr(TAIL_ROWS // (RUN * BLOCK)):
+                    self._tail_block(args, r + u * RUN * BLOCK + amaxes[3] * BLOCK, amaxes[3], m, "apply")
+        elif cutlass.const_expr(self.one_pass):
             for u in cutlass.range_constexpr(TAIL_ROWS // (RUN * BLOCK)):
                 r1 = r + u * RUN * BLOCK
                 if r1 < m:  # CTA-uniform: the barriers below are reached by every thread or none
@@ -353,15 +433,22 @@ class TileQuantKernel(MXCastParams):
             for o in cutlass.range_constexpr(len(tiles)):
                 self._emit(tiles[o], pos, cv + o * kv, gq, s, gqt, st, ghp, step)
         elif cutlass.const_expr(self.pad_groups and step != "amax"):
-            # a virtual block past its group's tokens: zero colwise data (the group's padding up to its 128-aligned
-            # end, or columns past the last group) and, inside the padded run, the run's scale
-            t = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
-            t.fill(0.0)
-            mag = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Int32)
-            mag.fill(0)
-            for c in cutlass.range_constexpr(2 if self.prologue == "dswiglu" else 1):
-                self._colwise(t, mag, gqt, st, e, r0, r0 + rg * LANE_ROWS, lane, rg, cg, end, tile0, vb, vblocks,
-                              cv + c * kv, ca, step, amaxes)
+            self._pad_block(gqt, st, e, r0, lane, rg, cg, end, tile0, vb, vblocks, cv, kv, ca, step,
+                            [amaxes] * self._outputs())
+
+    @cute.jit
+    def _pad_block(self, gqt: cute.Tensor, st: cute.Tensor, e, r0, lane, rg, cg, end, tile0, vb, vblocks, cv, kv,
+                   ca: cute.Tensor, step: cutlass.Constexpr, amaxes: list):
+        """A virtual block past its group's tokens (``pad_groups``): zero colwise data (the group's padding up to
+        its 128-aligned end, or columns past the last group) and, inside the padded run, the run's scale (output
+        ``c`` with ``amaxes[c]``)."""
+        t = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
+        t.fill(0.0)
+        mag = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Int32)
+        mag.fill(0)
+        for c in cutlass.range_constexpr(self._outputs()):
+            self._colwise(t, mag, gqt, st, e, r0, r0 + rg * LANE_ROWS, lane, rg, cg, end, tile0, vb, vblocks,
+                          cv + c * kv, ca, step, amaxes[c])
 
     @cute.jit
     def _locate(self, gx: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor, vb):
@@ -564,13 +651,19 @@ class TileQuantKernel(MXCastParams):
         # 128-block amaxes: (virtual) row blocks 4 b .. 4 b + 3 of the column (a group's blocks start on a multiple
         # of 4, so they never reach into the next group)
         if cutlass.const_expr(step == "amax"):
-            if cutlass.const_expr(amaxes is not None):  # one pass: the lane's column over the run's 4 blocks
+            if cutlass.const_expr(self.resident):  # the lane's column in this row block: its slot
+                amaxes[1][lane, amaxes[3]] = a[0]
+            elif cutlass.const_expr(amaxes is not None):  # one pass: the lane's column over the run's 4 blocks
                 amaxes[1][0] = cutlass.max(amaxes[1][0], a[0])
             else:
                 cute.arch.atomic_max(ca.iterator + cute.crd2idx((e, vb // 4, cv * VEC + rg), ca.layout), a[0])
         else:
             amax = a[0]
-            if cutlass.const_expr(amaxes is not None):
+            if cutlass.const_expr(self.resident):  # the 4 row blocks' slots of the lane's column
+                amax = amaxes[1][lane, 0]
+                for r in cutlass.range_constexpr(1, RUN):
+                    amax = cutlass.max(amax, amaxes[1][lane, r])
+            elif cutlass.const_expr(amaxes is not None):
                 amax = amaxes[1][0]
             elif cutlass.const_expr(step == "apply"):  # the column's 128-block amax from the amax pass
                 amax = cutlass.Int32(ca[e, vb // 4, cv * VEC + rg])
@@ -696,17 +789,16 @@ class SwiGLUQuantKernel(TileQuantKernel):
                  pad_groups: bool = False):
         if prologue not in ("swiglu", "dswiglu"):
             raise ValueError(f"prologue must be 'swiglu' or 'dswiglu', got {prologue!r}")
-        if scale_block == 128 and phase == "cast":
-            raise ValueError("the SwiGLU kernels take scale_block=128 in two launches, phase 'amax' then 'apply' "
-                             "(a one-launch form measured 1.6-1.9x slower on the H200 with fp32 h13 / dh, and "
-                             "1.8-2.4x slower with bf16, 2026-12-02: a CTA's 128-row run of the inputs is 64-192 KB, "
-                             "and the runs in flight do not stay in L2 for the reload)")
         if row_tiles is None:  # the backward with its high-precision store, or reading the 128-block amaxes back,
             # would spill in the staged loop (255 registers + 8 bytes of local memory, measured for sm_90a)
             row_tiles = 1 if prologue == "dswiglu" and (emit_hp or phase == "apply") else self.ROW_TILES
         super().__init__(elem, scale_mode, blocked, True, True, grouped, emit_hp, row_tiles, scale_block, phase,
                          pad_groups)
         self.prologue = prologue
+        # scale_block=128 in one launch: the run's 4 row blocks side by side in 16 warps, kept in registers (the
+        # plain casts' one-pass walk reloads the run from L2, which measured 1.6-2.4x slower than two launches
+        # here: a SwiGLU CTA's run is 64-192 KB of input)
+        self.resident = self.one_pass
 
     @cute.jit
     def launch_fwd(self, h13: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,

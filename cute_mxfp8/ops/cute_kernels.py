@@ -194,16 +194,37 @@ def _amax_buffers(device: torch.device, shape: tuple, offs) -> tuple:
     return flat[:n_rows].view(rows), flat[split:].view(cols)
 
 
-def _launch_swiglu(build, args: tuple, device: torch.device, shape: tuple, offs, scale_block: int) -> None:
-    """Run a SwiGLU tile kernel: ``build(scale_block, phase)`` -> the compiled kernel.  32-blocks: one ``"cast"``
-    launch; 128: the ``"amax"`` launch, then the ``"apply"`` launch, sharing zeroed buffers (:func:`_amax_buffers`
-    of the cast's output ``shape``; the SwiGLU kernels have no one-launch 128-block form)."""
-    if scale_block == 32:
-        build(32, "cast")(*args, *_no_amax(device))
+# the SwiGLU kernels' 128-block casts of bf16 inputs in one launch (each CTA's 16 warps hold its 128-row run in
+# registers and meet once over the 128-block amaxes), else in two (an amax pass through global buffers, then the
+# casts; fp32 runs are twice the registers)
+SWIGLU_ONE_PASS = {torch.bfloat16: True, torch.float32: False}
+
+
+def _launch_swiglu(build, args: tuple, device: torch.device, shape: tuple, offs, scale_block: int,
+                   dtype: torch.dtype, one_pass_ok: bool = True) -> None:
+    """Run a SwiGLU tile kernel: ``build(scale_block, phase)`` -> the compiled kernel.  32-blocks, and 128-blocks
+    of ``dtype`` inputs that :data:`SWIGLU_ONE_PASS` marks when ``one_pass_ok``: one ``"cast"`` launch; else the
+    ``"amax"`` launch, then the ``"apply"`` launch, sharing zeroed buffers (:func:`_amax_buffers` of the cast's
+    output ``shape``).  (The backward's one-pass CTA holds dg's and du's 128 columns: a 128-block along 2I that
+    holds both, I % 128 != 0, needs the two-launch form.)"""
+    if scale_block == 32 or (SWIGLU_ONE_PASS[dtype] and one_pass_ok):
+        build(scale_block, "cast")(*args, *_no_amax(device))
         return
     amax = _amax_buffers(device, shape, offs)
     for phase in ("amax", "apply"):
         build(128, phase)(*args, *amax)
+
+
+def _one_pass_width(direction: str, width: int) -> bool:
+    """Whether the one-launch 128-block SwiGLU cast takes a cast of ``width`` columns: the forward's (I) always;
+    the backward's (2I) when I % 128 == 0, so that no 128-block along 2I holds both dg and du columns."""
+    return direction == "fwd" or width % 256 == 0
+
+
+def _one_pass_dtype(inputs) -> torch.dtype:
+    """The dtype that picks the SwiGLU kernels' 128-block form: fp32 if any input is (its 128-row runs are twice
+    the bytes), else bf16."""
+    return torch.float32 if any(t.dtype == torch.float32 for t in inputs) else inputs[0].dtype
 
 
 def _e8m0(*ts):
@@ -417,7 +438,7 @@ def _swiglu_ops(arch: str) -> dict:
             _launch_swiglu(lambda sb, phase: compile_swiglu_quant(
                 direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, offs is not None,
                 emit_hp, sb, phase, _IN[inputs[-1].dtype], bool(token_align)), args, dev, (m, width), offs,
-                scale_block)
+                scale_block, _one_pass_dtype(inputs), _one_pass_width(direction, width))
         return (*_e8m0(q, s, qt, st), hp)
 
     def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32, token_align=0):

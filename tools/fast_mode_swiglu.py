@@ -1,0 +1,75 @@
+"""Hopper fast mode SwiGLU casts (issue 16) on the H200: the 128-block SwiGLU / dSwiGLU + dual-cast kernels in one
+launch (each CTA's 16 warps hold its 128-row run in registers, meet once over the 128-block amaxes, then cast)
+against the two-launch form (an amax pass through global buffers, then the casts), at the bench's MLP shapes,
+bf16 inputs.  Checks that both forms
+write the same bytes, then times them (do_bench medians) and reports GB/s of the op's DRAM bytes (inputs read
+once, outputs written once) beside a same-run bf16 copy.  A dev tool: python tools/fast_mode_swiglu.py [--out DIR]."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from cute_mxfp8 import ops
+from cute_mxfp8.cli.bench import _time_ms
+from cute_mxfp8.ops import cute_kernels
+
+CASES = [("dense M=16384 I=14336", 16384, 14336, 0), ("dense M=8192 I=8192", 8192, 8192, 0),
+         ("grouped T=32768 I=1536 E=8", 32768, 1536, 8)]
+
+
+def _bytes(outs) -> int:
+    return sum(t.numel() * t.element_size() for t in outs if t is not None)
+
+
+def _copy_gbps(dev) -> float:
+    """GB/s of a 1 GiB bf16 device copy (read + write)."""
+    src = torch.empty(2**29, dtype=torch.bfloat16, device=dev)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 2 / (_time_ms(lambda: dst.copy_(src), dev, 1.0) * 1e-3) / 1e9
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    copy_gbps = _copy_gbps(dev)
+    report = {"copy_gbps": copy_gbps, "cases": {}}
+    print(f"bf16 copy: {copy_gbps:.0f} GB/s")
+    for name, m, i, e in CASES:
+        h13 = torch.randn(m, 2 * i, device=dev).bfloat16()
+        dh = torch.randn(m, i, device=dev).bfloat16()
+        kw = {"scale_block": 128}
+        if e:
+            offs = (torch.arange(1, e + 1, device=dev, dtype=torch.int32) * (m // e))
+            kw.update(offs=offs, token_align=128)
+        fns = {"fwd": lambda: ops.swiglu_quant(h13, **kw), "bwd": lambda: ops.dswiglu_quant(dh, h13, **kw)}
+        row = {}
+        for d, fn in fns.items():
+            res = {}
+            for one_pass in (False, True):
+                cute_kernels.SWIGLU_ONE_PASS[torch.bfloat16] = one_pass
+                outs = fn()
+                ms = _time_ms(fn, dev, 1.0)
+                moved = _bytes(outs) + (h13.numel() * 2 + (dh.numel() * 2 if d == "bwd" else 0))
+                res["one launch" if one_pass else "two launches"] = {"ms": ms, "gbps": moved / (ms * 1e-3) / 1e9,
+                                                                     "outs": outs}
+            a, b = res["two launches"].pop("outs"), res["one launch"].pop("outs")
+            same = all(torch.equal(x.view(torch.uint8) if x.element_size() == 1 else x,
+                                   y.view(torch.uint8) if y.element_size() == 1 else y) for x, y in zip(a, b))
+            res["same bytes"] = same
+            row[d] = res
+            print(name, d, {k: ({kk: round(vv, 3) for kk, vv in v.items()} if isinstance(v, dict) else v)
+                            for k, v in res.items()})
+        report["cases"][name] = row
+    cute_kernels.SWIGLU_ONE_PASS[torch.bfloat16] = True
+    if args.out:
+        with open(f"{args.out}/fast_mode_swiglu.json", "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
