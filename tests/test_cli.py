@@ -298,7 +298,7 @@ def test_module_help_prog():
 
 
 def test_inspect_compiles_every_variant_without_gpu(tmp_path, capsys):
-    """``inspect --pairwise`` (every family, each pair of argument values at least once: 215 of the 395 sm_90a
+    """``inspect --pairwise`` (every family, each pair of argument values at least once: 213 of the 393 sm_90a
     variants, to keep the CPU suite's time; ``inspect`` without it builds all of them)."""
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is a dependency; install the package")
     path = tmp_path / "inspect.json"

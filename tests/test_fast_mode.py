@@ -447,7 +447,8 @@ def test_fast_mode_grouped_cast_kernels_bit_exact(sizes, tail, rng):
 
 def test_fast_mode_swiglu_casts_run_in_one_launch_for_bf16_inputs():
     """The 128-block SwiGLU casts: one ``"cast"`` launch for bf16 inputs, the forward always and the backward when
-    I % 128 == 0 (a 128-block along 2I holding dg and du columns needs the two-launch form), fp32 inputs in two
+    I % 128 == 0 (a 128-block along 2I holding dg and du columns needs the two-launch form) and its colwise output
+    is not in the padded group layout (that build spills on sm_90a), fp32 inputs in two
     launches (``"amax"`` into zeroed buffers, then ``"apply"``); 32-blocks one launch."""
     from cute_mxfp8.ops import cute_kernels as CK
 
@@ -461,10 +462,30 @@ def test_fast_mode_swiglu_casts_run_in_one_launch_for_bf16_inputs():
     assert phases(128, torch.float32) == [(128, "amax", 3), (128, "apply", 3)]
     assert phases(128, torch.bfloat16, ok=False) == [(128, "amax", 3), (128, "apply", 3)]
     assert phases(32, torch.float32) == phases(32, torch.bfloat16, ok=False) == [(32, "cast", 3)]
-    assert CK._one_pass_width("fwd", 96) and CK._one_pass_width("bwd", 2 * 256)
-    assert not CK._one_pass_width("bwd", 2 * 96) and not CK._one_pass_width("bwd", 2 * 320)
+    assert CK._one_pass_shape("fwd", 96, False) and CK._one_pass_shape("bwd", 2 * 256, False)
+    assert CK._one_pass_shape("fwd", 256, True) and not CK._one_pass_shape("bwd", 2 * 256, True)
+    assert not CK._one_pass_shape("bwd", 2 * 96, False) and not CK._one_pass_shape("bwd", 2 * 320, False)
     x16, x32 = torch.empty(1, dtype=torch.bfloat16), torch.empty(1)
     assert CK._one_pass_dtype((x16, x16)) == torch.bfloat16 and CK._one_pass_dtype((x32, x16)) == torch.float32
+
+
+@pytest.mark.parametrize("direction,grouped", [("fwd", False), ("bwd", False), ("fwd", True)])
+def test_the_one_launch_swiglu_casts_keep_the_run_in_registers(direction, grouped):
+    """The resident builds the ops run (sm_90a, bf16): 512 threads, one CTA barrier, no global atomics (the
+    two-launch form's amax pass) and no local memory; the backward's dg and du amaxes in two sets of slots (8 KB of
+    shared memory, the forward 4 KB)."""
+    import re
+
+    from cute_mxfp8.cli import sass_facts
+    from cute_mxfp8.jit import compile_swiglu_quant
+
+    fn = compile_swiglu_quant(direction, "bfloat16", "e4m3", "rceil", True, "sm_90a", True, grouped, False, 128,
+                              "cast", None, grouped)
+    ptx = fn.__ptx__
+    assert len(re.findall(r"bar\.sync", ptx)) == 1 and "atom.global" not in ptx and ".local" not in ptx
+    assert re.search(r"\.maxntid\s+512\b", ptx)
+    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
+    assert res["local_frame"] == 0 and fn.launch_smem == ((8192 if direction == "bwd" else 4096),)
 
 
 @pytest.mark.gpu

@@ -215,10 +215,12 @@ def _launch_swiglu(build, args: tuple, device: torch.device, shape: tuple, offs,
         build(128, phase)(*args, *amax)
 
 
-def _one_pass_width(direction: str, width: int) -> bool:
+def _one_pass_shape(direction: str, width: int, padded: bool) -> bool:
     """Whether the one-launch 128-block SwiGLU cast takes a cast of ``width`` columns: the forward's (I) always;
-    the backward's (2I) when I % 128 == 0, so that no 128-block along 2I holds both dg and du columns."""
-    return direction == "fwd" or width % 256 == 0
+    the backward's (2I) when I % 128 == 0 (so that no 128-block along 2I holds both dg and du columns) and its
+    colwise output is not in the padded group layout (that build needs more than the 128 registers a thread of
+    its 512-thread CTA has: ptxas for sm_90a spilled 3 words)."""
+    return direction == "fwd" or (width % 256 == 0 and not padded)
 
 
 def _one_pass_dtype(inputs) -> torch.dtype:
@@ -438,7 +440,7 @@ def _swiglu_ops(arch: str) -> dict:
             _launch_swiglu(lambda sb, phase: compile_swiglu_quant(
                 direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, offs is not None,
                 emit_hp, sb, phase, _IN[inputs[-1].dtype], bool(token_align)), args, dev, (m, width), offs,
-                scale_block, _one_pass_dtype(inputs), _one_pass_width(direction, width))
+                scale_block, _one_pass_dtype(inputs), _one_pass_shape(direction, width, bool(token_align)))
         return (*_e8m0(q, s, qt, st), hp)
 
     def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32, token_align=0):
