@@ -215,7 +215,10 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
     (``scale_block=128``'s two-launch form) as :func:`compile_quant`'s tile kernels.  ``h13_dtype`` (backward; default
     ``in_dtype``, which is dh's and hp's): h13's dtype when it differs from dh's (an fp32 GEMM output dh beside the
     saved bf16 h13); such builds run one row block per CTA (the staged loop stages every operand in dh's dtype).
-    ``pad_groups``: qt in the 128-aligned group layout, as :func:`compile_quant`'s.
+    ``pad_groups``: qt in the 128-aligned group layout, as :func:`compile_quant`'s.  ``scale_block=128`` with
+    ``phase="cast"``: the one-launch *resident* form (512-thread CTAs holding a 128-row run in registers; the
+    trailing amax arguments are placeholders); its backward needs I % 128 == 0 (not checked here: the ops run the
+    two-launch form otherwise).
     """
     h13_dtype = in_dtype if h13_dtype is None else h13_dtype
     for name, value in (("in_dtype", in_dtype), ("h13_dtype", h13_dtype)):
