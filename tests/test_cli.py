@@ -298,7 +298,7 @@ def test_module_help_prog():
 
 
 def test_inspect_compiles_every_variant_without_gpu(tmp_path, capsys):
-    """``inspect --pairwise`` (every family, each pair of argument values at least once: 213 of the 393 sm_90a
+    """``inspect --pairwise`` (every family, each pair of argument values at least once: 217 of the 397 sm_90a
     variants, to keep the CPU suite's time; ``inspect`` without it builds all of them)."""
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is a dependency; install the package")
     path = tmp_path / "inspect.json"
@@ -312,7 +312,7 @@ def test_inspect_compiles_every_variant_without_gpu(tmp_path, capsys):
     casts = [r for r in rows if not r["kernel"].startswith("gemm_") and not r["kernel"].endswith("_amax")]
     amax = [r for r in rows if r["kernel"].endswith("_amax")]  # the fast mode's 128-block amax passes: no stores
     gemms = [r for r in rows if r["kernel"].startswith("gemm_")]
-    # of the 91 GEMM variants ((promote + dequant dense, 2d-3d, 2d-2d) x 4 A x B dtypes x 2 outs + 8 fused + fast
+    # of the 92 GEMM variants ((promote + dequant dense, 2d-3d, 2d-2d) x 4 A x B dtypes x 2 outs + 8 fused + fast
     # mode (n_tile 128, 192; 2d-3d, 2d-2d) x 8 + the fast mode in 2 clusters + the fast 2d-2d build with
     # split_halves x 2 + 128 x 128 B blocks: dense split M x 8, 2d-3d split M x 2, dense split N x 1, TMA-stored
     # split M dense x 4 and 2d-3d x 1), the pairwise subset: 5 of each family of 8 (6 of gemm_sm90's 16), all of the

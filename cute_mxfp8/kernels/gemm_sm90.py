@@ -515,10 +515,15 @@ class MXGemmSm90:
         stsm = sm90.get_smem_store_op(_ROW_MAJOR, self.d_dtype, cutlass.Float32)  # stmatrix 8x8 x4 (bf16)
         r2s = cute.make_tiled_copy_S(stsm, cute.make_tiled_copy_C_atom(stsm, mma))
         thr = r2s.get_slice(ct)
-        s_box, g_box = cpasync.tma_partition(tma_d, 0, cute.make_layout(1), cute.group_modes(sd_box, 0, 2),
-                                             cute.group_modes(cute.local_tile(gd, self.epi_box, (None, None)), 0, 2))
-        if cutlass.const_expr(self.grouping == "m"):
-            g_box = (sd_box, gd)  # the boxes start on a group's row: partitioned per tile (:meth:`_store_tma`)
+        if cutlass.const_expr(self.grouping == "m"):  # the boxes start on a group's row: D's boxes partitioned per
+            # tile (:meth:`_store_tma`), the staging's here
+            s_box, _ = cpasync.tma_partition(tma_d, 0, cute.make_layout(1), cute.group_modes(sd_box, 0, 2),
+                                             cute.group_modes(cute.local_tile(gd, self.epi_box, (0, None)), 0, 2))
+            g_box = (sd_box, gd)
+        else:
+            s_box, g_box = cpasync.tma_partition(tma_d, 0, cute.make_layout(1), cute.group_modes(sd_box, 0, 2),
+                                                 cute.group_modes(cute.local_tile(gd, self.epi_box, (None, None)), 0,
+                                                                  2))
         return r2s, thr.partition_D(sd), cute.shape(thr.partition_S(sd))[:3], s_box, g_box, tma_d
 
     @cute.jit

@@ -783,8 +783,8 @@ class SwiGLUQuantKernel(TileQuantKernel):
     where it has no data), the CTA meets once, and each warp casts its kept tiles with the maxima of the 4 slots:
     the input is read once and no global amax buffer exists.  The plain casts' one-pass walk (4 warps walking the
     run twice, reloading it from L2) measured 1.6-2.4x slower than two launches here (a SwiGLU run is 64-192 KB of
-    input); the resident form took 15-39 % less time than two launches on the H200 (2026-12-02,
-    ``tools/fast_mode_swiglu.py``).  512 threads per CTA leave 128 registers per thread: the backward with the
+    input); the resident form took 15-23 % less time than two launches on the H200 dense and 20-39 % for the
+    grouped forward, whose two-launch time varied between runs (2026-12-02, ``tools/fast_mode_swiglu.py``).  512 threads per CTA leave 128 registers per thread: the backward with the
     padded group layout spills 3 words for sm_90a, so the ops run that one in two launches; the backward's CTA
     holds dg's and du's 128 columns, so it needs I % 128 == 0 (no 128-block along 2I holding both; the ops check).
 

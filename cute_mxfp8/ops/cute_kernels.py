@@ -196,7 +196,7 @@ def _amax_buffers(device: torch.device, shape: tuple, offs) -> tuple:
 
 # the SwiGLU kernels' 128-block casts of bf16 inputs in one launch (each CTA's 16 warps hold its 128-row run in
 # registers and meet once over the 128-block amaxes), else in two (an amax pass through global buffers, then the
-# casts; fp32 runs are twice the registers)
+# casts; fp32 inputs: the resident build compiles without spills but was not measured, so they keep two)
 SWIGLU_ONE_PASS = {torch.bfloat16: True, torch.float32: False}
 
 
@@ -224,8 +224,8 @@ def _one_pass_shape(direction: str, width: int, padded: bool) -> bool:
 
 
 def _one_pass_dtype(inputs) -> torch.dtype:
-    """The dtype that picks the SwiGLU kernels' 128-block form: fp32 if any input is (its 128-row runs are twice
-    the bytes), else bf16."""
+    """The dtype that picks the SwiGLU kernels' 128-block form (:data:`SWIGLU_ONE_PASS`): fp32 if any input is,
+    else bf16."""
     return torch.float32 if any(t.dtype == torch.float32 for t in inputs) else inputs[0].dtype
 
 
