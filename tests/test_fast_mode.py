@@ -447,9 +447,9 @@ def test_fast_mode_grouped_cast_kernels_bit_exact(sizes, tail, rng):
 
 def test_fast_mode_swiglu_casts_run_in_one_launch_for_bf16_inputs():
     """The 128-block SwiGLU casts: one ``"cast"`` launch for bf16 inputs, the forward always and the backward when
-    I % 128 == 0 (a 128-block along 2I holding dg and du columns needs the two-launch form) and its colwise output
-    is not in the padded group layout (that build spills on sm_90a), fp32 inputs in two
-    launches (``"amax"`` into zeroed buffers, then ``"apply"``); 32-blocks one launch."""
+    I % 128 == 0 (a 128-block along 2I holding dg and du columns needs the two-launch form), in either colwise
+    layout; fp32 inputs in two launches (``"amax"`` into zeroed buffers, then ``"apply"``); 32-blocks one
+    launch."""
     from cute_mxfp8.ops import cute_kernels as CK
 
     def phases(scale_block, dtype, ok=True):
@@ -462,30 +462,37 @@ def test_fast_mode_swiglu_casts_run_in_one_launch_for_bf16_inputs():
     assert phases(128, torch.float32) == [(128, "amax", 3), (128, "apply", 3)]
     assert phases(128, torch.bfloat16, ok=False) == [(128, "amax", 3), (128, "apply", 3)]
     assert phases(32, torch.float32) == phases(32, torch.bfloat16, ok=False) == [(32, "cast", 3)]
-    assert CK._one_pass_shape("fwd", 96, False) and CK._one_pass_shape("bwd", 2 * 256, False)
-    assert CK._one_pass_shape("fwd", 256, True) and not CK._one_pass_shape("bwd", 2 * 256, True)
-    assert not CK._one_pass_shape("bwd", 2 * 96, False) and not CK._one_pass_shape("bwd", 2 * 320, False)
+    assert CK._one_pass_shape("fwd", 96) and CK._one_pass_shape("bwd", 2 * 256)
+    assert not CK._one_pass_shape("bwd", 2 * 96) and not CK._one_pass_shape("bwd", 2 * 320)
     x16, x32 = torch.empty(1, dtype=torch.bfloat16), torch.empty(1)
     assert CK._one_pass_dtype((x16, x16)) == torch.bfloat16 and CK._one_pass_dtype((x32, x16)) == torch.float32
 
 
-@pytest.mark.parametrize("direction,grouped", [("fwd", False), ("bwd", False), ("fwd", True)])
-def test_the_one_launch_swiglu_casts_keep_the_run_in_registers(direction, grouped):
-    """The resident builds the ops run (sm_90a, bf16): 512 threads, one CTA barrier, no global atomics (the
-    two-launch form's amax pass) and no local memory; the backward's dg and du amaxes in two sets of slots (8 KB of
-    shared memory, the forward 4 KB)."""
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100f"])
+@pytest.mark.parametrize("direction,grouped", [("fwd", False), ("bwd", False), ("fwd", True), ("bwd", True)])
+def test_the_one_launch_swiglu_casts_stash_the_run_in_shared_memory(direction, grouped, arch):
+    """The resident builds the ops run (bf16; grouped: the padded layout): 256 threads, each lane's input tiles
+    cp.async-ed into shared memory (8 rows of each operand, twice per warp: the run's 4 row blocks in 8 warps), one
+    CTA barrier, no global atomics (the two-launch form's amax pass) and no local memory on either arch; shared
+    memory = the amax slots (4 KB forward, 8 KB backward: dg's and du's) + the stash (128 x 128 elements of each
+    operand: gate and up forward, dh, gate and up backward), so two CTAs fit on an SM."""
     import re
 
     from cute_mxfp8.cli import sass_facts
     from cute_mxfp8.jit import compile_swiglu_quant
 
-    fn = compile_swiglu_quant(direction, "bfloat16", "e4m3", "rceil", True, "sm_90a", True, grouped, False, 128,
+    fn = compile_swiglu_quant(direction, "bfloat16", "e4m3", "rceil", True, arch, True, grouped, False, 128,
                               "cast", None, grouped)
     ptx = fn.__ptx__
-    assert len(re.findall(r"bar\.sync", ptx)) == 1 and "atom.global" not in ptx and ".local" not in ptx
-    assert re.search(r"\.maxntid\s+512\b", ptx)
+    assert len(re.findall(r"\bbar\.sync|\bbarrier\.sync", ptx)) == 1
+    assert "atom.global" not in ptx and ".local" not in ptx
+    assert re.search(r"\.maxntid\s+256\b", ptx) and re.search(r"\.minnctapersm\s+2\b", ptx)
+    nops = 3 if direction == "bwd" else 2
+    assert len(re.findall(r"cp\.async\.ca\.shared\.global", ptx)) == 2 * 8 * nops
     (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
-    assert res["local_frame"] == 0 and fn.launch_smem == ((8192 if direction == "bwd" else 4096),)
+    amax_slots = 8192 if direction == "bwd" else 4096
+    assert res["local_frame"] == 0 and fn.launch_smem == (amax_slots + 128 * 128 * 2 * nops,)
+    assert 2 * fn.launch_smem[0] <= 227 * 1024
 
 
 @pytest.mark.gpu
@@ -745,7 +752,7 @@ def test_fast_mode_cast_kernels_compile_in_one_or_two_launches(arch):
         if one_launch is None:  # the SwiGLU kernels: the resident one launch, for bf16 inputs
             one = fn(args[0], "bfloat16", *args[2:], scale_block=128).__ptx__
             assert not re.findall(atomic, one) and ".local" not in one, args
-            assert len(re.findall(r"\bbar\.sync|\bbarrier\.sync", one)) == 1 and re.search(r"\.maxntid\s+512\b", one)
+            assert len(re.findall(r"\bbar\.sync|\bbarrier\.sync", one)) == 1 and re.search(r"\.maxntid\s+256\b", one)
             continue
         one = fn(*args, scale_block=128)
         assert not re.findall(atomic, one.__ptx__) and ".local" not in one.__ptx__, args

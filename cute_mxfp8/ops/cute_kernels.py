@@ -198,6 +198,8 @@ def _amax_buffers(device: torch.device, shape: tuple, offs) -> tuple:
 # registers and meet once over the 128-block amaxes), else in two (an amax pass through global buffers, then the
 # casts; fp32 inputs: the resident build compiles without spills but was not measured, so they keep two)
 SWIGLU_ONE_PASS = {torch.bfloat16: True, torch.float32: False}
+SWIGLU_STASH = "smem"
+SWIGLU_ROW_WARPS = 2
 
 
 def _launch_swiglu(build, args: tuple, device: torch.device, shape: tuple, offs, scale_block: int,
@@ -215,12 +217,10 @@ def _launch_swiglu(build, args: tuple, device: torch.device, shape: tuple, offs,
         build(128, phase)(*args, *amax)
 
 
-def _one_pass_shape(direction: str, width: int, padded: bool) -> bool:
+def _one_pass_shape(direction: str, width: int) -> bool:
     """Whether the one-launch 128-block SwiGLU cast takes a cast of ``width`` columns: the forward's (I) always;
-    the backward's (2I) when I % 128 == 0 (so that no 128-block along 2I holds both dg and du columns) and its
-    colwise output is not in the padded group layout (that build needs more than the 128 registers a thread of
-    its 512-thread CTA has: ptxas for sm_90a spilled 3 words)."""
-    return direction == "fwd" or (width % 256 == 0 and not padded)
+    the backward's (2I) when I % 128 == 0, so that no 128-block along 2I holds both dg and du columns."""
+    return direction == "fwd" or width % 256 == 0
 
 
 def _one_pass_dtype(inputs) -> torch.dtype:
@@ -439,8 +439,8 @@ def _swiglu_ops(arch: str) -> dict:
                     _batch(st, False), hp_arg, *_group_args(dev, offs))
             _launch_swiglu(lambda sb, phase: compile_swiglu_quant(
                 direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, offs is not None,
-                emit_hp, sb, phase, _IN[inputs[-1].dtype], bool(token_align)), args, dev, (m, width), offs,
-                scale_block, _one_pass_dtype(inputs), _one_pass_shape(direction, width, bool(token_align)))
+                emit_hp, sb, phase, _IN[inputs[-1].dtype], bool(token_align), stash=SWIGLU_STASH, row_warps=SWIGLU_ROW_WARPS), args, dev, (m, width), offs,
+                scale_block, _one_pass_dtype(inputs), _one_pass_shape(direction, width))
         return (*_e8m0(q, s, qt, st), hp)
 
     def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32, token_align=0):
