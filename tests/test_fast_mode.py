@@ -757,6 +757,10 @@ def test_fast_mode_cast_kernels_compile_in_one_or_two_launches(arch):
         one = fn(*args, scale_block=128)
         assert not re.findall(atomic, one.__ptx__) and ".local" not in one.__ptx__, args
         assert len(re.findall(r"\bbar\.sync|\bbarrier\.sync", one.__ptx__)) == barriers, args
-        assert one.launch_smem == (4 * 32 * 4 * 4,), (args, one.launch_smem)  # 4 x 32 rows x 4 warps, int32
+        if grouped:  # the walk: 4 warps, the row amaxes in 4 x 32 rows x 4 warps int32
+            assert one.launch_smem == (4 * 32 * 4 * 4,), (args, one.launch_smem)
+        else:  # resident: 8 warps, the row and column amax slots, the run's 128 x 128 bf16 input stashed
+            assert one.launch_smem == (2 * 4 * 32 * 4 * 4 + 128 * 128 * 2,), (args, one.launch_smem)
+            assert re.search(r"\.maxntid\s+256\b", one.__ptx__) and len(re.findall(r"cp\.async", one.__ptx__)) >= 8
     with pytest.raises(ValueError, match="phase"):
         compile_quant("dual", "bfloat16", "e4m3", "rceil", True, arch, True, phase="amax")

@@ -104,7 +104,11 @@ class TileQuantKernel(MXCastParams):
     """
 
     prologue = "cast"
-    resident = False  # SwiGLUQuantKernel's one-launch 128-block form (RUN x WARPS warps, tiles kept in registers)
+    resident = False  # the one-launch 128-block form with the run's input tiles stashed in shared memory
+    stash = "smem"
+    row_warps = 2  # resident: warps along the run (each walks 4 / row_warps of its row blocks)
+    STASH_CTAS = 2  # resident CTAs per SM with stash="smem"
+    RESIDENT_CASTS = __import__("os").environ.get("CUTE_MXFP8_RESIDENT_CASTS", "1") == "1"  # A/B, temporary
 
     def __init__(self, elem: str, scale_mode: str, blocked: bool, rowwise: bool, colwise: bool,
                  grouped: bool = False, emit_hp: bool = False, row_tiles: int = 1, scale_block: int = 32,
@@ -135,6 +139,7 @@ class TileQuantKernel(MXCastParams):
         self.one_pass = scale_block == 128 and phase == "cast"  # one CTA per run of 4 row blocks (above)
         # token groups and the one-pass 128-block cast: one (virtual) row block (run) per CTA
         self.row_tiles = 1 if grouped or self.one_pass else row_tiles
+        self.resident = self.RESIDENT_CASTS and self.one_pass and not (grouped or blocks_2d)
 
     @cute.jit
     def launch(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
@@ -191,7 +196,8 @@ class TileQuantKernel(MXCastParams):
         if self.resident:  # per output: the row amaxes as above, and the column amaxes (32 x 4 warps x 4 blocks)
             amaxes = 2 * RUN * BLOCK * WARPS * 4 * self._outputs()
             if self.stash == "smem":  # every warp's 32 x 32 input tile of each operand (dh in x's dtype, h13 in y's)
-                widths = [dtype.width] * 2 if self.prologue == "swiglu" else [dtype.width] + [y_dtype.width] * 2
+                widths = {"cast": [dtype.width], "swiglu": [dtype.width] * 2,
+                          "dswiglu": [dtype.width] + [y_dtype.width] * 2}[self.prologue]
                 amaxes += RUN * WARPS * BLOCK * BLOCK * sum(widths) // 8
             return amaxes
         if self.one_pass:
@@ -208,7 +214,7 @@ class TileQuantKernel(MXCastParams):
         for every variant by ``inspect``).  With :class:`SwiGLUQuantKernel`'s defaults the one-tile paths are the
         token-group ones and the backward with ``emit_hp``.  The staged loop is told one CTA per SM is enough
         (160-220 registers; without the bound, ptxas for sm_100a stopped the bf16 forward at 128 and spilled)."""
-        if self.prologue == "cast":
+        if self.prologue == "cast" and not self.resident:
             return {}
         if self.resident:  # the shared-memory stash: STASH_CTAS per SM (their loads overlap each other's casts)
             smem = self.stash == "smem"
@@ -372,7 +378,9 @@ class TileQuantKernel(MXCastParams):
         t = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
         for i in cutlass.range_constexpr(LANE_ROWS):
             row = [stash[k][(None, lane, i, slot)].load().to(cutlass.Float32) for k in range(len(stash))]
-            if cutlass.const_expr(self.prologue == "swiglu"):
+            if cutlass.const_expr(self.prologue == "cast"):
+                t[(i, None)].store(row[0])
+            elif cutlass.const_expr(self.prologue == "swiglu"):
                 t[(i, None)].store(swiglu_fwd(row[0], row[1]))
             else:
                 t[(i, None)].store(swiglu_bwd(row[0], row[1], row[2])[o])
@@ -865,7 +873,6 @@ class SwiGLUQuantKernel(TileQuantKernel):
     """
 
     ROW_TILES = 8  # row blocks per CTA of the staged (cp.async double-buffered) loop
-    STASH_CTAS = 2  # resident CTAs per SM with stash="smem" (512 threads: 64 registers each)
 
     def __init__(self, prologue: str, elem: str, scale_mode: str, blocked: bool, grouped: bool = False,
                  emit_hp: bool = False, row_tiles: int | None = None, scale_block: int = 32, phase: str = "cast",
