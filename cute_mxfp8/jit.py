@@ -204,7 +204,7 @@ def _amax_buffers():
 def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
                          keep_ptx: bool = False, grouped: bool = False, emit_hp: bool = False,
                          scale_block: int = 32, phase: str = "cast", h13_dtype: str | None = None,
-                         pad_groups: bool = False, stash: str = "smem", row_warps: int = 2):
+                         pad_groups: bool = False):
     """Compiled fused SwiGLU + dual MXFP8 cast (:class:`~cute_mxfp8.kernels.quantize_tile.SwiGLUQuantKernel`).
 
     ``direction="fwd"``: ``fn(h13, q, s, qt, st, hp, offs, tile_starts)`` with h13 (1, M, 2I) ``in_dtype``,
@@ -235,7 +235,7 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
     mixed = h13_dtype != in_dtype
     kernel = SwiGLUQuantKernel("swiglu" if direction == "fwd" else "dswiglu", elem, scale_mode, blocked, grouped,
                                emit_hp, row_tiles=1 if mixed else None, scale_block=scale_block, phase=phase,
-                               pad_groups=pad_groups, stash=stash, row_warps=row_warps)
+                               pad_groups=pad_groups)
     x_dtype, h_dtype = _hp_dtype(in_dtype), _hp_dtype(h13_dtype)
 
     fake, sym = _fake, _sym

@@ -104,11 +104,7 @@ class TileQuantKernel(MXCastParams):
     """
 
     prologue = "cast"
-    resident = False  # the one-launch 128-block form with the run's input tiles stashed in shared memory
-    stash = "smem"
-    row_warps = 2  # resident: warps along the run (each walks 4 / row_warps of its row blocks)
-    STASH_CTAS = 2  # resident CTAs per SM with stash="smem"
-    RESIDENT_CASTS = __import__("os").environ.get("CUTE_MXFP8_RESIDENT_CASTS", "1") == "1"  # A/B, temporary
+    resident = False  # SwiGLUQuantKernel's one-launch 128-block form (RUN x WARPS warps, tiles kept in registers)
 
     def __init__(self, elem: str, scale_mode: str, blocked: bool, rowwise: bool, colwise: bool,
                  grouped: bool = False, emit_hp: bool = False, row_tiles: int = 1, scale_block: int = 32,
@@ -139,7 +135,6 @@ class TileQuantKernel(MXCastParams):
         self.one_pass = scale_block == 128 and phase == "cast"  # one CTA per run of 4 row blocks (above)
         # token groups and the one-pass 128-block cast: one (virtual) row block (run) per CTA
         self.row_tiles = 1 if grouped or self.one_pass else row_tiles
-        self.resident = self.RESIDENT_CASTS and self.one_pass and not (grouped or blocks_2d)
 
     @cute.jit
     def launch(self, x: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
@@ -173,13 +168,13 @@ class TileQuantKernel(MXCastParams):
                     cute.zipped_divide(q, (1, 1, VEC)), s, gqt, st, cute.zipped_divide(hp, (1, 1, VEC)), offs,
                     tile_starts, amax_rows, amax_cols, vblocks, k // VEC).launch(
             grid=(grid_x, cute.ceil_div(k, CTA_COLS), e),
-            block=(self._threads(), 1, 1), stream=stream, smem=self._smem_bytes(x.element_type, y.element_type),
+            block=(self._threads(), 1, 1), stream=stream, smem=self._smem_bytes(x.element_type),
             **self._launch_bounds())
 
     def _threads(self) -> int:
         """Threads per CTA: 4 warps side by side along K, or (``resident``) 4 rows of them, one per block of the
         run."""
-        return 32 * WARPS * (self.row_warps if self.resident else 1)
+        return 32 * WARPS * (RUN if self.resident else 1)
 
     def _outputs(self) -> int:
         """Cast outputs per input tile: 2 for the dSwiGLU (dg at column vector ``cv``, du at ``cv + kv``), else
@@ -190,16 +185,11 @@ class TileQuantKernel(MXCastParams):
         """(Virtual) 32-row blocks per CTA: a run of 4 in the one-pass 128-block cast, else 1 (token groups)."""
         return RUN if self.one_pass else 1
 
-    def _smem_bytes(self, dtype, y_dtype=None) -> int:
+    def _smem_bytes(self, dtype) -> int:
         """Dynamic shared memory per CTA: the one-pass 128-block cast's row amaxes (4 x 32 rows x 4 warps, int32),
         or the staged loop's cp.async buffers (``row_tiles > 1``: two tiles per operand per warp), else none."""
         if self.resident:  # per output: the row amaxes as above, and the column amaxes (32 x 4 warps x 4 blocks)
-            amaxes = 2 * RUN * BLOCK * WARPS * 4 * self._outputs()
-            if self.stash == "smem":  # every warp's 32 x 32 input tile of each operand (dh in x's dtype, h13 in y's)
-                widths = {"cast": [dtype.width], "swiglu": [dtype.width] * 2,
-                          "dswiglu": [dtype.width] + [y_dtype.width] * 2}[self.prologue]
-                amaxes += RUN * WARPS * BLOCK * BLOCK * sum(widths) // 8
-            return amaxes
+            return 2 * RUN * BLOCK * WARPS * 4 * self._outputs()
         if self.one_pass:
             return RUN * BLOCK * WARPS * 4
         if self.row_tiles == 1:
@@ -214,12 +204,11 @@ class TileQuantKernel(MXCastParams):
         for every variant by ``inspect``).  With :class:`SwiGLUQuantKernel`'s defaults the one-tile paths are the
         token-group ones and the backward with ``emit_hp``.  The staged loop is told one CTA per SM is enough
         (160-220 registers; without the bound, ptxas for sm_100a stopped the bf16 forward at 128 and spilled)."""
-        if self.prologue == "cast" and not self.resident:
+        if self.prologue == "cast":
             return {}
-        if self.resident:  # the shared-memory stash: STASH_CTAS per SM (their loads overlap each other's casts)
-            smem = self.stash == "smem"
-            return {"min_blocks_per_mp": self.STASH_CTAS if smem else 1,
-                    "max_number_threads": [self._threads(), 1, 1], "preferred_smem_carveout": 100 if smem else 0}
+        if self.resident:
+            return {"min_blocks_per_mp": 1, "max_number_threads": [self._threads(), 1, 1],
+                    "preferred_smem_carveout": 0}
         if self.row_tiles > 1:
             return {"min_blocks_per_mp": 1, "max_number_threads": [32 * WARPS, 1, 1], "preferred_smem_carveout": 0}
         if self.prologue == "swiglu":
@@ -282,15 +271,11 @@ class TileQuantKernel(MXCastParams):
         nout = self._outputs()
         rows_s = alloc.allocate_tensor(cutlass.Int32, cute.make_layout((RUN * BLOCK, WARPS, nout)), 16)
         cols_s = alloc.allocate_tensor(cutlass.Int32, cute.make_layout((BLOCK, WARPS, RUN, nout)), 16)
-        stash = None
-        if cutlass.const_expr(self.stash == "smem"):  # per operand: (4 columns, lane, 8 rows, warp)
-            stash = [alloc.allocate_tensor(t.element_type, cute.make_layout((VEC, 32, LANE_ROWS, RUN * WARPS)), 16)
-                     for t, _ in self._operands(gx, gy, 0, kv)]
         wk = warp % WARPS
         wr = warp // WARPS
         cb = bk * WARPS + wk
         args = (gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, lane, rg, cg,
-                cb * COL_LANES + cg, (rows_s, cols_s, wk, wr, stash))
+                cb * COL_LANES + cg, (rows_s, cols_s, wk, wr))
         if cutlass.const_expr(self.grouped):
             if vb < (vblocks + RUN - 1) // RUN:
                 self._resident_run(args, vb, cb * COL_LANES < kv)
@@ -301,90 +286,36 @@ class TileQuantKernel(MXCastParams):
 
     @cute.jit
     def _resident_run(self, args, run, active):
-        """The ``resident`` form of the one-pass cast: the warp loads its row blocks ``4 run + wr`` of the run once
-        (``wr = wr0 + j * row_warps``) and keeps their tiles: the prologue's output (h, or dg and du) in registers,
-        or (``stash="smem"``) the input tiles in shared memory (cp.async, no registers held), the prologue
-        recomputed for the cast.  It stores its 128-block amax parts (rows: one slot per row and column warp;
-        columns: one per column and row warp, per output; zeros where it has no data), the CTA meets once, and it
-        casts the kept tiles with the amaxes of the 4 slots of each row and of each column."""
+        """The ``resident`` form of the one-pass cast: the warp loads row block ``4 run + wr`` once and keeps its
+        tiles (h, or dg and du) in registers; it stores its 128-block amax parts (rows: one slot per row and
+        column warp; columns: one per column and row warp, per output; zeros where it has no data), the CTA meets
+        once, and it casts the kept tiles with the amaxes of the 4 slots of each row and of each column."""
         gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, lane, rg, cg, cv, amaxes = args
-        rows_s, cols_s, wk, wr0, stash = amaxes
+        rows_s, cols_s, wk, wr = amaxes
+        vb = run * RUN + wr
+        r0, end, tile0 = self._locate(gx, offs, tile_starts, vb)
         nout = self._outputs()
-        tiles = [cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32) for _ in range(nout)]  # stash="regs"
-        for j in cutlass.range_constexpr(RUN // self.row_warps):
-            wr = wr0 + j * self.row_warps
-            vb = run * RUN + wr
-            r0, end, tile0 = self._locate(gx, offs, tile_starts, vb)
-            parts = [(rows_s[(None, None, o)], cols_s[(None, wk, None, o)], wk, wr) for o in range(nout)]
-            for o in cutlass.range_constexpr(nout):  # the warp's own slots; a warp without data leaves zeros
-                rows_s[wr * BLOCK + lane, wk, o] = cutlass.Int32(0)
-                cols_s[lane, wk, wr, o] = cutlass.Int32(0)
-            rl = r0 + rg * LANE_ROWS
-            if active:
-                if r0 < end:
-                    if cutlass.const_expr(self.stash == "smem"):  # one output at a time, the prologue per output
-                        slot = wr * WARPS + wk
-                        self._stash_in(stash, self._operands(gx, gy, cv, kv), e, rl, end, lane, slot)
-                        for o in cutlass.range_constexpr(nout):
-                            pos = _Pos(e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, parts[o])
-                            self._emit(self._stash_out(stash, lane, slot, o), pos, cv + o * kv, gq, s, gqt, st, ghp,
-                                       "amax")
-                            cute.arch.sync_warp()  # (see below)
-                    else:
-                        got = self._input_tiles(gx, gy, e, rl, end, r0 + BLOCK <= end, cv, kv)
-                        for o in cutlass.range_constexpr(nout):
-                            tiles[o].store(got[o].load())
-                            pos = _Pos(e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, parts[o])
-                            self._emit(tiles[o], pos, cv + o * kv, gq, s, gqt, st, ghp, "amax")
+        parts = [(rows_s[(None, None, o)], cols_s[(None, wk, None, o)], wk, wr) for o in range(nout)]
+        for o in cutlass.range_constexpr(nout):  # the warp's own slots; a warp without data leaves zeros
+            rows_s[wr * BLOCK + lane, wk, o] = cutlass.Int32(0)
+            cols_s[lane, wk, wr, o] = cutlass.Int32(0)
+        rl = r0 + rg * LANE_ROWS
+        tiles = [cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32) for _ in range(nout)]
+        if active:
+            if r0 < end:
+                got = self._input_tiles(gx, gy, e, rl, end, r0 + BLOCK <= end, cv, kv)
+                for o in cutlass.range_constexpr(nout):
+                    tiles[o].store(got[o].load())
+                    pos = _Pos(e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, parts[o])
+                    self._emit(tiles[o], pos, cv + o * kv, gq, s, gqt, st, ghp, "amax")
         cute.arch.barrier()  # every warp's amax parts are in shared memory
-        for j in cutlass.range_constexpr(RUN // self.row_warps):
-            wr = wr0 + j * self.row_warps
-            vb = run * RUN + wr
-            r0, end, tile0 = self._locate(gx, offs, tile_starts, vb)
-            parts = [(rows_s[(None, None, o)], cols_s[(None, wk, None, o)], wk, wr) for o in range(nout)]
-            rl = r0 + rg * LANE_ROWS
-            if active:
-                if r0 < end:
-                    for o in cutlass.range_constexpr(nout):
-                        t = tiles[o]
-                        if cutlass.const_expr(self.stash == "smem"):  # the prologue again, for this output only
-                            t = self._stash_out(stash, lane, wr * WARPS + wk, o)
-                        pos = _Pos(e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, parts[o])
-                        self._emit(t, pos, cv + o * kv, gq, s, gqt, st, ghp, "apply")
-                        if cutlass.const_expr(self.stash == "smem"):
-                            cute.arch.sync_warp()  # one output's cast at a time: interleaved, they spilled
-                elif cutlass.const_expr(self.pad_groups):  # past its group's tokens: as _block
-                    self._pad_block(gqt, st, e, r0, lane, rg, cg, end, tile0, vb, vblocks, cv, kv, ca, "apply",
-                                    parts)
-
-    @cute.jit
-    def _stash_in(self, stash: list, ops: list, e, rl, end, lane, slot):
-        """cp.async the lane's 8 x 4 tile of every operand (rows ``[rl, rl + 8)``; rows at or past ``end`` read row
-        ``end - 1``, zeroed by the emitter) into its lane-private slots of ``stash``, and wait for them."""
-        for k in cutlass.range_constexpr(len(ops)):
-            src_t, col = ops[k]
-            atom = cute.make_copy_atom(cpasync.CopyG2SOp(), src_t.element_type,
-                                       num_bits_per_copy=VEC * src_t.element_type.width)
-            for i in cutlass.range_constexpr(LANE_ROWS):
-                src = src_t[(None, (e, cutlass.min(rl + i, end - 1), col))]
-                cute.copy(atom, cute.make_tensor(src.iterator, cute.make_layout(VEC)), stash[k][(None, lane, i, slot)])
-        cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(0)  # the lane reads back only what it copied: no barrier
-
-    @cute.jit
-    def _stash_out(self, stash: list, lane, slot, o: cutlass.Constexpr[int]):
-        """Output ``o`` of the prologue (h; or dg, du) on the lane's stashed input tiles, in fp32, computed a row
-        (4 elements) at a time so that only the output tile is held."""
-        t = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
-        for i in cutlass.range_constexpr(LANE_ROWS):
-            row = [stash[k][(None, lane, i, slot)].load().to(cutlass.Float32) for k in range(len(stash))]
-            if cutlass.const_expr(self.prologue == "cast"):
-                t[(i, None)].store(row[0])
-            elif cutlass.const_expr(self.prologue == "swiglu"):
-                t[(i, None)].store(swiglu_fwd(row[0], row[1]))
-            else:
-                t[(i, None)].store(swiglu_bwd(row[0], row[1], row[2])[o])
-        return t
+        if active:
+            if r0 < end:
+                for o in cutlass.range_constexpr(nout):
+                    pos = _Pos(e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, parts[o])
+                    self._emit(tiles[o], pos, cv + o * kv, gq, s, gqt, st, ghp, "apply")
+            elif cutlass.const_expr(self.pad_groups):  # past its group's tokens: as _block
+                self._pad_block(gqt, st, e, r0, lane, rg, cg, end, tile0, vb, vblocks, cv, kv, ca, "apply", parts)
 
     @cute.jit
     def _blocks(self, args, vb, active):
@@ -434,9 +365,7 @@ class TileQuantKernel(MXCastParams):
         if cutlass.const_expr(self.resident):  # (the SwiGLU kernels: zeros, no amaxes) row warp wr of each run
             if active:
                 for u in cutlass.range_constexpr(TAIL_ROWS // (RUN * BLOCK)):
-                    for jr in cutlass.range_constexpr(RUN // self.row_warps):
-                        wr = amaxes[3] + jr * self.row_warps
-                        self._tail_block(args, r + u * RUN * BLOCK + wr * BLOCK, wr, m, "apply")
+                    self._tail_block(args, r + u * RUN * BLOCK + amaxes[3] * BLOCK, amaxes[3], m, "apply")
         elif cutlass.const_expr(self.one_pass):
             for u in cutlass.range_constexpr(TAIL_ROWS // (RUN * BLOCK)):
                 r1 = r + u * RUN * BLOCK
@@ -620,22 +549,17 @@ class TileQuantKernel(MXCastParams):
     def _prologue_and_emit(self, tiles, pos, cv, kv, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor,
                            st: cute.Tensor, ghp: cute.Tensor):
         """The prologue's math on the fp32 input tiles, then the casts of its output tile(s)."""
-        outs = self._prologue(tiles)
-        for o in cutlass.range_constexpr(len(outs)):
-            self._emit(outs[o], pos, cv + o * kv, gq, s, gqt, st, ghp, self.phase)
-
-    @cute.jit
-    def _prologue(self, tiles: list) -> list:
-        """The prologue's output tiles from its fp32 input tiles (in place): x; h = silu(g) u; dg, du."""
         if cutlass.const_expr(self.prologue == "cast"):
-            return [tiles[0]]
+            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp, self.phase)
         elif cutlass.const_expr(self.prologue == "swiglu"):
             tiles[0].store(swiglu_fwd(tiles[0].load(), tiles[1].load()))
-            return [tiles[0]]
-        dg, du = swiglu_bwd(tiles[0].load(), tiles[1].load(), tiles[2].load())
-        tiles[0].store(dg)
-        tiles[2].store(du)
-        return [tiles[0], tiles[2]]
+            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp, self.phase)
+        else:
+            dg, du = swiglu_bwd(tiles[0].load(), tiles[1].load(), tiles[2].load())
+            tiles[0].store(dg)
+            tiles[2].store(du)
+            self._emit(tiles[0], pos, cv, gq, s, gqt, st, ghp, self.phase)
+            self._emit(tiles[2], pos, cv + kv, gq, s, gqt, st, ghp, self.phase)
 
     @cute.jit
     def _emit(self, t: cute.Tensor, pos, cv, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor, st: cute.Tensor,
@@ -684,7 +608,7 @@ class TileQuantKernel(MXCastParams):
                 amaxes[0][(vb % RUN) * BLOCK + lane, amaxes[2]] = a[0]
             elif r < end:
                 cute.arch.atomic_max(ra.iterator + cute.crd2idx((e, r, cb // 4), ra.layout), a[0])
-        else:
+        else:  # ("apply": the 128-block amax below; the lane's own reduction above was skipped)
             amax = a[0] if cutlass.const_expr(step != "apply") else None
             if cutlass.const_expr(self.blocks_2d):  # the 128 x 128 tile's amax (_blocks)
                 amax = amaxes[1][0]
@@ -862,9 +786,13 @@ class SwiGLUQuantKernel(TileQuantKernel):
     the input is read once and no global amax buffer exists.  The plain casts' one-pass walk (4 warps walking the
     run twice, reloading it from L2) measured 1.6-2.4x slower than two launches here (a SwiGLU run is 64-192 KB of
     input); the resident form took 15-23 % less time than two launches on the H200 dense and 20-39 % for the
-    grouped forward, whose two-launch time varied between runs (2026-12-02, ``tools/fast_mode_swiglu.py``).  512 threads per CTA leave 128 registers per thread: the backward with the
-    padded group layout spills 3 words for sm_90a, so the ops run that one in two launches; the backward's CTA
-    holds dg's and du's 128 columns, so it needs I % 128 == 0 (no 128-block along 2I holding both; the ops check).
+    grouped forward, whose two-launch time varied between runs (2026-12-02, ``tools/fast_mode_swiglu.py``).  512
+    threads per CTA leave 128 registers per thread; every build fits without spills since the casting pass skips
+    the lane's own amax reductions (the padded grouped backward spilled 3 words for sm_90a before; in one launch
+    it took 0.233 ms against 0.373 for two, H200, 2026-12-02).  The backward's CTA holds dg's and du's 128
+    columns, so it needs I % 128 == 0 (no 128-block along 2I holding both; the ops check).  A form that stashes the
+    run's inputs in shared memory instead (8 warps, 2 CTAs per SM, the prologue recomputed for the cast) measured
+    2-5 % faster forward but 1.4-3.4x slower backward, and the plain casts in that form no faster than their walk.
 
     Dense calls run the staged loop (:attr:`ROW_TILES` row blocks per CTA, 160-220 registers; on the H200 it was
     4-6 points of copy bandwidth faster forward and 1-2 backward than one block per CTA, bf16, 2026-11-30).
@@ -876,7 +804,7 @@ class SwiGLUQuantKernel(TileQuantKernel):
 
     def __init__(self, prologue: str, elem: str, scale_mode: str, blocked: bool, grouped: bool = False,
                  emit_hp: bool = False, row_tiles: int | None = None, scale_block: int = 32, phase: str = "cast",
-                 pad_groups: bool = False, stash: str = "smem", row_warps: int = 2):
+                 pad_groups: bool = False):
         if prologue not in ("swiglu", "dswiglu"):
             raise ValueError(f"prologue must be 'swiglu' or 'dswiglu', got {prologue!r}")
         if row_tiles is None:  # the backward with its high-precision store, or reading the 128-block amaxes back,
@@ -889,13 +817,6 @@ class SwiGLUQuantKernel(TileQuantKernel):
         # plain casts' one-pass walk reloads the run from L2, which measured 1.6-2.4x slower than two launches
         # here: a SwiGLU CTA's run is 64-192 KB of input)
         self.resident = self.one_pass
-        if stash not in ("smem", "regs"):
-            raise ValueError(f"stash must be 'smem' or 'regs', got {stash!r}")
-        self.stash = stash
-        if row_warps not in (2, 4) or (stash == "regs" and row_warps != 4):
-            raise ValueError(f"row_warps (warps along the run: 16 or 8 warps per CTA) must be 4, or 2 with "
-                             f"stash='smem'; got {row_warps!r} with stash={stash!r}")
-        self.row_warps = row_warps
 
     @cute.jit
     def launch_fwd(self, h13: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,

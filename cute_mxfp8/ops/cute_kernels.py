@@ -198,8 +198,6 @@ def _amax_buffers(device: torch.device, shape: tuple, offs) -> tuple:
 # registers and meet once over the 128-block amaxes), else in two (an amax pass through global buffers, then the
 # casts; fp32 inputs: the resident build compiles without spills but was not measured, so they keep two)
 SWIGLU_ONE_PASS = {torch.bfloat16: True, torch.float32: False}
-SWIGLU_STASH = "smem"
-SWIGLU_ROW_WARPS = 2
 
 
 def _launch_swiglu(build, args: tuple, device: torch.device, shape: tuple, offs, scale_block: int,
@@ -439,7 +437,7 @@ def _swiglu_ops(arch: str) -> dict:
                     _batch(st, False), hp_arg, *_group_args(dev, offs))
             _launch_swiglu(lambda sb, phase: compile_swiglu_quant(
                 direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, offs is not None,
-                emit_hp, sb, phase, _IN[inputs[-1].dtype], bool(token_align), stash=SWIGLU_STASH, row_warps=SWIGLU_ROW_WARPS), args, dev, (m, width), offs,
+                emit_hp, sb, phase, _IN[inputs[-1].dtype], bool(token_align)), args, dev, (m, width), offs,
                 scale_block, _one_pass_dtype(inputs), _one_pass_shape(direction, width))
         return (*_e8m0(q, s, qt, st), hp)
 
