@@ -16,8 +16,7 @@ from cute_mxfp8 import ops
 from cute_mxfp8.cli.bench import _time_ms
 from cute_mxfp8.ops import cute_kernels
 
-# (name, M, I, experts, token_align): the grouped MLP's casts use the padded layout, whose backward the ops keep in
-# two launches (its "one launch" row then times two launches too); the unpadded grouped case shows both
+# (name, M, I, experts, token_align): the grouped MLP's casts use the padded layout; the unpadded grouped case too
 CASES = [("dense M=16384 I=14336", 16384, 14336, 0, 0), ("dense M=8192 I=8192", 8192, 8192, 0, 0),
          ("grouped T=32768 I=1536 E=8 padded", 32768, 1536, 8, 128), ("grouped T=32768 I=1536 E=8", 32768, 1536, 8, 0)]
 
