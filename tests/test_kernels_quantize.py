@@ -21,8 +21,6 @@ BUILDS = [("rowwise", False, False), ("rowwise", True, False), ("rowwise", False
           ("colwise", True, False), ("dual", False, False), ("dual", True, False)]
 
 
-
-
 def _pairwise_sm90() -> list[tuple]:
     """The sm_90a cases: a subset of BUILDS x VARIANTS holding every pair of argument values (the greedy cover of
     ``inspect --pairwise``).  Every sm_90a build also runs on the H200 (``-m gpu``), so CI compiles these; SM100,

@@ -125,11 +125,11 @@ FAMILIES = [
              {"direction": [d], "in_dtype": ["bfloat16"], "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})
       for d in ("fwd", "bwd") for phase in ("amax", "apply", "cast")),  # (cast: the bf16 inputs' one launch)
     # ... and the grouped MLP's (GEMM outputs in the activation dtype in, colwise outputs in the padded group layout)
-    # ... their one launch (bf16): the padded backward keeps two launches (see ops.cute_kernels)
+    # ... their one launch (bf16; the padded backward too since its casting pass skips the lane's own amax reductions)
     *(Family(f"swiglu_quant_{d}_grouped{'_padded' if pad else ''}_fast_mode_cast",
              functools.partial(jit.compile_swiglu_quant, grouped=True, scale_block=128, phase="cast", pad_groups=pad),
              {"direction": [d], "in_dtype": ["bfloat16"], "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})
-      for d, pad in (("fwd", True), ("fwd", False), ("bwd", False))),
+      for d, pad in (("fwd", True), ("fwd", False), ("bwd", True), ("bwd", False))),
     *(Family(f"swiglu_quant_{d}_grouped_padded_fast_mode_apply",
              functools.partial(jit.compile_swiglu_quant, grouped=True, scale_block=128, phase="apply",
                                pad_groups=True),  # (dh and the saved h13 in one dtype)

@@ -608,7 +608,7 @@ class TileQuantKernel(MXCastParams):
                 amaxes[0][(vb % RUN) * BLOCK + lane, amaxes[2]] = a[0]
             elif r < end:
                 cute.arch.atomic_max(ra.iterator + cute.crd2idx((e, r, cb // 4), ra.layout), a[0])
-        else:  # ("apply": the 128-block amax below; the lane's own reduction above was skipped)
+        else:  # "cast" (32-blocks): the lane's own amax; "apply": a 128-block amax below (no own reduction above)
             amax = a[0] if cutlass.const_expr(step != "apply") else None
             if cutlass.const_expr(self.blocks_2d):  # the 128 x 128 tile's amax (_blocks)
                 amax = amaxes[1][0]
@@ -787,8 +787,8 @@ class SwiGLUQuantKernel(TileQuantKernel):
     run twice, reloading it from L2) measured 1.6-2.4x slower than two launches here (a SwiGLU run is 64-192 KB of
     input); the resident form took 15-23 % less time than two launches on the H200 dense and 20-39 % for the
     grouped forward, whose two-launch time varied between runs (2026-12-02, ``tools/fast_mode_swiglu.py``).  512
-    threads per CTA leave 128 registers per thread; every build fits without spills since the casting pass skips
-    the lane's own amax reductions (the padded grouped backward spilled 3 words for sm_90a before; in one launch
+    threads per CTA leave 128 registers per thread; the bf16 builds the ops run fit without spills (``inspect``, the
+    tests) since the casting pass skips the lane's own amax reductions (the padded grouped backward spilled 3 words for sm_90a before; in one launch
     it took 0.233 ms against 0.373 for two, H200, 2026-12-02).  The backward's CTA holds dg's and du's 128
     columns, so it needs I % 128 == 0 (no 128-block along 2I holding both; the ops check).  A form that stashes the
     run's inputs in shared memory instead (8 warps, 2 CTAs per SM, the prologue recomputed for the cast) measured
