@@ -787,12 +787,13 @@ class SwiGLUQuantKernel(TileQuantKernel):
     run twice, reloading it from L2) measured 1.6-2.4x slower than two launches here (a SwiGLU run is 64-192 KB of
     input); the resident form took 15-23 % less time than two launches on the H200 dense and 20-39 % for the
     grouped forward, whose two-launch time varied between runs (2026-12-02, ``tools/fast_mode_swiglu.py``).  512
-    threads per CTA leave 128 registers per thread; the bf16 builds the ops run fit without spills (``inspect``, the
-    tests) since the casting pass skips the lane's own amax reductions (the padded grouped backward spilled 3 words for sm_90a before; in one launch
-    it took 0.233 ms against 0.373 for two, H200, 2026-12-02).  The backward's CTA holds dg's and du's 128
-    columns, so it needs I % 128 == 0 (no 128-block along 2I holding both; the ops check).  A form that stashes the
-    run's inputs in shared memory instead (8 warps, 2 CTAs per SM, the prologue recomputed for the cast) measured
-    2-5 % faster forward but 1.4-3.4x slower backward, and the plain casts in that form no faster than their walk.
+    threads per CTA leave 128 registers per thread; the bf16 builds the ops run fit without spills (``inspect``,
+    the tests) since the casting pass skips the lane's own amax reductions (the padded grouped backward spilled 3
+    words for sm_90a before; in one launch it took 0.233 ms against 0.373 for two, H200, 2026-12-02).  The
+    backward's CTA holds dg's and du's 128 columns, so it needs I % 128 == 0 (no 128-block along 2I holding both;
+    the ops check).  A form that stashes the run's inputs in shared memory instead (2 CTAs per SM, the prologue
+    recomputed for the cast) measured 0-7 % faster forward but 1.4-3.4x slower backward (dense and padded
+    grouped), and the plain casts in that form no faster than their walk (``docs/sm90_gemm.md``).
 
     Dense calls run the staged loop (:attr:`ROW_TILES` row blocks per CTA, 160-220 registers; on the H200 it was
     4-6 points of copy bandwidth faster forward and 1-2 backward than one block per CTA, bf16, 2026-11-30).
