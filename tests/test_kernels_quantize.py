@@ -1,5 +1,5 @@
-"""CuTe DSL rowwise / colwise quantization kernels: compiled for sm_90a and sm_100f on the CPU (every variant, PTX checked),
-and bit-exact against the reference on a GPU (``-m gpu``, SM90)."""
+"""CuTe DSL rowwise / colwise quantization kernels: compiled on the CPU with PTX checked (every sm_100f variant, a
+pairwise cover of the sm_90a ones), and bit-exact against the reference on a GPU (``-m gpu``, SM90)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ from cute_mxfp8.ops.backends import BackendUnavailableError, resolve_backend
 
 cutlass = pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is a dependency; install the package")
 
-VARIANTS = list(itertools.product(["bfloat16", "float32"], ["e4m3", "e5m2"], ["floor", "rceil"], [False, True]))
+# (in_dtype, elem, mode, blocked): the values of each compile argument, and every combination of them
+AXES = {"in_dtype": ["bfloat16", "float32"], "elem": ["e4m3", "e5m2"], "mode": ["floor", "rceil"],
+        "blocked": [False, True]}
+VARIANTS = list(itertools.product(*AXES.values()))
 # (direction, grouped, batched): every kernel build of compile_quant
 BUILDS = [("rowwise", False, False), ("rowwise", True, False), ("rowwise", False, True), ("colwise", False, False),
           ("colwise", True, False), ("dual", False, False), ("dual", True, False)]
@@ -27,10 +30,8 @@ def _pairwise_sm90() -> list[tuple]:
     which no test can run, compiles the full product."""
     from cute_mxfp8.cli.inspect_kernels import Family
 
-    axes = {"build": BUILDS, "in_dtype": ["bfloat16", "float32"], "elem": ["e4m3", "e5m2"],
-            "mode": ["floor", "rceil"], "blocked": [False, True]}
-    return [("sm_90a", *v["build"], v["in_dtype"], v["elem"], v["mode"], v["blocked"])
-            for v in Family("quantize", None, axes).pairwise_variants()]
+    return [("sm_90a", *v["build"], *(v[k] for k in AXES))
+            for v in Family("quantize", None, {"build": BUILDS, **AXES}).pairwise_variants()]
 
 
 CASES = [("sm_100f", *b, *v) for b in BUILDS for v in VARIANTS] + _pairwise_sm90()
