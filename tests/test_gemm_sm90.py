@@ -559,6 +559,7 @@ def test_fast_mode_gemm_compiles_with_a_quarter_of_the_promotions():
     assert res["local_frame"] == 0 and wide.launch_smem[0] <= 232448
     counts = sass_facts.opcode_counts(sass_facts.disassemble(wide.__cubin__))
     assert counts["FFMA"] == 96 and counts["LDS.128"] == 6 and counts["USETMAXREG.TRY_ALLOC.CTAPOOL"] == 1
+    assert counts["QGMMA.64x96x32.F32.E4M3.E4M3"] == 8  # split N: each warpgroup's 96 columns, 4 K steps per stage
     # the 2d-3d build (ops.grouped_mm(..., scale_block=128)): the same mainloop on the groups' tiles
     grouped = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, block_k=128, n_tile=192,
                                 grouping="m")

@@ -192,8 +192,9 @@ def _sass(fn):
 
     (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
     sass = sass_facts.disassemble(fn.__cubin__)
-    counts = sass_facts.opcode_counts(sass)  # (opcodes cut at an 'x': QGMMA.64x96x32... counts as QGMMA.64)
-    return res, (lambda p: sass.count(p) if "x" in p else sum(v for k, v in counts.items() if k.startswith(p)))
+    counts = sass_facts.opcode_counts(sass)  # an opcode and its modifiers; a pattern with operands: as text
+    return res, (lambda p: sass.count(p) if " " in p else sum(v for k, v in counts.items()
+                                                              if k == p or k.startswith(p + ".")))
 
 
 @pytest.mark.parametrize("split,grouping", [("m", "none"), ("m", "m"), ("n", "none")])

@@ -22,8 +22,9 @@ import tempfile
 _EIATTR_FRAME_SIZE = 0x11
 _EIATTR_REGCOUNT = 0x2F
 _EIFMT_SVAL = 0x04
-# one SASS instruction: "/*0040*/  @!P0 LDG.E.128 R4, desc[UR4][R2.64] ;" -> "LDG.E.128"
-_INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[0-9T]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)", re.M)
+# one SASS instruction: "/*0040*/  @!P0 LDG.E.128 R4, desc[UR4][R2.64] ;" -> "LDG.E.128"; modifiers may hold
+# lower case ("QGMMA.64x96x32.F32.E4M3.E4M3" keeps its MMA shape)
+_INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[0-9T]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)", re.M)
 
 
 def _sections(elf: bytes) -> dict[str, tuple[int, int, int, int]]:
