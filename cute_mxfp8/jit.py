@@ -120,7 +120,7 @@ def _recording_launch_smem():
 @disk_cached(skip_if="keep_ptx")
 def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
                   keep_ptx: bool = False, grouped: bool = False, batched: bool = False, scale_block: int = 32,
-                  phase: str = "cast", pad_groups: bool = False, blocks_2d: bool = False):
+                  phase: str = "cast", pad_groups: bool = False, blocks_2d: bool = False, keep_run: bool = False):
     """Compiled MXFP8 cast for ``arch`` (e.g. ``"sm_90a"``).  ``direction``: ``"rowwise"``, ``"colwise"`` or
     ``"dual"``; ``grouped``: token groups along M (``offs``); ``batched``: rowwise of 3-D (E, N, K) weights.
 
@@ -147,6 +147,9 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
       ``token_align=128``), zero-filled.
     * ``blocks_2d`` (``scale_block=128``, one launch, no groups): each 128 x 128 tile of x's last two dims shares
       one scale (``formats.quantize_mxfp8(..., blocks_2d=True)``, the fast mode's 128 x 128 weight blocks).
+    * ``keep_run`` (``scale_block=128``, one launch): the CTA keeps its run's input tiles in registers between the
+      reducing and the casting walk instead of reloading them (the same bytes; what the ops run for bf16 inputs
+      without token groups, ``ops.cute_kernels.TILE_KEEP_RUN``).
 
     With ``keep_ptx`` the function is built for inspection only (its ``__ptx__`` holds the PTX).
     """
@@ -183,7 +186,7 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
         raise ValueError("3-D (batched) inputs take no token groups")
     kernel = TileQuantKernel(elem, scale_mode, blocked, rowwise=direction != "colwise",
                              colwise=direction != "rowwise", grouped=grouped, scale_block=scale_block, phase=phase,
-                             pad_groups=pad_groups, blocks_2d=blocks_2d)
+                             pad_groups=pad_groups, blocks_2d=blocks_2d, keep_run=keep_run)
     # Every tensor gets its own symbols: the kernel takes its shapes from x, and an unused output slot may hold
     # another tensor (TVM-FFI checks that tensors sharing a symbol agree in that dimension).
     x = fake(x_dtype, (sym(), sym(), k))

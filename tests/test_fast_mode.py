@@ -468,6 +468,42 @@ def test_fast_mode_swiglu_casts_run_in_one_launch_for_bf16_inputs():
     assert CK._one_pass_dtype((x16, x16)) == torch.bfloat16 and CK._one_pass_dtype((x32, x16)) == torch.float32
 
 
+def test_the_one_launch_casts_keep_the_run_for_bf16_without_groups():
+    """``ops.cute_kernels._keep_run``: the 128-block one-launch casts of bf16 inputs without token groups keep
+    their run's tiles in registers; fp32 inputs, token groups, the two-launch phases and 32-blocks reload (or have no
+    second walk).  The kernel refuses ``keep_run`` where it has no run to keep."""
+    from cute_mxfp8.kernels.quantize_tile import TileQuantKernel
+    from cute_mxfp8.ops import cute_kernels as CK
+
+    assert CK._keep_run(torch.bfloat16, 128, "cast", False)
+    assert not any((CK._keep_run(torch.float32, 128, "cast", False), CK._keep_run(torch.bfloat16, 128, "cast", True),
+                    CK._keep_run(torch.bfloat16, 128, "apply", False), CK._keep_run(torch.bfloat16, 32, "cast", False)))
+    for kw in (dict(scale_block=32), dict(scale_block=128, phase="amax"), dict(scale_block=128, keep_run=1)):
+        with pytest.raises(ValueError, match="keep_run"):
+            TileQuantKernel("e4m3", "rceil", True, True, True, **{"keep_run": True, **kw})
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100f"])
+@pytest.mark.parametrize("blocks_2d", [False, True])
+def test_the_kept_run_casts_read_their_input_once(blocks_2d, arch):
+    """The kept-run dual cast (``TileQuantKernel(keep_run=True)``, what the ops run for bf16 activations and weights
+    without groups) issues half the global loads of the reloading build (one walk over the run's 4 tiles instead of
+    two), still meets once, keeps its 2 KB of row amaxes and uses no local memory on either arch."""
+    import re
+
+    from cute_mxfp8.cli import sass_facts
+    from cute_mxfp8.jit import compile_quant
+
+    builds = {keep: compile_quant("dual", "bfloat16", "e4m3", "rceil", True, arch, True, False, False, 128, "cast",
+                                  False, blocks_2d, keep) for keep in (False, True)}
+    loads = {keep: len(re.findall(r"ld\.global", fn.__ptx__)) for keep, fn in builds.items()}
+    assert loads[True] * 2 == loads[False] > 0
+    fn = builds[True]
+    assert len(re.findall(r"bar\.sync", fn.__ptx__)) == 1 and ".local" not in fn.__ptx__
+    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
+    assert res["local_frame"] == 0 and fn.launch_smem == (2048,)
+
+
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100f"])
 @pytest.mark.parametrize("direction,grouped", [("fwd", False), ("bwd", False), ("fwd", True), ("bwd", True)])
 def test_the_one_launch_swiglu_casts_keep_the_run_in_registers(direction, grouped, arch):

@@ -120,6 +120,15 @@ FAMILIES = [
              {"direction": [d], "in_dtype": IN_DTYPES if d == "dual" else ["bfloat16"], "elem": ["e4m3"],
               "scale_mode": MODES if d == "dual" else ["rceil"], "blocked": [True]})
       for d, batched in (("dual", False), ("rowwise", False), ("rowwise", True), ("colwise", False))),
+    # ... and what the ops run for bf16 without token groups (ops.cute_kernels.TILE_KEEP_RUN): the run's tiles kept
+    # in registers between the two walks
+    *(Family(f"quantize_{d}{'_3d' if batched else ''}{'_blocks_2d' if b2d else ''}_kept_fast_mode",
+             functools.partial(jit.compile_quant, batched=batched, scale_block=128, blocks_2d=b2d, keep_run=True),
+             {"direction": [d], "in_dtype": ["bfloat16"], "elem": ["e4m3"],
+              "scale_mode": MODES if d == "dual" else ["rceil"], "blocked": [True]})
+      for d, batched, b2d in (("dual", False, False), ("rowwise", False, False), ("rowwise", True, False),
+                              ("colwise", False, False), ("dual", False, True), ("rowwise", False, True),
+                              ("rowwise", True, True), ("colwise", False, True))),
     *(Family(f"swiglu_quant_{d}_fast_mode_{phase}",
              functools.partial(jit.compile_swiglu_quant, scale_block=128, phase=phase),
              {"direction": [d], "in_dtype": ["bfloat16"], "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})

@@ -194,6 +194,17 @@ def _amax_buffers(device: torch.device, shape: tuple, offs) -> tuple:
     return flat[:n_rows].view(rows), flat[split:].view(cols)
 
 
+# the one-launch 128-block casts without token groups keep the CTA's run in registers between their two walks
+# instead of reloading it from L2 (TileQuantKernel keep_run): 16-33 % less time for bf16 activations and 128 x 128
+# weight blocks on the H200 (tools/fast_mode_casts.py, 2026-12-03); the token-group build (128 registers) took 34 %
+# more, and fp32 inputs were not measured, so those reload
+TILE_KEEP_RUN = {torch.bfloat16: True, torch.float32: False}
+
+
+def _keep_run(dtype: torch.dtype, scale_block: int, phase: str, grouped: bool) -> bool:
+    return scale_block == 128 and phase == "cast" and not grouped and TILE_KEEP_RUN[dtype]
+
+
 # the SwiGLU kernels' 128-block casts of bf16 inputs in one launch (each CTA's 16 warps hold its 128-row run in
 # registers and meet once over the 128-block amaxes), else in two (an amax pass through global buffers, then the
 # casts; fp32 inputs: the resident build compiles without spills but was not measured, so they keep two)
@@ -235,7 +246,8 @@ def _ops(arch: str) -> dict:
     def kernel(direction, x, scale_mode, elem_dtype, blocked, grouped=False, batched=False, scale_block=32,
                phase="cast", pad_groups=False, blocks_2d=False):
         return compile_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False,
-                             grouped, batched, scale_block, phase, pad_groups, blocks_2d)
+                             grouped, batched, scale_block, phase, pad_groups, blocks_2d,
+                             _keep_run(x.dtype, scale_block, phase, grouped))
 
     def tile(direction, x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs=None, scale_block=32,
              token_align=0, blocks_2d=False):
@@ -364,7 +376,8 @@ def _plans(arch: str) -> dict:
                 return None
             three_d = x.dim() == 3
             fn = compile_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False,
-                               three_d and direction == "rowwise", scale_block, "cast", False, blocks_2d)
+                               three_d and direction == "rowwise", scale_block, "cast", False, blocks_2d,
+                               _keep_run(x.dtype, scale_block, "cast", False))
             dev = x.device
             specs = [_output_spec(sh, tuple(x.shape), blocked) for sh in shapes]
             unused = _unused_outputs(dev, elem_dtype, blocked)

@@ -1,0 +1,91 @@
+"""Hopper fast mode plain casts (issue 16) on the H200: the one-launch 128-block dual casts the MLP steps run (x / dy
+of the dense steps, the grouped step's token-aligned x / dy, the 128 x 128-block weights), in two builds: the CTA's
+run reloaded from L2 for the casting walk (``TileQuantKernel(keep_run=False)``) or kept in registers from the
+reducing walk (``keep_run=True``).  Checks that both builds write the same bytes, times them (do_bench medians)
+and reports GB/s of the op's DRAM bytes (input read once, outputs written once) beside a same-run bf16 copy and
+the 32-block dual cast of the same tensor.  A dev tool: python tools/fast_mode_casts.py [--out DIR]."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from cute_mxfp8 import ops
+from cute_mxfp8.cli.bench import _time_ms
+from cute_mxfp8.ops import backends, cute_kernels
+
+# (name, shape, experts, token_align, blocks_2d)
+CASES = [("x / dy, M=16384 D=4096", (16384, 4096), 0, 0, False),
+         ("x / dy, M=8192 D=2048", (8192, 2048), 0, 0, False),
+         ("grouped x / dy, T=32768 D=2048 E=8, token_align 128", (32768, 2048), 8, 128, False),
+         ("W13 128x128, 2I=28672 D=4096", (28672, 4096), 0, 0, True),
+         ("W13 128x128, 2I=16384 D=2048", (16384, 2048), 0, 0, True),
+         ("grouped W13 128x128, 8 x 3072 x 2048", (8, 3072, 2048), 0, 0, True),
+         ("grouped W2 128x128, 8 x 2048 x 1536", (8, 2048, 1536), 0, 0, True)]
+
+
+def _bytes(outs) -> int:
+    return sum(t.numel() * t.element_size() for t in outs)
+
+
+def _copy_gbps(dev) -> float:
+    src = torch.empty(2**29, dtype=torch.bfloat16, device=dev)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 2 / (_time_ms(lambda: dst.copy_(src), dev, 1.0) * 1e-3) / 1e9
+
+
+def _set(keep: bool) -> None:
+    cute_kernels.TILE_KEEP_RUN[torch.bfloat16] = keep
+    backends.PLANS.clear()
+
+
+def _case(dev, name, shape, e, token_align, blocks_2d) -> dict:
+    x = torch.randn(shape, device=dev).bfloat16()
+    x[..., 5, :] *= 300  # an outlier row and column: scales differ across the run
+    x[..., :, 7] *= 1e-3
+    kw = {"scale_block": 128, "blocks_2d": blocks_2d}
+    if e:
+        counts = torch.full((e,), shape[0] // e, device=dev)
+        counts[0] -= 100  # a group ending inside a run
+        counts[1] += 100
+        kw.update(offs=counts.cumsum(0).to(torch.int32), token_align=token_align)
+    row = {}
+    outs = {}
+    for keep in (False, True):
+        _set(keep)
+        outs[keep] = ops.quantize_dual(x, **kw)
+        ms = _time_ms(lambda: ops.quantize_dual(x, **kw), dev, 1.0)
+        row["kept" if keep else "reloaded"] = ms
+    _set(False)
+    same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(outs[False], outs[True]))
+    nbytes = x.numel() * x.element_size() + _bytes(outs[True])
+    row.update(equal=same, bytes=nbytes)
+    if not e and not blocks_2d:
+        row["mx32"] = _time_ms(lambda: ops.quantize_dual(x), dev, 1.0)
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    copy_gbps = _copy_gbps(dev)
+    report = {"copy_gbps": copy_gbps, "cases": {}}
+    print(f"bf16 copy: {copy_gbps:.0f} GB/s")
+    for case in CASES:
+        r = _case(dev, *case)
+        report["cases"][case[0]] = r
+        gbps = {k: r["bytes"] / (r[k] * 1e-3) / 1e9 for k in ("reloaded", "kept", "mx32") if k in r}
+        print(f"{case[0]}: equal={r['equal']} " + "  ".join(
+            f"{k} {r[k]:.4f} ms ({gbps[k]:.0f} GB/s, {100 * gbps[k] / copy_gbps:.0f} % of copy)" for k in gbps),
+            flush=True)
+    if args.out:
+        with open(f"{args.out}/fast_mode_casts.json", "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
