@@ -120,7 +120,8 @@ def _recording_launch_smem():
 @disk_cached(skip_if="keep_ptx")
 def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
                   keep_ptx: bool = False, grouped: bool = False, batched: bool = False, scale_block: int = 32,
-                  phase: str = "cast", pad_groups: bool = False, blocks_2d: bool = False, keep_run: bool = False):
+                  phase: str = "cast", pad_groups: bool = False, blocks_2d: bool = False, keep_run: bool = False,
+                  gate_up: bool = False):
     """Compiled MXFP8 cast for ``arch`` (e.g. ``"sm_90a"``).  ``direction``: ``"rowwise"``, ``"colwise"`` or
     ``"dual"``; ``grouped``: token groups along M (``offs``); ``batched``: rowwise of 3-D (E, N, K) weights.
 
@@ -147,6 +148,9 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
       ``token_align=128``), zero-filled.
     * ``blocks_2d`` (``scale_block=128``, one launch, no groups): each 128 x 128 tile of x's last two dims shares
       one scale (``formats.quantize_mxfp8(..., blocks_2d=True)``, the fast mode's 128 x 128 weight blocks).
+    * ``gate_up`` (``"dual"``, ``scale_block=128``, one launch, no groups): ``fn(w1, w3, q, s, qt, st, ...)``, the
+      dual cast of W13 = [w1; w3] (E, 2I, K) read from w1 and w3 (E, I, K) with I % 128 == 0 (no packed copy);
+      outputs as above for 2I rows.
     * ``keep_run`` (``scale_block=128``, one launch): the CTA keeps its run's input tiles in registers between the
       reducing and the casting walk instead of reloading them (the same bytes; what the ops run for bf16 inputs
       without token groups, ``ops.cute_kernels.TILE_KEEP_RUN``).
@@ -186,14 +190,16 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
         raise ValueError("3-D (batched) inputs take no token groups")
     kernel = TileQuantKernel(elem, scale_mode, blocked, rowwise=direction != "colwise",
                              colwise=direction != "rowwise", grouped=grouped, scale_block=scale_block, phase=phase,
-                             pad_groups=pad_groups, blocks_2d=blocks_2d, keep_run=keep_run)
+                             pad_groups=pad_groups, blocks_2d=blocks_2d, keep_run=keep_run, gate_up=gate_up)
     # Every tensor gets its own symbols: the kernel takes its shapes from x, and an unused output slot may hold
     # another tensor (TVM-FFI checks that tensors sharing a symbol agree in that dimension).
     x = fake(x_dtype, (sym(), sym(), k))
     q = fake(kernel.elem_dtype, (sym(), sym(), sym(32)))
     qt = fake(kernel.elem_dtype, (sym(), sym(32), sym(1 if grouped and not pad_groups else 32)))
-    return _compile(kernel.launch, (x, q, _tile_scales(blocked), qt, _tile_scales(blocked), i32,
-                                    fake(cutlass.Int32, (sym(),)), *_amax_buffers()), arch, keep_ptx)
+    inputs = (x, fake(x_dtype, (sym(), sym(), k))) if gate_up else (x,)  # gate_up: w1, w3
+    return _compile(kernel.launch_gate_up if gate_up else kernel.launch,
+                    (*inputs, q, _tile_scales(blocked), qt, _tile_scales(blocked), i32,
+                     fake(cutlass.Int32, (sym(),)), *_amax_buffers()), arch, keep_ptx)
 
 
 def _amax_buffers():

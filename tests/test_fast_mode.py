@@ -468,6 +468,52 @@ def test_fast_mode_swiglu_casts_run_in_one_launch_for_bf16_inputs():
     assert CK._one_pass_dtype((x16, x16)) == torch.bfloat16 and CK._one_pass_dtype((x32, x16)) == torch.float32
 
 
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("shape", [(128, 96), (384, 416), (2, 256, 160), (3, 128, 4096)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fast_mode_gate_up_cast_reads_w1_and_w3_and_matches_the_reference(shape, dtype, monkeypatch, rng):
+    """``quantize_gate_up`` with 128-blocks runs one dual cast that reads w1 and w3 themselves (no packed W13 is
+    made): the bytes of the reference (each projection cast on its own, then packed), with 1x128 and 128 x 128
+    blocks, plain and blocked scales, NaN / Inf / saturation / subnormal rows in w3 only."""
+    from cute_mxfp8.ops import cute_kernels as CK
+
+    seen = []
+    real = CK.compile_quant
+    monkeypatch.setattr(CK, "compile_quant", lambda *a: seen.append(a) or real(*a))
+    monkeypatch.setattr(CK, "pack_gate_up", lambda *a, **k: pytest.fail("packed W13 made"))
+    w1 = torch.randn(*shape, generator=rng).to(dtype)
+    w3 = _special(torch.randn(*shape, generator=rng) * torch.logspace(-6, 6, shape[-1])).to(dtype)
+    for blocked in (False, True):
+        for blocks_2d in (False, True):
+            kw = dict(blocked=blocked, scale_block=128, blocks_2d=blocks_2d)
+            _equal(ops.quantize_gate_up(w1.cuda(), w3.cuda(), backend="sm90", **kw),
+                   ops.quantize_gate_up(w1, w3, backend="reference", **kw))
+    assert seen and all(a[0] == "dual" and a[-1] is True for a in seen)  # the gate_up build, every call
+
+
+def test_the_gate_up_cast_build_reads_two_inputs_without_spilling():
+    """``compile_quant(..., gate_up=True)``: each CTA loads from w1 or from w3 (two copies of the load code, one
+    barrier), no local memory, the kept-run build too; ``gate_up`` is refused where no run is cast in one launch."""
+    import re
+
+    from cute_mxfp8.cli import sass_facts
+    from cute_mxfp8.jit import compile_quant
+    from cute_mxfp8.kernels.quantize_tile import TileQuantKernel
+
+    for keep in (False, True):
+        plain, fn = (compile_quant("dual", "bfloat16", "e4m3", "rceil", True, "sm_90a", True, False, False, 128,
+                                   "cast", False, True, keep, gate_up) for gate_up in (False, True))
+        assert len(re.findall(r"ld\.global", fn.__ptx__)) == 2 * len(re.findall(r"ld\.global", plain.__ptx__))
+        assert len(re.findall(r"bar\.sync", fn.__ptx__)) == 1
+        (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
+        assert res["local_frame"] == 0
+    for kw in (dict(scale_block=32), dict(scale_block=128, phase="amax"), dict(scale_block=128, colwise=False),
+               dict(scale_block=128, grouped=True)):
+        with pytest.raises(ValueError, match="gate_up"):
+            TileQuantKernel("e4m3", "rceil", True, True, kw.pop("colwise", True), **{"gate_up": True, **kw})
+
+
 def test_the_one_launch_casts_keep_the_run_for_bf16_without_groups():
     """``ops.cute_kernels._keep_run``: the 128-block one-launch casts of bf16 inputs without token groups keep
     their run's tiles in registers; fp32 inputs, token groups, the two-launch phases and 32-blocks reload (or have no

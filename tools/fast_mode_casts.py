@@ -3,7 +3,8 @@ of the dense steps, the grouped step's token-aligned x / dy, the 128 x 128-block
 run reloaded from L2 for the casting walk (``TileQuantKernel(keep_run=False)``) or kept in registers from the
 reducing walk (``keep_run=True``).  Checks that both builds write the same bytes, times them (do_bench medians)
 and reports GB/s of the op's DRAM bytes (input read once, outputs written once) beside a same-run bf16 copy and
-the 32-block dual cast of the same tensor.  A dev tool: python tools/fast_mode_casts.py [--out DIR]."""
+the 32-block dual cast of the same tensor; and W13's cast read from w1 and w3 against torch.cat then the cast.  A
+dev tool: python tools/fast_mode_casts.py [--out DIR]."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ def _copy_gbps(dev) -> float:
     return 2 * src.numel() * 2 / (_time_ms(lambda: dst.copy_(src), dev, 1.0) * 1e-3) / 1e9
 
 
+KEEP = cute_kernels.TILE_KEEP_RUN[torch.bfloat16]  # what the ops run (restored after each A/B)
+
+
 def _set(keep: bool) -> None:
     cute_kernels.TILE_KEEP_RUN[torch.bfloat16] = keep
     backends.PLANS.clear()
@@ -58,13 +62,31 @@ def _case(dev, name, shape, e, token_align, blocks_2d) -> dict:
         outs[keep] = ops.quantize_dual(x, **kw)
         ms = _time_ms(lambda: ops.quantize_dual(x, **kw), dev, 1.0)
         row["kept" if keep else "reloaded"] = ms
-    _set(False)
+    _set(KEEP)
     same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(outs[False], outs[True]))
     nbytes = x.numel() * x.element_size() + _bytes(outs[True])
     row.update(equal=same, bytes=nbytes)
     if not e and not blocks_2d:
         row["mx32"] = _time_ms(lambda: ops.quantize_dual(x), dev, 1.0)
     return row
+
+
+GATE_UP = [("W13 from w1, w3 (128x128), I=14336 D=4096", (14336, 4096)),
+           ("W13 from w1, w3 (128x128), I=8192 D=2048", (8192, 2048)),
+           ("grouped W13 from w1, w3 (128x128), 8 x 1536 x 2048", (8, 1536, 2048))]
+
+
+def _gate_up(dev, name, shape) -> dict:
+    """``quantize_gate_up`` (one cast reading w1 and w3) against packing W13 with torch.cat and casting it (the
+    code before): equal bytes, ms of each."""
+    w1, w3 = (torch.randn(shape, device=dev).bfloat16() for _ in range(2))
+    kw = {"scale_block": 128, "blocks_2d": True}
+    new = ops.quantize_gate_up(w1, w3, **kw)
+    old = ops.quantize_dual(torch.cat([w1, w3], dim=-2), **kw)
+    same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(new, old))
+    return {"equal": same, "bytes": 2 * w1.numel() * 2 + _bytes(new),
+            "from w1, w3": _time_ms(lambda: ops.quantize_gate_up(w1, w3, **kw), dev, 1.0),
+            "cat + cast": _time_ms(lambda: ops.quantize_dual(torch.cat([w1, w3], dim=-2), **kw), dev, 1.0)}
 
 
 def main():
@@ -82,6 +104,11 @@ def main():
         print(f"{case[0]}: equal={r['equal']} " + "  ".join(
             f"{k} {r[k]:.4f} ms ({gbps[k]:.0f} GB/s, {100 * gbps[k] / copy_gbps:.0f} % of copy)" for k in gbps),
             flush=True)
+    for name, shape in GATE_UP:
+        r = _gate_up(dev, name, shape)
+        report["cases"][name] = r
+        print(f"{name}: equal={r['equal']} from w1, w3 {r['from w1, w3']:.4f} ms, cat + cast {r['cat + cast']:.4f} "
+              f"ms ({100 * r['bytes'] / (r['from w1, w3'] * 1e-3) / 1e9 / copy_gbps:.0f} % of copy)", flush=True)
     if args.out:
         with open(f"{args.out}/fast_mode_casts.json", "w") as f:
             json.dump(report, f, indent=1)

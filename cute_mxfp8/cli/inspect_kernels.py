@@ -129,6 +129,12 @@ FAMILIES = [
       for d, batched, b2d in (("dual", False, False), ("rowwise", False, False), ("rowwise", True, False),
                               ("colwise", False, False), ("dual", False, True), ("rowwise", False, True),
                               ("rowwise", True, True), ("colwise", False, True))),
+    # ... and the packed W13's cast read from w1 and w3 (ops.quantize_gate_up with 128-blocks): kept run for bf16
+    *(Family(f"quantize_dual_gate_up{'_blocks_2d' if b2d else ''}{'_kept' if keep else ''}_fast_mode",
+             functools.partial(jit.compile_quant, scale_block=128, blocks_2d=b2d, keep_run=keep, gate_up=True),
+             {"direction": ["dual"], "in_dtype": ["bfloat16" if keep else "float32"], "elem": ["e4m3"],
+              "scale_mode": ["rceil"], "blocked": [True]})
+      for b2d in (False, True) for keep in (False, True)),
     *(Family(f"swiglu_quant_{d}_fast_mode_{phase}",
              functools.partial(jit.compile_swiglu_quant, scale_block=128, phase=phase),
              {"direction": [d], "in_dtype": ["bfloat16"], "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})

@@ -113,8 +113,16 @@ class TileQuantKernel(MXCastParams):
 
     def __init__(self, elem: str, scale_mode: str, blocked: bool, rowwise: bool, colwise: bool,
                  grouped: bool = False, emit_hp: bool = False, row_tiles: int = 1, scale_block: int = 32,
-                 phase: str = "cast", pad_groups: bool = False, blocks_2d: bool = False, keep_run: bool = False):
+                 phase: str = "cast", pad_groups: bool = False, blocks_2d: bool = False, keep_run: bool = False,
+                 gate_up: bool = False):
         super().__init__(elem, scale_mode, blocked)
+        if type(gate_up) is not bool or (gate_up and (scale_block != 128 or phase != "cast" or grouped
+                                                      or not (rowwise and colwise) or self.prologue != "cast")):
+            raise ValueError(f"gate_up (a bool: the dual cast of W13 = [w1; w3] read from w1 and w3) needs the "
+                             f"one-launch 128-block dual cast without token groups, got gate_up={gate_up!r} with "
+                             f"scale_block={scale_block!r}, phase={phase!r}, grouped={grouped!r}, rowwise="
+                             f"{rowwise!r}, colwise={colwise!r}, prologue={self.prologue!r}")
+        self.gate_up = gate_up
         if type(keep_run) is not bool or (keep_run and (scale_block != 128 or phase != "cast"
                                                         or self.prologue != "cast")):
             raise ValueError(f"keep_run (a bool: the one-pass 128-block cast keeps its run's tiles in registers) "
@@ -154,6 +162,14 @@ class TileQuantKernel(MXCastParams):
         """The cast: ``x (E, M, K)`` -> the outputs above (unused ones take placeholders); ``amax_rows`` /
         ``amax_cols`` the 128-block amaxes of ``scale_block=128`` (placeholders otherwise)."""
         self._launch(x, x, q, s, qt, st, q, offs, tile_starts, amax_rows, amax_cols, x.shape[2], stream)
+
+    @cute.jit
+    def launch_gate_up(self, w1: cute.Tensor, w3: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor,
+                       st: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor, amax_rows: cute.Tensor,
+                       amax_cols: cute.Tensor, stream: cuda.CUstream):
+        """``gate_up``: the dual cast of W13 = [w1; w3] ``(E, 2I, K)`` from ``w1`` and ``w3`` ``(E, I, K)``
+        (I % 128 == 0, so no run holds rows of both), outputs as :meth:`launch` for 2I rows."""
+        self._launch(w1, w3, q, s, qt, st, q, offs, tile_starts, amax_rows, amax_cols, w1.shape[2], stream)
 
     @cute.jit
     def _launch(self, x: cute.Tensor, y: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor,
@@ -448,7 +464,7 @@ class TileQuantKernel(MXCastParams):
             else:  # keep_run: the "amax" walk loads and keeps the raw tile, the "apply" walk reads it back
                 t = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
                 if cutlass.const_expr(step == "amax"):
-                    _load_tile(t, gx, e, rl, end, r0 + BLOCK <= end, cv, kept)
+                    self._load_cast_tile(t, gx, gy, e, r0, rl, end, r0 + BLOCK <= end, cv, kept)
                 else:
                     t.store(kept.load().to(cutlass.Float32))
                 tiles = [t]
@@ -477,6 +493,8 @@ class TileQuantKernel(MXCastParams):
         """(first row, end of its rows, the group's first 128-row tile) of (virtual) row block ``vb``: rows
         ``[32 vb, M)``, or with token groups the block's group from its start (tile 0 without groups)."""
         m = cute.size(gx, mode=[1, 1])
+        if cutlass.const_expr(self.gate_up):  # rows [0, I) of w1 (gx), then [I, 2I) of w3 (gy)
+            m = 2 * m
         r0 = vb * BLOCK
         end = m
         tile0 = cutlass.Int32(0)
@@ -495,7 +513,10 @@ class TileQuantKernel(MXCastParams):
         ``gx`` and h13 = ``gy`` (cast at ``cv`` and ``cv + kv`` of dh13)."""
         t = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
         if cutlass.const_expr(self.prologue == "cast"):
-            _load_tile(t, gx, e, rl, end, full, cv)
+            if cutlass.const_expr(self.gate_up):  # (no token groups: the block starts on a multiple of 32)
+                self._load_cast_tile(t, gx, gy, e, rl - rl % BLOCK, rl, end, full, cv)
+            else:
+                _load_tile(t, gx, e, rl, end, full, cv)
             return [t]
         elif cutlass.const_expr(self.prologue == "swiglu"):
             u = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
@@ -512,6 +533,19 @@ class TileQuantKernel(MXCastParams):
         t.store(dg)
         u.store(du)
         return [t, u]
+
+    @cute.jit
+    def _load_cast_tile(self, t: cute.Tensor, gx: cute.Tensor, gy: cute.Tensor, e, r0, rl, end, full, cv, raw=None):
+        """:func:`_load_tile` of the cast's input at rows ``[rl, rl + 8)`` of block ``r0``: of ``gx``, or with
+        ``gate_up`` of w1 (``gx``) below I and of w3 (``gy``, rows shifted by I) from I on."""
+        if cutlass.const_expr(self.gate_up):
+            half = cute.size(gx, mode=[1, 1])
+            if r0 < half:
+                _load_tile(t, gx, e, rl, half, full, cv, raw)
+            else:
+                _load_tile(t, gy, e, rl - half, end - half, full, cv, raw)
+        else:
+            _load_tile(t, gx, e, rl, end, full, cv, raw)
 
     @cute.jit
     def _operands(self, gx: cute.Tensor, gy: cute.Tensor, cv, kv):

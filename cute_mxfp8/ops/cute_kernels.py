@@ -328,12 +328,25 @@ def _ops(arch: str) -> dict:
 
     def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32, blocks_2d=False):
         """W13 packed in the input dtype (a temporary copy of both weights), then one dual cast of it (blocked
-        scales written by the kernel).  The same bytes as casting w1 and w3 on their own and packing the casts
-        (the reference): the op's checks make every colwise block along 2I hold features of one projection (I
-        and the tile are multiples of the scale block), and rowwise blocks run along D.  One copy and one cast,
+        scales written by the kernel); with 128-blocks, no interleaving and I % 128 == 0, one dual cast that reads
+        w1 and w3 themselves (``compile_quant(..., gate_up=True)``: no copy).  The same bytes as casting w1 and w3
+        on their own and packing the casts (the reference): the op's checks make every colwise block along 2I hold
+        features of one projection (I and the tile are multiples of the scale block), and rowwise blocks run along
+        D.  One copy and one cast,
         where the two casts and the packing of their four outputs took ~3x the launches and ~3.5x the host time
         (H200).  A W13 past the kernels' 32-bit indexing takes that older path (each projection fits)."""
         tile = gate_up_tile or None
+        if (tile is None and scale_block == 128 and w1.shape[-2] % 128 == 0 and w1.numel() > 0
+                and _packed_limits(w1, blocked) is None):  # no packed copy: the kernel reads w1 and w3
+            packed = (*w1.shape[:-2], 2 * w1.shape[-2], w1.shape[-1])
+            q, s = _outputs(rowwise_shapes, w1, elem_dtype, blocked, shape=packed)
+            qt, st = _outputs(colwise_shapes, w1, elem_dtype, blocked, shape=packed)
+            three_d = w1.dim() == 3
+            fn = compile_quant("dual", _IN[w1.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False,
+                               False, 128, "cast", False, blocks_2d, _keep_run(w1.dtype, 128, "cast", False), True)
+            fn(*(_batch(t, three_d) for t in (w1, w3, q, s, qt, st)), *_group_args(w1.device, None),
+               *_no_amax(w1.device))
+            return _e8m0(q, s, qt, st)
         if _packed_limits(w1, blocked) is not None:
             casts = [quantize_dual(w, scale_mode, elem_dtype, False, None, scale_block, 0, blocks_2d)
                      for w in (w1, w3)]
