@@ -3,9 +3,9 @@ and rowwise, for 2-D activations (as a batch of one), 3-D expert weights (E, N, 
 operands, token groups along M (``offs``); and the same tiles behind a SwiGLU forward / backward prologue
 (:class:`SwiGLUQuantKernel`).
 
-Arch-generic (SM90 and SM100): vectorized global loads and stores and warp shuffles; shared memory only as the
-SwiGLU kernels' lane-private cp.async staging buffers (no barriers anywhere).  The block
-math, amax reductions and SwiGLU are the device functions of :mod:`cute_mxfp8.kernels.mx_math` (bit-exact with
+Arch-generic (SM90 and SM100): vectorized global loads and stores and warp shuffles; shared memory as the staged
+loop's lane-private cp.async buffers (no barriers) and, in the one-launch 128-block casts (the Hopper fast mode),
+for the 128-block amaxes the CTA's warps exchange across one barrier.  The block math, amax reductions and SwiGLU are the device functions of :mod:`cute_mxfp8.kernels.mx_math` (bit-exact with
 ``cute_mxfp8.formats`` for the casts).  Work split, tails and groups: :class:`TileQuantKernel`.
 """
 
@@ -40,8 +40,8 @@ class TileQuantKernel(MXCastParams):
     Compile-time parameters (the compile key): element dtype, ``scale_mode``, ``blocked`` scales, ``rowwise`` and
     ``colwise`` outputs (at least one), ``grouped`` (token groups along M; needs ``colwise``, E == 1), the
     ``prologue`` (``"cast"`` here), ``emit_hp`` (also store the high-precision tile, in the dtype of ``hp``) and
-    ``row_tiles`` (1: one row block per CTA; more: the staged loop below; ignored with token groups) and
-    ``keep_run`` (the one-launch 128-block cast below).
+    ``row_tiles`` (1: one row block per CTA; more: the staged loop below; ignored with token groups),
+    ``keep_run`` and ``gate_up`` (the one-launch 128-block cast below).
 
     Outputs (contiguous), for a cast of width K:
 
@@ -96,7 +96,9 @@ class TileQuantKernel(MXCastParams):
     ``keep_run`` (the plain cast only): the first walk keeps each of the run's 4 tiles in registers as loaded (64
     registers of bf16), and the second casts from them instead of reloading (one set of global loads; ~124 registers
     instead of ~56, so fewer CTAs per SM: on the H200 16-33 % faster without token groups, 34 % slower with them,
-    ``tools/fast_mode_casts.py``).
+    ``tools/fast_mode_casts.py``).  ``gate_up`` (the dual cast, no groups; :meth:`launch_gate_up`): the input is
+    W13 = [w1; w3] read from its two halves, w1 ``(E, I, K)`` as x and w3 as the second operand, I % 128 == 0 so
+    that each CTA's run lies in one of them (the ops' packed weight cast without a packed copy).
     So DRAM sees one read of the input, with no amax buffers and no atomics (the casts;
     :class:`SwiGLUQuantKernel` holds the run in registers instead, see there).  The two-launch form of the same math:
     ``phase="amax"`` reduces each lane's row and column amaxes as above and ``atomicMax``-es the fp32 bit patterns
