@@ -332,9 +332,8 @@ def _ops(arch: str) -> dict:
         w1 and w3 themselves (``compile_quant(..., gate_up=True)``: no copy).  The same bytes as casting w1 and w3
         on their own and packing the casts (the reference): the op's checks make every colwise block along 2I hold
         features of one projection (I and the tile are multiples of the scale block), and rowwise blocks run along
-        D.  One copy and one cast,
-        where the two casts and the packing of their four outputs took ~3x the launches and ~3.5x the host time
-        (H200).  A W13 past the kernels' 32-bit indexing takes that older path (each projection fits)."""
+        D.  One copy and one cast, where the two casts and the packing of their four outputs took ~3x the
+        launches and ~3.5x the host time (H200).  A W13 past the kernels' 32-bit indexing takes that older path (each projection fits)."""
         tile = gate_up_tile or None
         if (tile is None and scale_block == 128 and w1.shape[-2] % 128 == 0 and w1.numel() > 0
                 and _packed_limits(w1, blocked) is None):  # no packed copy: the kernel reads w1 and w3
