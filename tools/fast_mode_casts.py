@@ -14,7 +14,7 @@ import json
 import torch
 
 from cute_mxfp8 import ops
-from cute_mxfp8.cli.bench import _time_ms
+from cute_mxfp8.cli.bench import _time_ms, device_copy_gbps
 from cute_mxfp8.ops import backends, cute_kernels
 
 # (name, shape, experts, token_align, blocks_2d)
@@ -29,12 +29,6 @@ CASES = [("x / dy, M=16384 D=4096", (16384, 4096), 0, 0, False),
 
 def _bytes(outs) -> int:
     return sum(t.numel() * t.element_size() for t in outs)
-
-
-def _copy_gbps(dev) -> float:
-    src = torch.empty(2**29, dtype=torch.bfloat16, device=dev)
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 2 / (_time_ms(lambda: dst.copy_(src), dev, 1.0) * 1e-3) / 1e9
 
 
 KEEP = cute_kernels.TILE_KEEP_RUN[torch.bfloat16]  # what the ops run (restored after each A/B)
@@ -94,7 +88,7 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dev = torch.device("cuda")
-    copy_gbps = _copy_gbps(dev)
+    copy_gbps = device_copy_gbps(dev)
     report = {"copy_gbps": copy_gbps, "cases": {}}
     print(f"bf16 copy: {copy_gbps:.0f} GB/s")
     for case in CASES:

@@ -13,7 +13,7 @@ import json
 import torch
 
 from cute_mxfp8 import ops
-from cute_mxfp8.cli.bench import _time_ms
+from cute_mxfp8.cli.bench import _time_ms, device_copy_gbps
 from cute_mxfp8.ops import cute_kernels
 
 # (name, M, I, experts, token_align): the grouped MLP's casts use the padded layout; the unpadded grouped case too
@@ -25,19 +25,12 @@ def _bytes(outs) -> int:
     return sum(t.numel() * t.element_size() for t in outs if t is not None)
 
 
-def _copy_gbps(dev) -> float:
-    """GB/s of a 1 GiB bf16 device copy (read + write)."""
-    src = torch.empty(2**29, dtype=torch.bfloat16, device=dev)
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 2 / (_time_ms(lambda: dst.copy_(src), dev, 1.0) * 1e-3) / 1e9
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dev = torch.device("cuda")
-    copy_gbps = _copy_gbps(dev)
+    copy_gbps = device_copy_gbps(dev)
     report = {"copy_gbps": copy_gbps, "cases": {}}
     print(f"bf16 copy: {copy_gbps:.0f} GB/s")
     try:

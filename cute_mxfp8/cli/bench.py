@@ -263,6 +263,14 @@ def _grouped_baseline(name: str, fn: Callable[[], object]) -> dict:
     return {name: fn}
 
 
+def device_copy_gbps(device: torch.device) -> float:
+    """GB/s (read + write bytes) of a 1 GiB bf16 device-to-device copy on ``device`` (CUDA), timed as the ops are:
+    the ceiling memory-bound kernels are judged against in the same run."""
+    src = torch.empty(1 << 29, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 2 / _time_ms(lambda: dst.copy_(src), device, 1.0) / 1e6
+
+
 def _time_ms(fn: Callable[[], object], device: torch.device, budget_s: float) -> float:
     if device.type == "cuda":
         try:
@@ -365,10 +373,7 @@ def main(args) -> int:
             print(f"  {name}: not run ({why})")
     copy_gbps = None
     if device.type == "cuda":  # the ceiling memory-bound ops are judged against, measured in this run
-        src = torch.empty(1 << 29, dtype=torch.bfloat16, device=device).normal_()
-        dst = torch.empty_like(src)
-        copy_gbps = 2 * src.numel() * 2 / _time_ms(lambda: dst.copy_(src), device, 1.0) / 1e6
-        del src, dst
+        copy_gbps = device_copy_gbps(device)
         print(f"device copy bandwidth (1 GiB bf16 copy): {copy_gbps:.0f} GB/s")
     rows: list[Row] = []
     from tqdm import tqdm
