@@ -172,6 +172,10 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
     k = cute.sym_int(divisibility=32)
     if blocks_2d and (scale_block != 128 or phase != "cast" or grouped):
         raise ValueError("blocks_2d is the one-launch (phase 'cast') scale_block=128 cast of weights (no groups)")
+    for name, flag in (("keep_run", keep_run), ("gate_up", gate_up)):  # (checked before the 32-block rowwise kernel)
+        if type(flag) is not bool or (flag and (scale_block != 128 or phase != "cast")):
+            raise ValueError(f"{name} (a bool) belongs to the one-launch (phase 'cast') scale_block=128 cast, got "
+                             f"{name}={flag!r} with scale_block={scale_block!r}, phase={phase!r}")
     if direction == "rowwise" and not batched and scale_block == 32:
         from .kernels.quantize import GroupedRowwiseQuantKernel, RowwiseQuantKernel
 
@@ -196,7 +200,10 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
     x = fake(x_dtype, (sym(), sym(), k))
     q = fake(kernel.elem_dtype, (sym(), sym(), sym(32)))
     qt = fake(kernel.elem_dtype, (sym(), sym(32), sym(1 if grouped and not pad_groups else 32)))
-    inputs = (x, fake(x_dtype, (sym(), sym(), k))) if gate_up else (x,)  # gate_up: w1, w3
+    inputs = (x,)
+    if gate_up:  # w1 and w3 share one (E, I, K) with I % 128 == 0 (checked at the call), so no run holds both
+        wshape = (sym(), sym(128), k)
+        inputs = (fake(x_dtype, wshape), fake(x_dtype, wshape))
     return _compile(kernel.launch_gate_up if gate_up else kernel.launch,
                     (*inputs, q, _tile_scales(blocked), qt, _tile_scales(blocked), i32,
                      fake(cutlass.Int32, (sym(),)), *_amax_buffers()), arch, keep_ptx)

@@ -512,6 +512,39 @@ def test_the_gate_up_cast_build_reads_two_inputs_without_spilling():
                dict(scale_block=128, grouped=True)):
         with pytest.raises(ValueError, match="gate_up"):
             TileQuantKernel("e4m3", "rceil", True, True, kw.pop("colwise", True), **{"gate_up": True, **kw})
+    # compile_quant refuses both flags before it picks the 32-block rowwise kernel (which has neither)
+    for flag, value in (("gate_up", True), ("keep_run", True), ("keep_run", 1), ("gate_up", "x")):
+        with pytest.raises(ValueError, match=flag):
+            compile_quant("rowwise", "bfloat16", "e4m3", "rceil", True, "sm_90a", **{flag: value})
+
+
+def test_the_kernel_ops_pass_keep_run_and_gate_up_to_the_builds(monkeypatch):
+    """The sm90 ops' tile casts (with and without launch plans) and ``quantize_gate_up`` ask ``compile_quant`` for
+    the kept run exactly where ``_keep_run`` says (bf16, 128-blocks, no groups) and for ``gate_up`` with
+    128-blocks and no interleaving (recorded calls; the launches are stubbed, so this runs on the CPU)."""
+    from cute_mxfp8.ops import cute_kernels as CK
+
+    calls = []
+    monkeypatch.setattr(CK, "compile_quant", lambda *a: calls.append(a) or (lambda *t: None))
+    ops_, plans = CK._ops("sm_90a"), CK._plans("sm_90a")
+
+    def flags(fn, *args):  # (keep_run, gate_up) of the one build ``fn(*args)`` compiles
+        calls.clear()
+        fn(*args)
+        (a,) = calls
+        return (a[13] if len(a) > 13 else False), (a[14] if len(a) > 14 else False)
+
+    x16, x32 = torch.zeros(256, 128, dtype=torch.bfloat16), torch.zeros(256, 128)
+    offs = torch.tensor([100, 256], dtype=torch.int32)
+    assert flags(ops_["quantize_dual"], x16, "rceil", E4M3, True, None, 128) == (True, False)
+    assert flags(ops_["quantize_dual"], x32, "rceil", E4M3, True, None, 128) == (False, False)
+    assert flags(ops_["quantize_dual"], x16, "rceil", E4M3, True, offs, 128, 128) == (False, False)
+    assert flags(ops_["quantize_colwise"], x16, "rceil", E4M3, True, None, 32) == (False, False)
+    assert flags(plans["quantize_dual"], x16, "rceil", E4M3, True, None, 128, 0, True) == (True, False)  # (built
+    # when the plan is made)
+    w1 = torch.zeros(2, 128, 64, dtype=torch.bfloat16)
+    assert flags(ops_["quantize_gate_up"], w1, w1, "rceil", E4M3, True, 0, 128, True) == (True, True)
+    assert flags(ops_["quantize_gate_up"], w1.float(), w1.float(), "rceil", E4M3, True, 0, 128) == (False, True)
 
 
 def test_the_one_launch_casts_keep_the_run_for_bf16_without_groups():

@@ -86,11 +86,12 @@ def test_opcode_counts_and_spills_from_sass_text():
         /*0050*/              @!PT LDS RZ, [RZ] ;
         /*0060*/                   UTCQMMA.2CTA gdesc[UR4], gdesc[UR6], tmem[UR8], tmem[UR10], idesc[UR11] ;
         /*0070*/                   STG.E.U8 desc[UR4][R6.64], R0 ;
+        /*0078*/                   QGMMA.64x96x32.F32.E4M3.E4M3 R24, gdesc[UR8], R24, gsb0 ;
         /*0080*/                   EXIT ;
     """
-    ops = sass_facts.opcode_counts(sass)
+    ops = sass_facts.opcode_counts(sass)  # (lower-case modifiers kept: the WGMMA's shape)
     assert ops == {"LDC": 1, "LDG.E.128": 2, "F2FP.SATFINITE.E5M2.F32.PACK_AB_MERGE_C": 1, "STL.64": 1, "LDS": 1,
-                   "UTCQMMA.2CTA": 1, "STG.E.U8": 1, "EXIT": 1}
+                   "UTCQMMA.2CTA": 1, "STG.E.U8": 1, "QGMMA.64x96x32.F32.E4M3.E4M3": 1, "EXIT": 1}
     row = {"status": "ok"}
     ik.add_sass(row, sass)
     assert (row["LDG.128"], row["F2FP.fp8"], row["UTCQMMA"], row["STG.narrow"], row["LDS"]) == (2, 1, 1, 1, 1)

@@ -221,8 +221,9 @@ def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_
                      blocked: bool = True, gate_up_tile: int = 0, backend: str | None = None,
                      scale_block: int = 32, blocks_2d: bool = False):
     """Quantize the gate (``w1``) and up (``w3``) projections into the fused W13 layout (:mod:`cute_mxfp8.swiglu`):
-    the same bytes as casting each projection and packing the casts.  The kernel backends pack W13 in the weights'
-    dtype first (a temporary copy of both) and cast it once; the reference casts each and packs the casts.
+    the same bytes as casting each projection and packing the casts.  The kernel backends cast W13 once: with
+    ``scale_block=128`` and ``gate_up_tile=0`` one dual cast reading w1 and w3 themselves, otherwise of a packed
+    copy in the weights' dtype; the reference casts each and packs the casts.
 
     Args:
         w1, w3: (I, D) or (E, I, D), bf16/fp32, ``I % 32 == 0`` and ``D % 32 == 0``.

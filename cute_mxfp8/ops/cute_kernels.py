@@ -4,7 +4,7 @@
 Both backends run the same arch-generic kernels, compiled for ``sm_90a`` or ``sm_100f`` (the Blackwell
 datacenter family: compute capability 10.0 and 10.3).  Implemented:
 ``quantize_rowwise``, ``quantize_colwise`` and ``quantize_dual`` (one read of the input; ``quantize_gate_up`` is
-one dual cast of the packed W13) for contiguous 2-D
+one dual cast of W13: read from w1 and w3 with 128-blocks, else of a packed copy) for contiguous 2-D
 activations and 3-D (E, N, K) expert weights with K % 32 == 0, plain or blocked scales, and token groups
 (``offs``) on 2-D inputs: grouped-M blocked rowwise scales, grouped-K colwise blocks (2d-2d wgrad operands);
 ``swiglu_quant`` / ``dswiglu_quant`` (fused SwiGLU or its derivative + dual quantization, dense or grouped).
@@ -327,13 +327,13 @@ def _ops(arch: str) -> dict:
         return _e8m0(q, s, qt, st)
 
     def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32, blocks_2d=False):
-        """W13 packed in the input dtype (a temporary copy of both weights), then one dual cast of it (blocked
-        scales written by the kernel); with 128-blocks, no interleaving and I % 128 == 0, one dual cast that reads
-        w1 and w3 themselves (``compile_quant(..., gate_up=True)``: no copy).  The same bytes as casting w1 and w3
-        on their own and packing the casts (the reference): the op's checks make every colwise block along 2I hold
-        features of one projection (I and the tile are multiples of the scale block), and rowwise blocks run along
-        D.  One copy and one cast, where the two casts and the packing of their four outputs took ~3x the
-        launches and ~3.5x the host time (H200).  A W13 past the kernels' 32-bit indexing takes that older path (each projection fits)."""
+        """With 128-blocks and no interleaving (I % 128 == 0 by the op's checks), one dual cast that reads w1 and w3
+        themselves (``compile_quant(..., gate_up=True)``: no packed copy); otherwise W13 packed in the input dtype
+        (a temporary copy of both weights), then one dual cast of it (blocked scales written by the kernel).  The
+        same bytes as casting w1 and w3 on their own and packing the casts (the reference): the op's checks make
+        every colwise block along 2I hold features of one projection (I and the tile are multiples of the scale
+        block), and rowwise blocks run along D.  The packed path's one copy and one cast replaced two casts and the
+        packing of their four outputs, ~3x the launches and ~3.5x the host time (H200).  A W13 past the kernels' 32-bit indexing takes that older path (each projection fits)."""
         tile = gate_up_tile or None
         if (tile is None and scale_block == 128 and w1.shape[-2] % 128 == 0 and w1.numel() > 0
                 and _packed_limits(w1, blocked) is None):  # no packed copy: the kernel reads w1 and w3

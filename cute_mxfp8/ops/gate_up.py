@@ -1,7 +1,7 @@
 """Packing the casts of w1 (gate) and w3 (up) into W13's: the reference backend's ``quantize_gate_up``, which casts
 each projection on its own (no high-precision W13 is ever made), and the kernel backends' for a W13 past their 32-bit
-indexing.  Otherwise the kernel backends cast the packed W13 once; the paragraph below is why both give the same
-bytes.
+indexing.  Otherwise the kernel backends cast W13 once (with 128-blocks straight from w1 and w3, else a packed
+copy); the paragraph below is why both give the same bytes.
 
 Rowwise blocks run along D and colwise blocks along I (I % 32 == 0), so no block straddles w1 and w3, and the
 interleaved layout (runs of ``tile`` features, a multiple of 32) moves whole blocks: the packed casts are exactly
