@@ -1,10 +1,11 @@
 """Hopper fast mode plain casts (issue 16) on the H200: the one-launch 128-block dual casts the MLP steps run (x / dy
 of the dense steps, the grouped step's token-aligned x / dy, the 128 x 128-block weights), in two builds: the CTA's
 run reloaded from L2 for the casting walk (``TileQuantKernel(keep_run=False)``) or kept in registers from the
-reducing walk (``keep_run=True``; the token-group cast, which the ops always run reloading, in that build only).  Checks that both builds write the same bytes, times them (do_bench medians)
-and reports GB/s of the op's DRAM bytes (input read once, outputs written once) beside a same-run bf16 copy and
-the 32-block dual cast of the same tensor; and W13's cast read from w1 and w3 against torch.cat then the cast.  A
-dev tool: python tools/fast_mode_casts.py [--out DIR]."""
+reducing walk (``keep_run=True``; the token-group cast, which the ops always run reloading, in that build only).
+Checks that both builds write the same bytes, times them (do_bench medians) and reports GB/s of the op's DRAM bytes
+(input read once, outputs written once) beside a same-run bf16 copy and the 32-block dual cast of the same tensor;
+and W13's cast read from w1 and w3 against torch.cat then the cast.  A dev tool: python tools/fast_mode_casts.py
+[--out DIR]."""
 
 from __future__ import annotations
 

@@ -5,8 +5,9 @@ operands, token groups along M (``offs``); and the same tiles behind a SwiGLU fo
 
 Arch-generic (SM90 and SM100): vectorized global loads and stores and warp shuffles; shared memory as the staged
 loop's lane-private cp.async buffers (no barriers) and, in the one-launch 128-block casts (the Hopper fast mode),
-for the 128-block amaxes the CTA's warps exchange across one barrier.  The block math, amax reductions and SwiGLU are the device functions of :mod:`cute_mxfp8.kernels.mx_math` (bit-exact with
-``cute_mxfp8.formats`` for the casts).  Work split, tails and groups: :class:`TileQuantKernel`.
+for the 128-block amaxes the CTA's warps exchange across one barrier.  The block math, amax reductions and SwiGLU
+are the device functions of :mod:`cute_mxfp8.kernels.mx_math` (bit-exact with ``cute_mxfp8.formats`` for the
+casts).  Work split, tails and groups: :class:`TileQuantKernel`.
 """
 
 from __future__ import annotations

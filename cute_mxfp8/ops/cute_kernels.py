@@ -333,10 +333,12 @@ def _ops(arch: str) -> dict:
         same bytes as casting w1 and w3 on their own and packing the casts (the reference): the op's checks make
         every colwise block along 2I hold features of one projection (I and the tile are multiples of the scale
         block), and rowwise blocks run along D.  The packed path's one copy and one cast replaced two casts and the
-        packing of their four outputs, ~3x the launches and ~3.5x the host time (H200).  A W13 past the kernels' 32-bit indexing takes that older path (each projection fits)."""
+        packing of their four outputs, ~3x the launches and ~3.5x the host time (H200).  A W13 past the kernels'
+        32-bit indexing takes that older path (each projection fits)."""
         tile = gate_up_tile or None
+        too_big = _packed_limits(w1, blocked)
         if (tile is None and scale_block == 128 and w1.shape[-2] % 128 == 0 and w1.numel() > 0
-                and _packed_limits(w1, blocked) is None):  # no packed copy: the kernel reads w1 and w3
+                and too_big is None):  # no packed copy: the kernel reads w1 and w3
             packed = (*w1.shape[:-2], 2 * w1.shape[-2], w1.shape[-1])
             q, s = _outputs(rowwise_shapes, w1, elem_dtype, blocked, shape=packed)
             qt, st = _outputs(colwise_shapes, w1, elem_dtype, blocked, shape=packed)
@@ -346,7 +348,7 @@ def _ops(arch: str) -> dict:
             fn(*(_batch(t, three_d) for t in (w1, w3, q, s, qt, st)), *_group_args(w1.device, None),
                *_no_amax(w1.device))
             return _e8m0(q, s, qt, st)
-        if _packed_limits(w1, blocked) is not None:
+        if too_big is not None:
             casts = [quantize_dual(w, scale_mode, elem_dtype, False, None, scale_block, 0, blocks_2d)
                      for w in (w1, w3)]
             return pack_gate_up_casts(*casts, blocked, tile)
