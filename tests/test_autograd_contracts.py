@@ -367,6 +367,106 @@ def test_activation_checkpointing_is_bit_equal(kind, mode, device, rng):
         _assert_bits(p.grad, g)
 
 
+# ---- 10. tensors the forward made are freed during the backward; retain_graph and hooks as with save_for_backward
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("hp", [False, True])
+def test_retain_graph_backward_twice_gives_the_same_grads(kind, hp, device, rng):
+    m = _module(kind, device, rng, hp=hp)
+    x = torch.randn(100, D, generator=rng).to(device)
+    dy = torch.randn(100, _n(kind), generator=rng).to(device)
+    want = _run(kind, m, x, dy)
+    xx = x.clone().requires_grad_()
+    y = _call(kind, m, xx)
+    y.backward(dy, retain_graph=True)
+    first = [xx.grad.clone()] + [p.grad.clone() for p in m.parameters()]
+    y.backward(dy)  # the grads accumulate: twice the first
+    _assert_bits(first[0], want[1])
+    for g, w in zip(first[1:], want[2]):
+        _assert_bits(g, w)
+    for t, g in zip([xx] + list(m.parameters()), first):
+        torch.testing.assert_close(t.grad, 2 * g, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="second time"):
+        y.backward(dy)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_save_on_cpu_is_bit_equal(kind, device, rng):
+    """Saved-tensor hooks (here CPU offload) see every tensor the backward needs, as with save_for_backward."""
+    m = _module(kind, device, rng)
+    x = torch.randn(100, D, generator=rng).to(device)
+    dy = torch.randn(100, _n(kind), generator=rng).to(device)
+    want = _run(kind, m, x, dy)
+    packed = []
+
+    def pack(t):
+        packed.append(t.shape)
+        return t.cpu(), t.device
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda p: p[0].to(p[1])):
+        got = _run(kind, m, x, dy)
+    _assert_runs_equal(got, want, kind)
+    assert len(packed) >= 4  # the MXFP8 Function's colwise casts went through the hooks
+
+
+@pytest.mark.parametrize("fn", ["linear", "grouped_mm", "mlp"])
+def test_in_place_change_of_a_saved_input_is_refused(fn, rng):
+    """``wgrad_with_hp`` keeps x itself for the wgrad: changing it in place before the backward raises, as
+    save_for_backward does for every input."""
+    cfg = MXFP8Config(wgrad_with_hp=True)
+    x = torch.randn(40, D, generator=rng).requires_grad_()
+    offs = torch.tensor([10, 10, 40], dtype=torch.int32)
+    w = (torch.randn(E, I, D, generator=rng) / 8).requires_grad_()
+    w2 = (torch.randn(E, D, I, generator=rng) / 8).requires_grad_()
+    xi = x * 1  # a non-leaf the function saves
+    y = {"linear": lambda: mxfp8_linear(xi, w[0], config=cfg),
+         "grouped_mm": lambda: mxfp8_grouped_mm(xi, w, offs, config=cfg),
+         "mlp": lambda: mxfp8_swiglu_mlp(xi, w[0], w2[0], w[1], config=cfg)}[fn]()
+    xi.add_(1)
+    with pytest.raises(RuntimeError, match="inplace"):
+        y.sum().backward()
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_mlp_backward_frees_h13_before_the_w13_wgrad(grouped, fused, monkeypatch, rng):
+    """The SwiGLU MLP's saved h13 (M, 2I) and W13's colwise cast are gone (no reference left) when the last GEMM,
+    the w13 wgrad, is queued: the backward's peak no longer holds them beside its outputs."""
+    import weakref
+
+    from cute_mxfp8.ops import api, autograd as A
+
+    if grouped and fused:
+        pytest.skip("the reference backend fuses dense MLPs only when asked; grouped covers the unfused path")
+    refs, at_last = [], []
+    for name in ("dswiglu_quant", "mm_dswiglu_quant"):
+        real = getattr(api, name)
+
+        def spy(*args, real=real, **kw):
+            refs.append(weakref.ref(args[-1]))  # h13, both ops' last positional argument
+            return real(*args, **kw)
+
+        monkeypatch.setattr(api, name, spy)
+    real_wgrad = A._wgrad
+
+    def wgrad(*args, **kw):
+        at_last.append([r() is None for r in refs])
+        return real_wgrad(*args, **kw)
+
+    monkeypatch.setattr(A, "_wgrad", wgrad)
+    x = torch.randn(200, D, generator=rng).requires_grad_()
+    e = (E,) if grouped else ()
+    w1, w3 = ((torch.randn(*e, I, D, generator=rng) / 8).requires_grad_() for _ in range(2))
+    w2 = (torch.randn(*e, D, I, generator=rng) / 8).requires_grad_()
+    offs = torch.tensor([50, 50, 170], dtype=torch.int32) if grouped else None
+    y = mxfp8_swiglu_mlp(x, w1, w2, w3, offs=offs, config=MXFP8Config(fused_epilogues=fused))
+    y.backward(torch.randn_like(y))
+    # the w2 wgrad (before the dSwiGLU: dy's and h's colwise casts are freed first), then the w13 wgrad
+    assert len(refs) == 1 and at_last == [[], [True]]
+
+
 # ---- bad inputs are refused in the forward, naming the argument --------------------------------------------------
 
 @pytest.mark.parametrize("call,exc,match", [

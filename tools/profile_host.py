@@ -124,9 +124,47 @@ def cpu_ops(step, steps: int, top: int = 45) -> list[list]:
     return rows[:top]
 
 
+def live_at_peak(step, dev, top: int = 25) -> dict:
+    """The tensors alive at the peak of one ``step`` (after a warm-up), from torch's CUDA memory history: the peak
+    above the memory allocated before the step, and the live blocks then, largest first, each with the
+    ``cute_mxfp8`` (else torch) frame that allocated it."""
+    import os
+
+    step()
+    torch.cuda.synchronize(dev)
+    base = torch.cuda.memory_allocated(dev)
+    torch.cuda.memory._record_memory_history(max_entries=200000)
+    try:
+        step()
+        torch.cuda.synchronize(dev)
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    live, cur, peak, at_peak = {}, 0, 0, {}
+    for ev in snap["device_traces"][dev.index or 0]:
+        if ev["action"] == "alloc":
+            live[ev["addr"]] = ev
+            cur += ev["size"]
+            if cur > peak:
+                peak, at_peak = cur, dict(live)
+        elif ev["action"] == "free_requested" and ev["addr"] in live:
+            cur -= live.pop(ev["addr"])["size"]
+
+    def where(ev):
+        frames = ev.get("frames", [])
+        mine = [f for f in frames if "cute_mxfp8" in f["filename"]]
+        f = (mine or frames or [{"filename": "?", "line": 0, "name": "?"}])[0]
+        return f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}"
+
+    rows = sorted(at_peak.values(), key=lambda e: -e["size"])
+    return {"base_mib": base / 2**20, "peak_above_step_start_mib": peak / 2**20,
+            "live": [[round(e["size"] / 2**20, 2), where(e)] for e in rows[:top]]}
+
+
 def cprofiled(step, steps: int) -> str:
     """cProfile of ``steps`` steps with the backward on the calling thread (autograd's multithreading off, so
-    the profiler sees it): the top functions by own time, then by cumulative time."""
+    the profiler sees it), each step queued on an idle GPU (the wait is in ``synchronize``): the top functions
+    by own time, then by cumulative time."""
     step()
     torch.cuda.synchronize()
     prof = cProfile.Profile()
@@ -134,6 +172,7 @@ def cprofiled(step, steps: int) -> str:
         prof.enable()
         for _ in range(steps):
             step()
+            torch.cuda.synchronize()  # each step queued on an idle GPU: no launch waits for a full queue
         prof.disable()
     torch.cuda.synchronize()
     out = io.StringIO()
@@ -177,6 +216,8 @@ def grouped_step(steps: int, weight_blocks: str = "1x128") -> dict:
             report[label] = {"wall_ms": wall, "host_ms": statistics.median(host),
                              "kernel_ms": sum(r[2] for r in kernels),
                              "launches": sum(r[1] for r in kernels), "top_kernels": kernels[:15]}
+            report[label]["memory"] = live_at_peak(step, dev)
+            print(label, "memory", json.dumps(report[label]["memory"]))
             if label != "bf16":
                 report[label]["frames"] = sampled_frames(step, steps)
                 report[label]["cpu_ops"] = cpu_ops(step, 5)
@@ -185,7 +226,7 @@ def grouped_step(steps: int, weight_blocks: str = "1x128") -> dict:
                 for row in report[label]["cpu_ops"]:
                     print("    cpu", [round(v, 3) if isinstance(v, float) else v for v in row])
             print(label, {k: round(v, 3) for k, v in report[label].items()
-                          if k not in ("frames", "top_kernels", "cpu_ops", "cprofile")})
+                          if k not in ("frames", "top_kernels", "cpu_ops", "cprofile", "memory")})
             for row in kernels[:15]:
                 print("   ", row)
     return report

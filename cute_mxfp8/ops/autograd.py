@@ -94,6 +94,51 @@ def _no_autocast(fn):
     return run
 
 
+def _saved_tensor_hooks_active() -> bool:
+    """Whether saved-tensor hooks (non-reentrant activation checkpointing, ``save_on_cpu``) are in effect; True
+    where this torch cannot say (private API), so those tensors take ``save_for_backward``."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is None or top(False) is not None
+
+
+_RELEASED = "released"
+# whether the running backward was asked to keep the graph (retain_graph=True); private API: where this torch
+# lacks it, the Functions save every tensor with save_for_backward
+_KEEP_GRAPH = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+
+
+def _keep(ctx, made: tuple, inputs: tuple) -> None:
+    """Keep a Function's tensors for its backward.  ``inputs`` (the Function's inputs or views of them) always
+    go through ``save_for_backward``, which refuses a backward after an in-place change of them.  ``made``
+    (tensors this forward created, which nothing else holds) stay on ``ctx`` in eager mode without saved-tensor
+    hooks, so the backward can drop each as soon as its last GEMM is queued (:func:`_kept`): saved tensors live
+    until the whole backward returns, which put the h13 (M, 2I) of the SwiGLU MLP beside its wgrads' outputs.
+    Under torch.compile or saved-tensor hooks (activation checkpointing, CPU offload) they are saved as usual."""
+    if torch.compiler.is_compiling() or _saved_tensor_hooks_active() or _KEEP_GRAPH is None:
+        ctx.save_for_backward(*made, *inputs)
+        ctx.made = len(made)
+    else:
+        ctx.save_for_backward(*inputs)
+        ctx.made = list(made)
+
+
+def _kept(ctx) -> tuple[list, tuple]:
+    """(made, inputs) as :func:`_keep` was given them.  The ``made`` list is the backward's only reference to
+    those tensors when they stayed on ``ctx`` (the engine frees the graph after this backward): deleting a name
+    bound to one frees its memory.  With ``retain_graph=True`` they stay on ``ctx`` for the next backward."""
+    if isinstance(ctx.made, int):
+        t = ctx.saved_tensors
+        return list(t[:ctx.made]), t[ctx.made:]
+    if ctx.made is _RELEASED:
+        raise RuntimeError("Trying to backward through the graph a second time (or directly access saved tensors "
+                           "after they have already been freed). Specify retain_graph=True if you need to "
+                           "backward through the graph a second time")
+    made, inputs = ctx.made, ctx.saved_tensors
+    if not _KEEP_GRAPH():
+        ctx.made = _RELEASED
+    return list(made), inputs
+
+
 def _first_order_only(name: str) -> None:
     """Double backward is not supported: raise where the engine would otherwise build a graph of the backward
     (``create_graph=True``) whose second-order terms through the MXFP8 GEMMs would silently be missing."""
@@ -162,7 +207,7 @@ class _LinearFn(torch.autograd.Function):
         # the bias joins the fp32 accumulator inside the GEMM op: one rounding to x.dtype, as F.linear
         y = api.mm(x_row, x_row_s, w_row, w_row_s, out_dtype=x.dtype, bias=bias, backend=backend, scale_block=sb,
                    b_blocks_2d=w2d)
-        ctx.save_for_backward(x2 if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s)
+        _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s), (x2 if wgrad_with_hp else None,))
         ctx.operands = operands
         ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, sb, w2d)
         ctx.meta = (x.shape, x.dtype, weight.dtype, bias is not None and bias.dtype)
@@ -172,7 +217,9 @@ class _LinearFn(torch.autograd.Function):
     @_no_autocast
     def backward(ctx, dy):
         _first_order_only("mxfp8_linear")
-        x_saved, x_col_s, w_col, w_col_s = ctx.saved_tensors
+        (x_col, x_col_s, w_col, w_col_s), (x_hp,) = _kept(ctx)
+        x_saved = x_hp if x_col is None else x_col
+        del x_hp, x_col
         scale_mode, gdt, hp, backend, sb, w2d = ctx.cfg
         x_shape, x_dtype, w_dtype, b_dtype = ctx.meta
         dy2 = _rows(dy)
@@ -183,6 +230,7 @@ class _LinearFn(torch.autograd.Function):
             w_col, w_col_s = _weight_dgrad(ctx.operands, w_col, w_col_s)
             dx = api.mm(dy_row, dy_row_s, w_col, w_col_s, out_dtype=x_dtype, backend=backend,
                         scale_block=sb, b_blocks_2d=w2d).reshape(x_shape)
+        del dy_row, dy_row_s, w_col, w_col_s  # freed before the wgrad's output (_kept)
         if need_w:
             dw = _hp_wgrad(dy2, x_saved, None) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s, None, backend,
                                                                  sb, w_dtype)
@@ -201,7 +249,7 @@ class _GroupedMMFn(torch.autograd.Function):
                                                 _token_align(offs, sb))
         w_row, w_row_s, w_col, w_col_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend, sb, w2d)
         y = _gemm(x_row, x_row_s, w_row, w_row_s, offs, x.dtype, backend, sb, w2d)
-        ctx.save_for_backward(x if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s, offs)
+        _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s), (x if wgrad_with_hp else None, offs))
         ctx.operands = operands
         ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, sb, w2d)
         ctx.meta = (x.dtype, weight.dtype)
@@ -211,7 +259,9 @@ class _GroupedMMFn(torch.autograd.Function):
     @_no_autocast
     def backward(ctx, dy):
         _first_order_only("mxfp8_grouped_mm")
-        x_saved, x_col_s, w_col, w_col_s, offs = ctx.saved_tensors
+        (x_col, x_col_s, w_col, w_col_s), (x_hp, offs) = _kept(ctx)
+        x_saved = x_hp if x_col is None else x_col
+        del x_hp, x_col
         scale_mode, gdt, hp, backend, sb, w2d = ctx.cfg
         x_dtype, w_dtype = ctx.meta
         need_w = ctx.needs_input_grad[1]
@@ -221,6 +271,7 @@ class _GroupedMMFn(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             w_col, w_col_s = _weight_dgrad(ctx.operands, w_col, w_col_s)
             dx = _gemm(dy_row, dy_row_s, w_col, w_col_s, offs, x_dtype, backend, sb, w2d)
+        del dy_row, dy_row_s, w_col, w_col_s  # freed before the wgrad's output (_kept)
         if need_w:
             dw = _hp_wgrad(dy, x_saved, offs) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s,
                                                                 _wgrad_offs(offs, ta), backend, sb, w_dtype)
@@ -260,8 +311,9 @@ class _SwiGLUMLPFn(torch.autograd.Function):
                                                                     scale_block=sb, token_align=ta, **qw)
             del acc
         y = _gemm(h_row, h_row_s, w2_row, w2_row_s, offs, x.dtype, backend, sb, w2d)
-        ctx.save_for_backward(x2 if wgrad_with_hp else x_col, x_col_s, h13, h_hp if wgrad_with_hp else h_col,
-                              h_col_s, w13_col, w13_col_s, w2_col, w2_col_s, offs)
+        # x2 (wgrad_with_hp) is a view of the input x and offs an input: saved; the rest this forward made
+        _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s, h13, h_hp if wgrad_with_hp else h_col, h_col_s,
+                    w13_col, w13_col_s, w2_col, w2_col_s), (x2 if wgrad_with_hp else None, offs))
         ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, tile, sb, w2d)
         ctx.meta = (x.shape, x.dtype, w1.dtype, w2.dtype)
         return _output(y, x.shape)
@@ -270,37 +322,48 @@ class _SwiGLUMLPFn(torch.autograd.Function):
     @_no_autocast
     def backward(ctx, dy):
         _first_order_only("mxfp8_swiglu_mlp")
-        x_saved, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s, w2_col, w2_col_s, offs = ctx.saved_tensors
+        (x_col, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s, w2_col, w2_col_s), (x_hp, offs) = _kept(ctx)
+        x_saved = x_hp if x_col is None else x_col
+        del x_hp, x_col
         scale_mode, gdt, hp, backend, tile, sb, w2d = ctx.cfg
         x_shape, x_dtype, w13_dtype, w2_dtype = ctx.meta
         dy2 = _rows(dy)
         need_w = any(ctx.needs_input_grad[1:4])
         ta = _token_align(offs, sb)
         dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, offs, need_w and not hp, sb, ta)
+        # The order keeps the backward's peak low: each operand is dropped once its last GEMM is queued (the
+        # tensors _keep left on ctx are freed then; saved ones live until the backward returns).  The w2 wgrad
+        # first frees dy's and h's colwise casts before the dSwiGLU, where h13, dh and both dh13 casts are alive.
+        dw1 = dw2 = dw3 = None
+        wg_offs = _wgrad_offs(offs, ta) if need_w else None
+        if need_w:
+            dw2 = _hp_wgrad(dy2, h_saved, offs) if hp else _wgrad(dy_col, dy_col_s, h_saved, h_col_s, wg_offs,
+                                                                 backend, sb, w2_dtype)
+            dw2 = dw2.to(w2_dtype)
+        del dy_col, dy_col_s, h_saved, h_col_s
         qg = dict(scale_mode=scale_mode, elem_dtype=gdt, emit_hp=hp, backend=backend)
         if tile:  # w2 dgrad with the dSwiGLU + dual-quant epilogue
             dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.mm_dswiglu_quant(
                 dy_row, dy_row_s, w2_col, w2_col_s, h13, gate_up_tile=tile, offs=offs, **qg)
+            del dy_row, dy_row_s, w2_col, w2_col_s
         else:
             # w2 dgrad (M, I): dh fp32 (the accumulator; the fast mode: in h13's dtype, as bf16 autograd has it)
             # beside the saved h13 in the activation dtype: the kernel reads both
             dh = _gemm(dy_row, dy_row_s, w2_col, w2_col_s, offs, _hp_out(sb, h13.dtype), backend, sb, w2d)
+            del dy_row, dy_row_s, w2_col, w2_col_s
             dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.dswiglu_quant(dh, h13, offs=offs,
                                                                                     scale_block=sb, token_align=ta,
                                                                                     **qg)
             del dh  # (M, I): not alive beside the dgrad and wgrad GEMMs' outputs
-        del dy_row
-        dx = dw1 = dw2 = dw3 = None
+        del h13
+        dx = None
         if ctx.needs_input_grad[0]:
             dx = _gemm(dh13_row, dh13_row_s, w13_col, w13_col_s, offs, x_dtype, backend, sb, w2d).reshape(x_shape)
-        del dh13_row, dh13_row_s  # (M, 2I): freed before the wgrads' outputs
+        del dh13_row, dh13_row_s, w13_col, w13_col_s  # (M, 2I) and W13: freed before the w13 wgrad's output
         if need_w:
             if hp:
-                dw2 = _hp_wgrad(dy2, h_saved, offs)
                 dw13 = _hp_wgrad(dh13_hp, x_saved, offs)
             else:
-                wg_offs = _wgrad_offs(offs, ta)
-                dw2 = _wgrad(dy_col, dy_col_s, h_saved, h_col_s, wg_offs, backend, sb, w2_dtype)
                 # the fast mode's grouped dW13 comes as (2, E, I, D): dW1 and dW3 each contiguous, so autograd
                 # takes them as the parameters' gradients without a strided copy of each (W13 is [w1; w3] there;
                 # the two gradients are views of one buffer, freed when both are)
@@ -309,7 +372,6 @@ class _SwiGLUMLPFn(torch.autograd.Function):
                 dw1, dw3 = dw13[0], dw13[1]
             else:
                 dw1, dw3 = (t.to(w13_dtype) for t in split_gate_up(dw13, dim=-2, tile=tile))
-            dw2 = dw2.to(w2_dtype)
         return dx, dw1, dw2, dw3, None, None, None, None, None, None, None, None, None
 
 
