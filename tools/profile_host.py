@@ -161,6 +161,158 @@ def live_at_peak(step, dev, top: int = 25) -> dict:
             "live": [[round(e["size"] / 2**20, 2), where(e)] for e in rows[:top]]}
 
 
+def per_op_host_us(step, reps: int = 30) -> list[list]:
+    """Host time of each op call one ``step`` makes through :mod:`cute_mxfp8.ops.api` (and the MLP's offsets
+    priming): the calls are recorded during a step, then each is replayed ``reps`` times, each time queued on an
+    idle GPU (synchronize, time until the call returns): [name, median us, min us] in step order."""
+    from cute_mxfp8.ops import api
+    from cute_mxfp8.ops import autograd as A
+
+    names = ["quantize_dual", "quantize_rowwise", "quantize_gate_up", "grouped_mm", "grouped_mm_wgrad", "mm",
+             "swiglu_quant", "dswiglu_quant", "padded_offsets"]
+    calls, real = [], {}
+
+    def spy(mod, name):
+        fn = getattr(mod, name)
+        real[(mod, name)] = fn
+
+        def run(*args, **kw):
+            calls.append((name, fn, args, kw))
+            return fn(*args, **kw)
+
+        setattr(mod, name, run)
+
+    for n in names:
+        spy(api, n)
+    spy(A, "prime_fast_schedules")
+    try:
+        step()
+        torch.cuda.synchronize()
+    finally:
+        for (mod, name), fn in real.items():
+            setattr(mod, name, fn)
+    rows = []
+    for name, fn, args, kw in calls:
+        times = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn(*args, **kw)
+            times.append((time.perf_counter() - t0) * 1e6)
+        rows.append([name, statistics.median(times), min(times)])
+    torch.cuda.synchronize()
+    return rows
+
+
+def split_host_us(forward, x, dy, module, counts, reps: int = 30) -> dict:
+    """Host time (median us, each part queued on an idle GPU) of the grouped step's forward, its backward, and the
+    module's pieces outside the ops: the offsets from the counts, and the config / dispatch before the
+    autograd Function runs."""
+    from cute_mxfp8.nn.modules import device_offsets_from_counts
+    from cute_mxfp8.ops import autograd as A
+
+    def timed(fn):
+        times = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(times)
+
+    out, fwd, bwd = {}, [], []
+    for _ in range(reps):
+        x.grad = None
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        y = forward()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        y.backward(dy)
+        t3 = time.perf_counter()
+        fwd.append((t1 - t0) * 1e6)
+        bwd.append((t3 - t2) * 1e6)
+    out["forward"], out["backward"] = statistics.median(fwd), statistics.median(bwd)
+    e = module.num_experts
+    out["device_offsets_from_counts"] = timed(lambda: device_offsets_from_counts(counts, e, x.shape[0]))
+    out["_cfg_args"] = timed(lambda: A._cfg_args(module.config, x.device))
+    out["fused_epilogues_enabled"] = timed(lambda: A.fused_epilogues_enabled(module.config, x.device, 1536, True))
+    out["module._weights"] = timed(lambda: module._weights())
+    with torch.no_grad():
+        out["forward under no_grad"] = timed(forward)
+    return out
+
+
+def step_timeline(step, reps: int = 20) -> list[list]:
+    """Where one step's host time goes, on an idle GPU: every op call through :mod:`cute_mxfp8.ops.api` (and the
+    offsets priming) and the MLP Function's forward / backward timed in place during ``reps`` real steps; rows
+    [event, median start us, median us] from the step's start, in order, plus "gap" rows for the time between
+    consecutive events (autograd, glue, allocations)."""
+    from cute_mxfp8.ops import api
+    from cute_mxfp8.ops import autograd as A
+
+    names = ["quantize_dual", "quantize_rowwise", "quantize_gate_up", "grouped_mm", "grouped_mm_wgrad", "mm",
+             "swiglu_quant", "dswiglu_quant", "padded_offsets"]
+    events, real = [], {}
+    t00 = [0.0]
+
+    def wrap(mod, name, fn):
+        real[(mod, name)] = getattr(mod, name)
+
+        def run(*args, **kw):
+            t0 = time.perf_counter()
+            out = fn(*args, **kw)
+            events.append((name, (t0 - t00[0]) * 1e6, (time.perf_counter() - t0) * 1e6))
+            return out
+
+        setattr(mod, name, run)
+
+    for n in names:
+        wrap(api, n, getattr(api, n))
+    wrap(A, "prime_fast_schedules", A.prime_fast_schedules)
+    from cute_mxfp8.nn import modules as NM
+
+    wrap(NM, "device_offsets_from_counts", NM.device_offsets_from_counts)
+    wrap(NM, "mxfp8_swiglu_mlp", NM.mxfp8_swiglu_mlp)
+    fn_cls = A._SwiGLUMLPFn
+    saved = fn_cls.forward, fn_cls.backward
+    for which in ("forward", "backward"):
+        inner = getattr(fn_cls, which)
+
+        def timed(ctx, *args, inner=inner, which=which):
+            t0 = time.perf_counter()
+            events.append((f"{which} starts", (t0 - t00[0]) * 1e6, 0.0))
+            out = inner(ctx, *args)
+            events.append((f"{which} ends", (time.perf_counter() - t00[0]) * 1e6, 0.0))
+            return out
+
+        setattr(fn_cls, which, staticmethod(timed))
+    runs = []
+    try:
+        for _ in range(reps):
+            events.clear()
+            torch.cuda.synchronize()
+            t00[0] = time.perf_counter()
+            step()
+            events.append(("step returns", (time.perf_counter() - t00[0]) * 1e6, 0.0))
+            runs.append(sorted(events, key=lambda e: e[1]))
+    finally:
+        for (mod, name), fn in real.items():
+            setattr(mod, name, fn)
+        fn_cls.forward, fn_cls.backward = (staticmethod(f) for f in saved)
+    torch.cuda.synchronize()
+    rows, prev_end = [], 0.0
+    for i, (name, _, _) in enumerate(runs[0]):
+        start = statistics.median(r[i][1] for r in runs)
+        dur = statistics.median(r[i][2] for r in runs)
+        if start - prev_end > 5:
+            rows.append(["gap", prev_end, start - prev_end])
+        rows.append([name, start, dur])
+        prev_end = start + dur
+    return rows
+
+
 def cprofiled(step, steps: int) -> str:
     """cProfile of ``steps`` steps with the backward on the calling thread (autograd's multithreading off, so
     the profiler sees it), each step queued on an idle GPU (the wait is in ``synchronize``): the top functions
@@ -222,11 +374,22 @@ def grouped_step(steps: int, weight_blocks: str = "1x128") -> dict:
                 report[label]["frames"] = sampled_frames(step, steps)
                 report[label]["cpu_ops"] = cpu_ops(step, 5)
                 report[label]["cprofile"] = cprofiled(step, 20)
+                report[label]["per_op_us"] = per_op_host_us(step)
+                report[label]["split_us"] = split_host_us(lambda mx=mx, counts=counts: mx(x, counts), x, dy, mx,
+                                                          counts)
+                print(label, "host split us:", {k: round(v) for k, v in report[label]["split_us"].items()})
+                report[label]["timeline"] = step_timeline(step)
+                for row in report[label]["timeline"]:
+                    print("   ", row[0], round(row[1]), round(row[2]))
+                total = sum(r[1] for r in report[label]["per_op_us"])
+                print(label, f"ops' host us (sum {total:.0f}):", [[r[0], round(r[1]), round(r[2])]
+                                                                 for r in report[label]["per_op_us"]])
                 print(report[label]["cprofile"])
                 for row in report[label]["cpu_ops"]:
                     print("    cpu", [round(v, 3) if isinstance(v, float) else v for v in row])
             print(label, {k: round(v, 3) for k, v in report[label].items()
-                          if k not in ("frames", "top_kernels", "cpu_ops", "cprofile", "memory")})
+                          if k not in ("frames", "top_kernels", "cpu_ops", "cprofile", "memory", "per_op_us",
+                                       "split_us", "timeline")})
             for row in kernels[:15]:
                 print("   ", row)
     return report
