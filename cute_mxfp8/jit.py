@@ -444,6 +444,22 @@ def compile_token_align(arch: str, keep_ptx: bool = False):
 
 @functools.lru_cache(maxsize=None)
 @disk_cached(skip_if="keep_ptx")
+def compile_fast_schedules(arch: str, keep_ptx: bool = False):
+    """Compiled :class:`~cute_mxfp8.kernels.group_schedule.FastScheduleKernel`: ``fn(offs, tile_starts, sched_m,
+    ends, sched_k)``, int32: offs, tile_starts and ends (G,), sched_m and sched_k (2, G), G >= 1 (any views).
+    Arch-generic code; ``arch`` is the build target."""
+    if arch not in ("sm_90a", *SM100_ARCHS):
+        raise ValueError(f"arch must be 'sm_90a' or one of {SM100_ARCHS}, got {arch!r}")
+    cutlass, _ = _cutlass()
+    from .kernels.group_schedule import FastScheduleKernel
+
+    one, two = (lambda: _fake(cutlass.Int32, (_sym(),))), (lambda: _fake(cutlass.Int32, (2, _sym())))
+    args = (one(), one(), two(), one(), two())
+    return _compile(FastScheduleKernel(), args, arch, keep_ptx)
+
+
+@functools.lru_cache(maxsize=None)
+@disk_cached(skip_if="keep_ptx")
 def compile_epilogue_check(mode: str, h13_dtype: str, elem: str, scale_mode: str, emit_hp: bool, arch: str,
                            keep_ptx: bool = False):
     """Compiled :class:`~cute_mxfp8.kernels.gemm_checks.EpilogueCheckKernel`: the SM100 GEMM's fused epilogue

@@ -295,18 +295,27 @@ def test_safe_offsets_are_not_read_on_the_host(monkeypatch):
     assert reads == [10]
 
 
-@pytest.mark.parametrize("counts", [[5], [0, 300], [128, 0, 129], [1, 2, 3, 700], [0, 0, 0, 0, 256]])
-def test_primed_fast_schedules_equal_the_lazy_ones_and_are_what_the_users_get(counts):
+_GPU = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+    reason="the schedule kernel's build here is sm_90a: needs an SM90 GPU (run on the H200 with -m gpu)")])
+_COUNTS = [[5], [0, 300], [128, 0, 129], [1, 2, 3, 700], [0, 0, 0, 0, 256], [1] * 33, [0] * 40 + [129],
+           [int(c) for c in torch.randint(0, 400, (101,), generator=torch.Generator().manual_seed(5))]]
+
+
+@pytest.mark.parametrize("device", ["cpu", _GPU])
+@pytest.mark.parametrize("counts", _COUNTS, ids=lambda c: f"G{len(c)}-{sum(c)}")
+def test_primed_fast_schedules_equal_the_lazy_ones_and_are_what_the_users_get(counts, device):
     """prime_fast_schedules records, in one buffer, the values every fast-mode user computes lazily (casts' tile
     starts, 2d-3d and 2d-2d schedules, padded offsets and their alignment), under the keys those users look up:
-    each call below returns a primed view (inside the buffer), equal to the same call on an unprimed copy."""
+    each call below returns a primed view (inside the buffer), equal to the same call on an unprimed copy.  On
+    the GPU the buffer comes from the schedule kernel (one warp; more than 32 groups give lanes several)."""
     from cute_mxfp8.nn.modules import device_offsets_from_counts
     from cute_mxfp8.ops import cute_kernels as CK, gemm_common as GC, token_layout as TL
 
     t = sum(counts) + 70
-    offs = device_offsets_from_counts(torch.tensor(counts), len(counts), t)
+    offs = device_offsets_from_counts(torch.tensor(counts, device=device), len(counts), t)
     lazy = offs.clone()
-    TL.prime_fast_schedules(offs, t)
+    TL.prime_fast_schedules(offs, t, "sm_90a" if device == "cuda" else None)
     tp = 128 * (t // 128 + len(counts))
 
     def calls(o):
@@ -321,11 +330,35 @@ def test_primed_fast_schedules_equal_the_lazy_ones_and_are_what_the_users_get(co
         same_as_offs = g.data_ptr() == offs.data_ptr()  # device_offsets of safe offsets: offs' own storage
         assert same_as_offs or g.untyped_storage().data_ptr() == base and g.data_ptr() % 16 == 0
     assert TL._groups_aligned(got[3], tp, 128)
-    other = device_offsets_from_counts(torch.tensor(counts), len(counts), t + 1)
+    other = device_offsets_from_counts(torch.tensor(counts, device=device), len(counts), t + 1)
     TL.prime_fast_schedules(other, t)  # vouched for another row count: nothing recorded
     from cute_mxfp8.ops.group_meta import recorded
 
     assert recorded(offs, "tile_starts") is got[0] and recorded(other, "tile_starts") is None
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100f"])
+def test_fast_schedule_kernel_compiles(arch):
+    """One warp: the lane scan's 5 shuffles, six stores per group, no local memory."""
+    from cute_mxfp8.jit import compile_fast_schedules
+
+    ptx = compile_fast_schedules(arch, keep_ptx=True).__ptx__
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    assert ptx.count("shfl.sync.up") == 5 and ptx.count("st.global") % 6 == 0
+
+
+def test_prime_fast_schedules_takes_torch_ops_without_an_arch_or_on_the_cpu(monkeypatch):
+    """``arch`` picks the kernel for CUDA offsets only; CPU offsets (and ``arch=None``) take torch ops."""
+    from cute_mxfp8.nn.modules import device_offsets_from_counts
+    from cute_mxfp8.ops import token_layout as TL
+
+    def refuse(arch):
+        raise AssertionError("the schedule kernel is for CUDA offsets")
+
+    monkeypatch.setattr(TL, "compile_fast_schedules", refuse)
+    offs = device_offsets_from_counts(torch.tensor([3, 0, 300]), 3, 400)
+    TL.prime_fast_schedules(offs, 400, "sm_90a")
+    assert TL.padded_offsets(offs, 128).tolist() == [128, 128, 512]
 
 
 def test_primed_offsets_are_freed_with_their_tensor():

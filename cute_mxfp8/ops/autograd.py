@@ -50,6 +50,12 @@ def _gemm(a, a_s, b, b_s, offs, out_dtype, backend, scale_block, b_blocks_2d=Fal
     return api.grouped_mm(a, a_s, b, b_s, offs, **kw)
 
 
+def _schedule_arch(device: torch.device, backend) -> str | None:
+    """The build target of the fast mode's schedule kernel where the ``sm90`` backend runs the grouped GEMMs
+    (:func:`~.token_layout.prime_fast_schedules`), else None (torch ops)."""
+    return "sm_90a" if resolve_backend(device, backend, "grouped_mm") == "sm90" else None
+
+
 def _hp_out(scale_block: int, activation_dtype: torch.dtype) -> torch.dtype:
     """The unfused SwiGLU MLP's GEMM1 / w2-dgrad output dtype: fp32 (the accumulator, the SwiGLU math's input
     in the MXFP8 contract), or in the Hopper fast mode (``scale_block=128``) the activation dtype: the SwiGLU
@@ -295,8 +301,8 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         if callable(offs):  # the grouped module's offsets, made from counts read on the host
             offs = offs()
         ta = _token_align(offs, sb)  # 128 in the fast mode's grouped MLP (never fused: fused is 32-blocks only)
-        if ta:  # offsets made safe on the device (the grouped module's): their schedules in a few launches
-            prime_fast_schedules(offs, x2.shape[0])
+        if ta:  # offsets made safe on the device (the grouped module's): their schedules in one or a few launches
+            prime_fast_schedules(offs, x2.shape[0], _schedule_arch(x2.device, backend))
         x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp, sb, ta)
         if fused:  # GEMM1 with the SwiGLU + dual-quant epilogue (32-blocks only: fused is off when sb is 128)
             h13, h_row, h_row_s, h_col, h_col_s, h_hp = api.mm_swiglu_quant(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .. import formats as F
-from ..jit import compile_token_align
+from ..jit import compile_fast_schedules, compile_token_align
 from .gemm_common import MAX_ELEMENTS, device_offsets_host, offs_limits, operand_limits, safe_offsets
 from .shapes import padded_tokens
 from .group_meta import derived, derived_tensors, host_list, known_host_copy, recorded, safe_bound
@@ -170,7 +170,7 @@ def wgrad_limits(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_sca
     return why
 
 
-def prime_fast_schedules(offs: torch.Tensor, t: int) -> None:
+def prime_fast_schedules(offs: torch.Tensor, t: int, arch: str | None = None) -> None:
     """Compute, in about a dozen launches, every per-offsets tensor a grouped MLP step in the Hopper fast mode takes
     from offsets ``offs`` over ``t`` tokens that :func:`~.group_meta.mark_safe` vouched for, and record them
     under the keys their users look up (:func:`~.group_meta.derived`): the casts' group tile starts, the 2d-3d
@@ -180,10 +180,18 @@ def prime_fast_schedules(offs: torch.Tensor, t: int) -> None:
     copy that made them cheap is what the sync-free module does not have).  The values are those the lazy
     functions compute (``tests/test_group_meta.py``); anything else stays lazy.  No-op for offsets without the
     mark for ``t`` rows, or no groups.  The fast mode's grouped SwiGLU MLP calls it on its offsets, so every caller
-    of :func:`~.autograd.mxfp8_swiglu_mlp` with such offsets (the grouped module, the torchtitan experts) gets it."""
+    of :func:`~.autograd.mxfp8_swiglu_mlp` with such offsets (the grouped module, the torchtitan experts) gets it.
+    ``arch`` (CUDA offsets; the sm90 backend passes ``"sm_90a"``): the buffer comes from one launch of
+    :class:`~cute_mxfp8.kernels.group_schedule.FastScheduleKernel` built for it, the same values (``-m gpu``
+    tests), instead of about fifteen torch launches and their host time."""
     g = offs.numel()
     bound = safe_bound(offs)
     if g == 0 or bound is None or bound != t:
+        return
+    if arch is not None and offs.is_cuda:
+        views = _schedule_views(torch.empty(_schedule_len(g), dtype=torch.int32, device=offs.device), g)
+        compile_fast_schedules(arch)(offs, *views)
+        _record_fast_schedules(offs, t, views)
         return
     o = offs.to(torch.int64)
     units = torch.diff(o, prepend=o.new_zeros(1)).add_(127).div_(128, rounding_mode="floor")  # ceil(size / 128)
@@ -194,13 +202,33 @@ def prime_fast_schedules(offs: torch.Tensor, t: int) -> None:
     # one int32 buffer; each entry contiguous and from a 16-byte aligned element, as group_meta's uploads
     zeros = o.new_zeros(3)
     flat = torch.cat([p for rows in entries for p in (*rows, zeros[:(-len(rows) * g) % 4])]).to(torch.int32)
+    _record_fast_schedules(offs, t, _schedule_views(flat, g))
+
+
+_SCHEDULE_ROWS = (1, 2, 1, 2)  # rows of prime_fast_schedules' entries: tile starts, schedule_m, ends, schedule_k
+
+
+def _schedule_len(g: int) -> int:
+    """Elements of :func:`prime_fast_schedules`' buffer for ``g`` groups (each entry padded to 4 elements)."""
+    return sum(r * g + -(r * g) % 4 for r in _SCHEDULE_ROWS)
+
+
+def _schedule_views(flat: torch.Tensor, g: int) -> list:
+    """The four entries of :func:`prime_fast_schedules`' buffer, each from a 16-byte aligned element: tile
+    starts (G,), the 2d-3d schedule (2, G), the padded offsets (G,), the 2d-2d schedule (2, G)."""
     views, at = [], 0
-    for rows in entries:
-        n = len(rows) * g
-        views.append(flat[at:at + n].view(len(rows), g) if len(rows) > 1 else flat[at:at + n])
+    for rows in _SCHEDULE_ROWS:
+        n = rows * g
+        views.append(flat[at:at + n].view(rows, g) if rows > 1 else flat[at:at + n])
         at += n + -n % 4
+    return views
+
+
+def _record_fast_schedules(offs: torch.Tensor, t: int, views: list) -> None:
+    """Record :func:`prime_fast_schedules`' four entries (tile starts, 2d-3d schedule, padded offsets, 2d-2d
+    schedule: views of one buffer) under their users' keys."""
     ts, sched_m, ends, sched_k = views
-    tp = padded_tokens(t, g, 128)  # the token_align operands' width
+    tp = padded_tokens(t, offs.numel(), 128)  # the token_align operands' width
     # an entry never holds the tensor it is keyed on (that would keep it alive in the global cache): detach()
     # shares its storage without being a view of it
     derived(offs, "device_offsets", lambda: offs.detach(), t)  # safe already: device_offsets' values
