@@ -411,6 +411,31 @@ def test_save_on_cpu_is_bit_equal(kind, device, rng):
     assert len(packed) >= 4  # the MXFP8 Function's colwise casts went through the hooks
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_without_the_private_autograd_apis_every_tensor_is_saved(kind, monkeypatch, rng):
+    """Where torch lacks the private functions the early release relies on (or they change signature), the
+    Functions fall back to save_for_backward for every tensor: the same bytes."""
+    from cute_mxfp8.ops import autograd as A
+
+    m = _module(kind, "cpu", rng)
+    x = torch.randn(100, D, generator=rng)
+    dy = torch.randn(100, _n(kind), generator=rng)
+    want = _run(kind, m, x, dy)
+    assert isinstance(_call(kind, m, x.clone().requires_grad_()).grad_fn.made, list)  # released early here
+    monkeypatch.setattr(A, "_KEEP_GRAPH", None)
+    # every tensor saved: ctx.made holds how many of the saved ones the forward made (4 Linear, 9 MLP)
+    assert _call(kind, m, x.clone().requires_grad_()).grad_fn.made == (4 if kind == "linear" else 9)
+    _assert_runs_equal(_run(kind, m, x, dy), want, kind)
+    monkeypatch.undo()
+
+    def other_signature():
+        return None
+
+    monkeypatch.setattr(torch._C._autograd, "_top_saved_tensors_default_hooks", other_signature)
+    assert A._saved_tensor_hooks_active()
+    _assert_runs_equal(_run(kind, m, x, dy), want, kind)
+
+
 @pytest.mark.parametrize("fn", ["linear", "grouped_mm", "mlp"])
 def test_in_place_change_of_a_saved_input_is_refused(fn, rng):
     """``wgrad_with_hp`` keeps x itself for the wgrad: changing it in place before the backward raises, as

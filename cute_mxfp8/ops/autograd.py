@@ -104,7 +104,10 @@ def _saved_tensor_hooks_active() -> bool:
     """Whether saved-tensor hooks (non-reentrant activation checkpointing, ``save_on_cpu``) are in effect; True
     where this torch cannot say (private API), so those tensors take ``save_for_backward``."""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
-    return top is None or top(False) is not None
+    try:
+        return top is None or top(False) is not None
+    except TypeError:  # another signature of the private function: assume hooks
+        return True
 
 
 _RELEASED = "released"
