@@ -44,6 +44,43 @@ def test_planned_casts_equal_the_full_path(shape, blocked, scale_block, rng):
             assert B.PLANS.get(key) is not None, name  # the plan ran
 
 
+def _gate_up_key(w1, w3, blocked, blocks_2d):
+    return ("quantize_gate_up", w1.shape, w1.dtype, w1.device, w3.shape, w3.dtype, w3.device, "rceil",
+            torch.float8_e4m3fn, blocked, 0, None, 128, blocks_2d, None)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("shape", [(128, 96), (2, 256, 160)])
+@pytest.mark.parametrize("blocked", [True, False])
+@pytest.mark.parametrize("blocks_2d", [False, True])
+def test_planned_gate_up_cast_equals_the_full_path(shape, blocked, blocks_2d, rng):
+    """The fast mode's W13 cast from w1 and w3 (``quantize_gate_up``, 128-blocks) repeats through its plan: the
+    same bytes as the op's implementation on fresh weights each call; a non-contiguous w3 takes the full path."""
+    kw = dict(blocked=blocked, scale_block=128, blocks_2d=blocks_2d)
+    for i in range(3):
+        w1, w3 = ((torch.randn(shape, generator=rng) * 2.0 ** (4 * i)).to("cuda", torch.bfloat16) for _ in range(2))
+        got = ops.quantize_gate_up(w1, w3, **kw)
+        want = L.quantize_gate_up_impl(w1, w3, "rceil", torch.float8_e4m3fn, blocked, 0, "", 128, blocks_2d)
+        for g, w in zip(_bytes(got), _bytes(want)):
+            assert g.shape == w.shape and torch.equal(g, w), i
+    assert B.PLANS.get(_gate_up_key(w1, w3, blocked, blocks_2d)) is not None  # the plan ran
+    w3t = w3.transpose(-2, -1).contiguous().transpose(-2, -1)  # same values, not contiguous
+    for g, w in zip(_bytes(ops.quantize_gate_up(w1, w3t, **kw)), _bytes(want)):
+        assert torch.equal(g, w)
+
+
+def test_gate_up_cast_keeps_no_plan_on_the_reference(rng):
+    w1, w3 = torch.randn(128, 64, generator=rng), torch.randn(128, 64, generator=rng)
+    a = ops.quantize_gate_up(w1, w3, scale_block=128)
+    key = _gate_up_key(w1, w3, True, False)
+    assert key in B.PLANS and B.PLANS[key] is None  # CPU: the reference, no plan, the full path every call
+    b = ops.quantize_gate_up(w1, w3, scale_block=128)
+    assert all(torch.equal(p.view(torch.uint8), q.view(torch.uint8)) for p, q in zip(a, b))
+    with pytest.raises(ValueError, match="128"):  # a bad call after a planned key still gets the full checks
+        ops.quantize_gate_up(w1[:96], w3[:96], scale_block=128)
+
+
 def test_reference_backend_keeps_no_plan_and_keys_see_the_backend_variable(monkeypatch, rng):
     x = torch.randn(64, 64, generator=rng)
     a = ops.quantize_rowwise(x)

@@ -237,13 +237,41 @@ def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_
         ``(row, row_scales, col, col_scales)``: ``row`` (2I, D) / (E, 2I, D) blocked along D (GEMM1's ``b``);
         ``col`` (D, 2I) / (E, D, 2I) blocked along 2I (the w13 dgrad ``b``); scales as :func:`quantize_dual`.
     """
+    key = None
+    # a launch plan for repeats, as _cast's (the MLP casts W13 every step): exact types, so no key equals another
+    # type's (True == 1); the plan runs for contiguous, 16-byte aligned weights under _direct's conditions
+    if (not torch.compiler.is_compiling() and type(w1) in _PLAIN and type(w3) in _PLAIN and type(blocked) is bool
+            and type(gate_up_tile) is int and type(scale_block) is int and type(blocks_2d) is bool):
+        key = ("quantize_gate_up", w1.shape, w1.dtype, w1.device, w3.shape, w3.dtype, w3.device, scale_mode,
+               elem_dtype, blocked, gate_up_tile, backend, scale_block, blocks_2d, os.environ.get(B.ENV_VAR))
+        try:
+            run = B.PLANS.get(key)
+        except TypeError:  # an unhashable argument: the full path says what is wrong with it
+            key = run = None
+        if run is not None and _plan_ready(w1) and _plan_ready(w3):
+            return run(w1, w3)
     S.check_scale_block(scale_block)  # before the schema's int check, which would raise a RuntimeError
     _check_types(blocked, backend=backend, w1=w1, w3=w3)
     if type(gate_up_tile) is not int:
         raise TypeError(f"gate_up_tile must be an int (0, or a multiple of 32 dividing I), got {gate_up_tile!r}")
     S.check_blocks_2d(blocks_2d, scale_block)
-    op = _op(L.quantize_gate_up_impl, L._quantize_gate_up, (w1, w3), scale_mode, elem_dtype)
-    return op(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend or "", scale_block, blocks_2d)
+    direct = _direct(w1, w3) and type(scale_mode) is str and isinstance(elem_dtype, torch.dtype)
+    args = (w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend or "", scale_block, blocks_2d)
+    out = (L.quantize_gate_up_impl if direct else L._quantize_gate_up)(*args)
+    if key is not None and direct and key not in B.PLANS and _plan_ready(w1) and _plan_ready(w3):
+        B.remember_plan(key, B.make_plan("quantize_gate_up", w1.device, backend,
+                                         (w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, scale_block,
+                                          blocks_2d)))
+    return out
+
+
+def _plan_ready(x: Tensor) -> bool:
+    """Whether a launch plan may run on ``x`` (or be made from it): contiguous, strided, 16-byte aligned, not a
+    functorch wrapper, no autograd graph to build, no torch function / dispatch mode."""
+    return (x.is_contiguous() and x.layout == torch.strided and not x.data_ptr() % 16
+            and not (x.requires_grad and torch.is_grad_enabled())
+            and not torch._C._functorch.is_functorch_wrapped_tensor(x)
+            and not torch._C._is_torch_function_mode_enabled() and not torch._C._len_torch_dispatch_stack())
 
 
 def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: torch.dtype = torch.bfloat16,

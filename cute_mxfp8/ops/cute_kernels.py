@@ -359,6 +359,14 @@ def _ops(arch: str) -> dict:
             "quantize_dual": quantize_dual, "quantize_gate_up": quantize_gate_up}
 
 
+def _alloc(specs, elem_dtype: torch.dtype, device) -> list:
+    """New [data, scales, ...] of a plan's outputs, from :func:`_output_spec` triples."""
+    outs = []
+    for dshape, sshape, alloc in specs:
+        outs += [torch.empty(dshape, dtype=elem_dtype, device=device), alloc(sshape, dtype=torch.uint8, device=device)]
+    return outs
+
+
 def _plans(arch: str) -> dict:
     """Launch plans for the eager casts without groups (:attr:`Backend.plans`), 2-D activations and 3-D weights,
     either scale block: the compiled kernel(s) and the output allocation, fixed once per (shape, dtypes, flags);
@@ -398,10 +406,7 @@ def _plans(arch: str) -> dict:
             fixed = (*_group_args(dev, None), *_no_amax(dev))
 
             def run(x):
-                outs = []
-                for dshape, sshape, alloc in specs:
-                    outs += [torch.empty(dshape, dtype=elem_dtype, device=dev),
-                             alloc(sshape, dtype=torch.uint8, device=dev)]
+                outs = _alloc(specs, elem_dtype, dev)
                 slots = outs if three_d else [t.unsqueeze(0) for t in outs]  # the kernel's batched views (E = 1)
                 slots = {"dual": slots, "rowwise": (*slots, *unused), "colwise": (*unused, *slots)}[direction]
                 fn(x if three_d else x.unsqueeze(0), *slots, *fixed)
@@ -409,9 +414,28 @@ def _plans(arch: str) -> dict:
             return run
         return plan
 
+    def gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32, blocks_2d=False):
+        """The dual cast of W13 from w1 and w3 (:func:`_quantize_ops`' ``quantize_gate_up`` one-kernel case)."""
+        if (gate_up_tile or scale_block != 128 or w1.dim() not in (2, 3) or w1.shape[-2] % 128 or w1.numel() == 0
+                or _packed_limits(w1, blocked) is not None):
+            return None
+        three_d = w1.dim() == 3
+        packed = (*w1.shape[:-2], 2 * w1.shape[-2], w1.shape[-1])
+        fn = compile_quant("dual", _IN[w1.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False, False,
+                           128, "cast", False, blocks_2d, _keep_run(w1.dtype, 128, "cast", False), True)
+        dev = w1.device
+        specs = [_output_spec(sh, packed, blocked) for sh in (rowwise_shapes, colwise_shapes)]
+        fixed = (*_group_args(dev, None), *_no_amax(dev))
+
+        def run(w1, w3):
+            outs = _alloc(specs, elem_dtype, dev)
+            fn(*(_batch(t, three_d) for t in (w1, w3, *outs)), *fixed)
+            return tuple(t.view(e8m0) if i % 2 else t for i, t in enumerate(outs))
+        return run
+
     tiled_rowwise = tiled("rowwise", (rowwise_shapes,))
     return {"quantize_rowwise": rowwise, "quantize_colwise": tiled("colwise", (colwise_shapes,)),
-            "quantize_dual": tiled("dual", (rowwise_shapes, colwise_shapes))}
+            "quantize_dual": tiled("dual", (rowwise_shapes, colwise_shapes)), "quantize_gate_up": gate_up}
 
 
 def _swiglu_limits(first, *rest):
