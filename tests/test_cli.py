@@ -100,6 +100,26 @@ def test_bench_mlp_in_the_fast_mode_says_so_and_records_it(tmp_path, capsys):
         main(["bench", "mlp", "--hopper-block-k", "64"])
 
 
+def test_bench_mlp_peak_starts_each_step_without_gradients(monkeypatch):
+    """``bench mlp``'s peak memory: x's and the weights' gradients left by an earlier step are cleared before the
+    baseline is read (one freed inside the step would hide its size; one accumulated into would hide the new
+    gradient), so the bf16 and MXFP8 steps both count the gradients they make."""
+    from cute_mxfp8.cli import bench_mlp
+
+    w = torch.nn.Parameter(torch.ones(4, 4))
+    x = torch.ones(2, 4, requires_grad=True)
+    (x @ w).sum().backward()  # gradients from an earlier step
+    seen = {}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda dev=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda dev=None: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated",
+                        lambda dev=None: seen.setdefault("grads at base", (x.grad, w.grad)) and 100)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda dev=None: 100 + 3 * 2**20)
+    peak = bench_mlp._peak_mib(lambda t: t @ w, x, torch.ones(2, 4), torch.device("cuda"), [w])
+    assert seen["grads at base"] == (None, None) and peak == 3.0
+    assert torch.equal(w.grad, torch.full((4, 4), 2.0))  # the measured step's own gradient, not accumulated
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.profiler's kernel times)")
 def test_bench_mlp_kernel_breakdown_ranks_the_step_kernels():

@@ -49,9 +49,15 @@ def _step(fn, x, dy):
     fn(x).backward(dy)
 
 
-def _peak_mib(fn, x, dy, dev) -> float | None:
+def _peak_mib(fn, x, dy, dev, params) -> float | None:
+    """Peak memory (MiB) of one fwd + bwd step above what was allocated before it, starting with no gradients
+    (x's and ``params``' cleared first: a gradient left by the previous step would be freed inside this one and
+    hide its size, or be accumulated into instead of allocated), so both steps count the gradients they make."""
     if dev.type != "cuda":
         return None
+    x.grad = None
+    for p in params:
+        p.grad = None
     torch.cuda.synchronize(dev)
     base = torch.cuda.memory_allocated(dev)
     torch.cuda.reset_peak_memory_stats(dev)
@@ -97,7 +103,7 @@ def mlp_rows(device: torch.device, time_ms, profile: int = 0, config=None) -> li
         mxfp8 = mx if counts is None else (lambda x, mx=mx, counts=counts: mx(x, counts))
         times, peaks = [], []
         for fn in (bf16, mxfp8):
-            peaks.append(_peak_mib(fn, x, dy, device))
+            peaks.append(_peak_mib(fn, x, dy, device, list(mx.parameters())))
             times.append(time_ms(lambda fn=fn: _step(fn, x, dy), device, budget_s=1.0))
         label = " ".join(f"{k.upper()}={v}" for k, v in shape.items())
         if profile > 0 and device.type == "cuda":
