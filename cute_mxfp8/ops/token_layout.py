@@ -171,24 +171,24 @@ def wgrad_limits(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_sca
 
 
 def prime_fast_schedules(offs: torch.Tensor, t: int, arch: str | None = None) -> None:
-    """Compute, in about a dozen launches, every per-offsets tensor a grouped MLP step in the Hopper fast mode takes
-    from offsets ``offs`` over ``t`` tokens that :func:`~.group_meta.mark_safe` vouched for, and record them
-    under the keys their users look up (:func:`~.group_meta.derived`): the casts' group tile starts, the 2d-3d
-    schedule in 128-row tiles (:func:`~.gemm_common.schedule_m`), the padded offsets of the ``token_align=128``
-    operands (:func:`padded_offsets`) and, on those, the 2d-2d schedule (:func:`schedule_k`) and the mark that
-    they are aligned.  Computed one by one on the device they were ~60 small torch launches per step (the host
-    copy that made them cheap is what the sync-free module does not have).  The values are those the lazy
-    functions compute (``tests/test_group_meta.py``); anything else stays lazy.  No-op for offsets without the
-    mark for ``t`` rows, or no groups.  The fast mode's grouped SwiGLU MLP calls it on its offsets, so every caller
-    of :func:`~.autograd.mxfp8_swiglu_mlp` with such offsets (the grouped module, the torchtitan experts) gets it.
-    ``arch`` (CUDA offsets; the sm90 backend passes ``"sm_90a"``): the buffer comes from one launch of
-    :class:`~cute_mxfp8.kernels.group_schedule.FastScheduleKernel` built for it, the same values (``-m gpu``
-    tests), instead of about fifteen torch launches and their host time."""
+    """Compute every per-offsets tensor a grouped MLP step in the Hopper fast mode takes from offsets ``offs`` over
+    ``t`` tokens that :func:`~.group_meta.mark_safe` vouched for, and record them under the keys their users look
+    up (:func:`~.group_meta.derived`): the casts' group tile starts, the 2d-3d schedule in 128-row tiles
+    (:func:`~.gemm_common.schedule_m`), the padded offsets of the ``token_align=128`` operands
+    (:func:`padded_offsets`) and, on those, the 2d-2d schedule (:func:`schedule_k`) and the mark that they are
+    aligned.  Computed one by one on the device they were ~60 small torch launches per step (the host copy that
+    made them cheap is what the sync-free module does not have); here about fifteen, or with ``arch`` (contiguous
+    int32 CUDA offsets, what the grouped module makes; the sm90 backend passes ``"sm_90a"``) one launch of
+    :class:`~cute_mxfp8.kernels.group_schedule.FastScheduleKernel` built for it.  The values are those the lazy
+    functions compute, either way (``tests/test_group_meta.py``, on the GPU for the kernel); anything else stays
+    lazy.  No-op for offsets without the mark for ``t`` rows, or no groups.  The fast mode's grouped SwiGLU MLP
+    calls it on its offsets, so every caller of :func:`~.autograd.mxfp8_swiglu_mlp` with such offsets (the grouped
+    module, the torchtitan experts) gets it."""
     g = offs.numel()
     bound = safe_bound(offs)
     if g == 0 or bound is None or bound != t:
         return
-    if arch is not None and offs.is_cuda:
+    if arch is not None and offs.is_cuda and offs.dtype == torch.int32 and offs.is_contiguous():
         views = _schedule_views(torch.empty(_schedule_len(g), dtype=torch.int32, device=offs.device), g)
         compile_fast_schedules(arch)(offs, *views)
         _record_fast_schedules(offs, t, views)
