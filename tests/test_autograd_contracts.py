@@ -436,6 +436,49 @@ def test_without_the_private_autograd_apis_every_tensor_is_saved(kind, monkeypat
     _assert_runs_equal(_run(kind, m, x, dy), want, kind)
 
 
+@pytest.mark.parametrize("kind", ["linear", "mlp", "experts"])
+def test_a_backward_after_one_that_raised_says_to_run_the_forward_again(kind, monkeypatch, rng):
+    """The backward frees the tensors its forward made as it goes, so one that raised part way (e.g. out of
+    memory) cannot be retried: the next backward says so (torch's saved tensors would have survived)."""
+    from cute_mxfp8.ops import autograd as A
+
+    m = _module(kind, "cpu", rng)
+    x = torch.randn(100, D, generator=rng).requires_grad_()
+    y = _call(kind, m, x)
+    real = A._wgrad
+
+    def fail(*args, **kw):
+        raise torch.OutOfMemoryError("simulated")
+
+    monkeypatch.setattr(A, "_wgrad", fail)
+    with pytest.raises(torch.OutOfMemoryError):
+        y.sum().backward()
+    monkeypatch.setattr(A, "_wgrad", real)
+    with pytest.raises(RuntimeError, match="raised after it had begun freeing .* run the forward again"):
+        y.sum().backward()
+    _call(kind, m, x).sum().backward()  # a new forward works
+
+
+def test_compiled_autograd_traces_the_backward_without_graph_breaks(rng):
+    """Under compiled autograd the backward is traced: it neither queries the engine (a graph break) nor takes the
+    tensors off ctx (the traced graph owns them), and gives the eager gradients."""
+    ca = pytest.importorskip("torch._dynamo.compiled_autograd")
+    from torch._dynamo.utils import counters
+
+    if not hasattr(ca, "_enable"):
+        pytest.skip("this torch has no compiled_autograd._enable")
+    m = _module("mlp", "cpu", rng)
+    x = torch.randn(100, D, generator=rng)
+    dy = torch.randn(100, D, generator=rng)
+    want = _run("mlp", m, x, dy)
+    torch._dynamo.reset()
+    counters.clear()
+    with ca._enable(torch.compile(backend="eager")):
+        got = _run("mlp", m, x, dy)
+    _assert_runs_equal(got, want, "compiled autograd")
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
 @pytest.mark.parametrize("fn", ["linear", "grouped_mm", "mlp"])
 def test_in_place_change_of_a_saved_input_is_refused(fn, rng):
     """``wgrad_with_hp`` keeps x itself for the wgrad: changing it in place before the backward raises, as
@@ -450,7 +493,7 @@ def test_in_place_change_of_a_saved_input_is_refused(fn, rng):
          "grouped_mm": lambda: mxfp8_grouped_mm(xi, w, offs, config=cfg),
          "mlp": lambda: mxfp8_swiglu_mlp(xi, w[0], w2[0], w[1], config=cfg)}[fn]()
     xi.add_(1)
-    with pytest.raises(RuntimeError, match="inplace"):
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
 
 

@@ -110,7 +110,8 @@ def _saved_tensor_hooks_active() -> bool:
         return True
 
 
-_RELEASED = "released"
+_RELEASED = "released"  # ctx.made after a backward that took the tensors completed
+_TAKEN = "taken"  # ... while that backward runs (still there: it raised)
 # whether the running backward was asked to keep the graph (retain_graph=True); private API: where this torch
 # lacks it, the Functions save every tensor with save_for_backward
 _KEEP_GRAPH = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
@@ -125,16 +126,21 @@ def _keep(ctx, made: tuple, inputs: tuple) -> None:
     Under torch.compile or saved-tensor hooks (activation checkpointing, CPU offload) they are saved as usual."""
     if torch.compiler.is_compiling() or _saved_tensor_hooks_active() or _KEEP_GRAPH is None:
         ctx.save_for_backward(*made, *inputs)
-        ctx.made = len(made)
+        ctx.made = len(made)  # an int: how many of the saved tensors are ``made``
     else:
         ctx.save_for_backward(*inputs)
-        ctx.made = list(made)
+        ctx.made = list(made)  # a list: the tensors themselves (then _TAKEN / _RELEASED by the backward)
 
 
-def _kept(ctx) -> tuple[list, tuple]:
-    """(made, inputs) as :func:`_keep` was given them.  The ``made`` list is the backward's only reference to
-    those tensors when they stayed on ``ctx`` (the engine frees the graph after this backward): deleting a name
-    bound to one frees its memory.  With ``retain_graph=True`` they stay on ``ctx`` for the next backward."""
+def _kept(ctx, name: str) -> tuple[list, tuple]:
+    """(made, inputs) as :func:`_keep` was given them, in the backward of ``name`` (decorated with
+    :func:`_frees_as_it_goes`).  The ``made`` list is the backward's only reference to those tensors when they
+    stayed on ``ctx``: deleting a name bound to one frees its memory.  With ``retain_graph=True``, or inside
+    compiled autograd (which traces this backward and keeps the graph's tensors itself), they stay on ``ctx``.
+
+    Raises RuntimeError on a second backward without ``retain_graph`` (torch's message), and on a backward after
+    one that raised once it had taken the tensors (they may be freed: the forward has to run again; with
+    ``save_for_backward`` torch would have kept them)."""
     if isinstance(ctx.made, int):
         t = ctx.saved_tensors
         return list(t[:ctx.made]), t[ctx.made:]
@@ -142,10 +148,26 @@ def _kept(ctx) -> tuple[list, tuple]:
         raise RuntimeError("Trying to backward through the graph a second time (or directly access saved tensors "
                            "after they have already been freed). Specify retain_graph=True if you need to "
                            "backward through the graph a second time")
+    if ctx.made is _TAKEN:
+        raise RuntimeError(f"cute_mxfp8: an earlier backward through {name} raised after it had begun freeing the "
+                           "tensors its forward made (they are freed as the backward goes): run the forward again")
     made, inputs = ctx.made, ctx.saved_tensors
-    if not _KEEP_GRAPH():
-        ctx.made = _RELEASED
+    if not torch.compiler.is_compiling() and not _KEEP_GRAPH():
+        ctx.made = _TAKEN
     return list(made), inputs
+
+
+def _frees_as_it_goes(fn):
+    """A backward that takes its tensors with :func:`_kept`: marks them released once it returns."""
+
+    @functools.wraps(fn)
+    def run(ctx, *grads):
+        out = fn(ctx, *grads)
+        if ctx.made is _TAKEN:
+            ctx.made = _RELEASED
+        return out
+
+    return run
 
 
 def _first_order_only(name: str) -> None:
@@ -216,7 +238,8 @@ class _LinearFn(torch.autograd.Function):
         # the bias joins the fp32 accumulator inside the GEMM op: one rounding to x.dtype, as F.linear
         y = api.mm(x_row, x_row_s, w_row, w_row_s, out_dtype=x.dtype, bias=bias, backend=backend, scale_block=sb,
                    b_blocks_2d=w2d)
-        _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s), (x2 if wgrad_with_hp else None,))
+        # x itself, not its (rows, K) view, so an in-place change of x gets torch's version-counter error
+        _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s), (x if wgrad_with_hp else None,))
         ctx.operands = operands
         ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, sb, w2d)
         ctx.meta = (x.shape, x.dtype, weight.dtype, bias is not None and bias.dtype)
@@ -224,10 +247,11 @@ class _LinearFn(torch.autograd.Function):
 
     @staticmethod
     @_no_autocast
+    @_frees_as_it_goes
     def backward(ctx, dy):
         _first_order_only("mxfp8_linear")
-        (x_col, x_col_s, w_col, w_col_s), (x_hp,) = _kept(ctx)
-        x_saved = x_hp if x_col is None else x_col
+        (x_col, x_col_s, w_col, w_col_s), (x_hp,) = _kept(ctx, "mxfp8_linear")
+        x_saved = _rows(x_hp) if x_col is None else x_col
         del x_hp, x_col
         scale_mode, gdt, hp, backend, sb, w2d = ctx.cfg
         x_shape, x_dtype, w_dtype, b_dtype = ctx.meta
@@ -266,9 +290,10 @@ class _GroupedMMFn(torch.autograd.Function):
 
     @staticmethod
     @_no_autocast
+    @_frees_as_it_goes
     def backward(ctx, dy):
         _first_order_only("mxfp8_grouped_mm")
-        (x_col, x_col_s, w_col, w_col_s), (x_hp, offs) = _kept(ctx)
+        (x_col, x_col_s, w_col, w_col_s), (x_hp, offs) = _kept(ctx, "mxfp8_grouped_mm")
         x_saved = x_hp if x_col is None else x_col
         del x_hp, x_col
         scale_mode, gdt, hp, backend, sb, w2d = ctx.cfg
@@ -320,19 +345,22 @@ class _SwiGLUMLPFn(torch.autograd.Function):
                                                                     scale_block=sb, token_align=ta, **qw)
             del acc
         y = _gemm(h_row, h_row_s, w2_row, w2_row_s, offs, x.dtype, backend, sb, w2d)
-        # x2 (wgrad_with_hp) is a view of the input x and offs an input: saved; the rest this forward made
+        # the input x (wgrad_with_hp; itself, not its rows view, for torch's in-place check) and offs are saved;
+        # the rest this forward made
         _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s, h13, h_hp if wgrad_with_hp else h_col, h_col_s,
-                    w13_col, w13_col_s, w2_col, w2_col_s), (x2 if wgrad_with_hp else None, offs))
+                    w13_col, w13_col_s, w2_col, w2_col_s), (x if wgrad_with_hp else None, offs))
         ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, tile, sb, w2d)
         ctx.meta = (x.shape, x.dtype, w1.dtype, w2.dtype)
         return _output(y, x.shape)
 
     @staticmethod
     @_no_autocast
+    @_frees_as_it_goes
     def backward(ctx, dy):
         _first_order_only("mxfp8_swiglu_mlp")
-        (x_col, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s, w2_col, w2_col_s), (x_hp, offs) = _kept(ctx)
-        x_saved = x_hp if x_col is None else x_col
+        (x_col, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s, w2_col, w2_col_s), (x_hp, offs) = _kept(
+            ctx, "mxfp8_swiglu_mlp")
+        x_saved = _rows(x_hp) if x_col is None else x_col
         del x_hp, x_col
         scale_mode, gdt, hp, backend, tile, sb, w2d = ctx.cfg
         x_shape, x_dtype, w13_dtype, w2_dtype = ctx.meta
