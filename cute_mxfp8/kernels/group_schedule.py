@@ -1,6 +1,6 @@
 """CuTe DSL kernel: the per-offsets schedules of the Hopper fast mode's grouped step, from the offsets, in one launch.
 
-A grouped SwiGLU MLP step in the fast mode (128-blocks, ``token_align=128``) reads five small int32 tensors made
+A grouped SwiGLU MLP step in the fast mode (128-blocks, ``token_align=128``) reads four small int32 tensors made
 from its token-group offsets: the casts' group tile starts, the 2d-3d GEMM's schedule in 128-row tiles, the padded
 offsets of the ``token_align`` operands and the 2d-2d GEMM's schedule on those (``ops.token_layout``,
 ``prime_fast_schedules``).  In torch they take about fifteen tiny launches and their host time; this kernel
