@@ -88,10 +88,7 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
             run = B.PLANS.get(key)
         except TypeError:  # an unhashable argument: the full path says what is wrong with it
             key = run = None
-        # _direct(x), spelled out with the cheapest checks (this is the path whose host time counts)
-        if (run is not None and x.is_contiguous() and not x.data_ptr() % 16
-                and not (x.requires_grad and torch.is_grad_enabled())
-                and not torch._C._is_torch_function_mode_enabled() and not torch._C._len_torch_dispatch_stack()):
+        if run is not None and _plan_ready(x):
             return run(x)
     _check_types(blocked, offs=offs, backend=backend, x=x)
     if type(blocks_2d) is not bool:
@@ -100,8 +97,7 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
     extra = () if token_align is _NO_ALIGN else (token_align,)
     out = (impl if direct else op)(x, scale_mode, elem_dtype, blocked, offs, backend or "", scale_block, *extra,
                                    blocks_2d)
-    if (key is not None and direct and key not in B.PLANS and x.is_contiguous() and x.layout == torch.strided
-            and not torch._C._functorch.is_functorch_wrapped_tensor(x) and not x.data_ptr() % 16):
+    if key is not None and direct and key not in B.PLANS and _plan_ready(x):
         B.remember_plan(key, B.make_plan(name, x.device, backend,
                                          (x, scale_mode, elem_dtype, blocked, None, scale_block,
                                           *((*extra, True) if blocks_2d else ()))))
@@ -266,8 +262,10 @@ def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_
 
 
 def _plan_ready(x: Tensor) -> bool:
-    """Whether a launch plan may run on ``x`` (or be made from it): contiguous, strided, 16-byte aligned, not a
-    functorch wrapper, no autograd graph to build, no torch function / dispatch mode."""
+    """Whether a launch plan may run on ``x`` (or be made from it; :func:`_cast`, :func:`quantize_gate_up`):
+    contiguous, strided, 16-byte aligned, not a functorch wrapper, no autograd graph to build, no torch function /
+    dispatch mode (:func:`_direct`'s conditions, spelled out with the cheapest checks: the planned call's host time
+    is what plans are for)."""
     return (x.is_contiguous() and x.layout == torch.strided and not x.data_ptr() % 16
             and not (x.requires_grad and torch.is_grad_enabled())
             and not torch._C._functorch.is_functorch_wrapped_tensor(x)

@@ -335,20 +335,11 @@ def _ops(arch: str) -> dict:
         block), and rowwise blocks run along D.  The packed path's one copy and one cast replaced two casts and the
         packing of their four outputs, ~3x the launches and ~3.5x the host time (H200).  A W13 past the kernels'
         32-bit indexing takes that older path (each projection fits)."""
+        run = _gate_up_launcher(arch, w1, scale_mode, elem_dtype, blocked, gate_up_tile, scale_block, blocks_2d)
+        if run is not None:  # no packed copy: the kernel reads w1 and w3
+            return run(w1, w3)
         tile = gate_up_tile or None
-        too_big = _packed_limits(w1, blocked)
-        if (tile is None and scale_block == 128 and w1.shape[-2] % 128 == 0 and w1.numel() > 0
-                and too_big is None):  # no packed copy: the kernel reads w1 and w3
-            packed = (*w1.shape[:-2], 2 * w1.shape[-2], w1.shape[-1])
-            q, s = _outputs(rowwise_shapes, w1, elem_dtype, blocked, shape=packed)
-            qt, st = _outputs(colwise_shapes, w1, elem_dtype, blocked, shape=packed)
-            three_d = w1.dim() == 3
-            fn = compile_quant("dual", _IN[w1.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False,
-                               False, 128, "cast", False, blocks_2d, _keep_run(w1.dtype, 128, "cast", False), True)
-            fn(*(_batch(t, three_d) for t in (w1, w3, q, s, qt, st)), *_group_args(w1.device, None),
-               *_no_amax(w1.device))
-            return _e8m0(q, s, qt, st)
-        if too_big is not None:
+        if _packed_limits(w1, blocked) is not None:
             casts = [quantize_dual(w, scale_mode, elem_dtype, False, None, scale_block, 0, blocks_2d)
                      for w in (w1, w3)]
             return pack_gate_up_casts(*casts, blocked, tile)
@@ -365,6 +356,30 @@ def _alloc(specs, elem_dtype: torch.dtype, device) -> list:
     for dshape, sshape, alloc in specs:
         outs += [torch.empty(dshape, dtype=elem_dtype, device=device), alloc(sshape, dtype=torch.uint8, device=device)]
     return outs
+
+
+def _gate_up_launcher(arch: str, w1, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32,
+                      blocks_2d=False):
+    """``run(w1, w3)``: the dual cast of W13 = [w1; w3] as one kernel that reads both (``compile_quant(...,
+    gate_up=True)``: no packed copy), for weights shaped like ``w1`` with 128-blocks, no interleaving, I % 128 == 0
+    and a W13 within the kernels' 32-bit indexing; None where ``quantize_gate_up`` casts another way.  The op's
+    one-kernel case and its launch plan (:func:`_plans`) both run it."""
+    if (gate_up_tile or scale_block != 128 or w1.dim() not in (2, 3) or w1.shape[-2] % 128 or w1.numel() == 0
+            or _packed_limits(w1, blocked) is not None):
+        return None
+    three_d = w1.dim() == 3
+    packed = (*w1.shape[:-2], 2 * w1.shape[-2], w1.shape[-1])
+    fn = compile_quant("dual", _IN[w1.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False, False,
+                       128, "cast", False, blocks_2d, _keep_run(w1.dtype, 128, "cast", False), True)
+    dev = w1.device
+    specs = [_output_spec(sh, packed, blocked) for sh in (rowwise_shapes, colwise_shapes)]
+    fixed = (*_group_args(dev, None), *_no_amax(dev))
+
+    def run(w1, w3):
+        outs = _alloc(specs, elem_dtype, dev)
+        fn(*(_batch(t, three_d) for t in (w1, w3, *outs)), *fixed)
+        return _e8m0(*outs)
+    return run
 
 
 def _plans(arch: str) -> dict:
@@ -414,24 +429,8 @@ def _plans(arch: str) -> dict:
             return run
         return plan
 
-    def gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32, blocks_2d=False):
-        """The dual cast of W13 from w1 and w3 (:func:`_quantize_ops`' ``quantize_gate_up`` one-kernel case)."""
-        if (gate_up_tile or scale_block != 128 or w1.dim() not in (2, 3) or w1.shape[-2] % 128 or w1.numel() == 0
-                or _packed_limits(w1, blocked) is not None):
-            return None
-        three_d = w1.dim() == 3
-        packed = (*w1.shape[:-2], 2 * w1.shape[-2], w1.shape[-1])
-        fn = compile_quant("dual", _IN[w1.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False, False,
-                           128, "cast", False, blocks_2d, _keep_run(w1.dtype, 128, "cast", False), True)
-        dev = w1.device
-        specs = [_output_spec(sh, packed, blocked) for sh in (rowwise_shapes, colwise_shapes)]
-        fixed = (*_group_args(dev, None), *_no_amax(dev))
-
-        def run(w1, w3):
-            outs = _alloc(specs, elem_dtype, dev)
-            fn(*(_batch(t, three_d) for t in (w1, w3, *outs)), *fixed)
-            return tuple(t.view(e8m0) if i % 2 else t for i, t in enumerate(outs))
-        return run
+    def gate_up(w1, w3, *args):
+        return _gate_up_launcher(arch, w1, *args)
 
     tiled_rowwise = tiled("rowwise", (rowwise_shapes,))
     return {"quantize_rowwise": rowwise, "quantize_colwise": tiled("colwise", (colwise_shapes,)),
