@@ -161,6 +161,21 @@ def live_at_peak(step, dev, top: int = 25) -> dict:
             "live": [[round(e["size"] / 2**20, 2), where(e)] for e in rows[:top]]}
 
 
+# the ops the autograd functions call through cute_mxfp8.ops.api (per_op_host_us, step_timeline)
+_API_OPS = ("quantize_dual", "quantize_rowwise", "quantize_gate_up", "grouped_mm", "grouped_mm_wgrad", "mm",
+            "swiglu_quant", "dswiglu_quant", "padded_offsets")
+
+
+def _idle_gpu_us(fn, reps: int) -> list[float]:
+    """Host time (us) of ``reps`` calls of ``fn``, each queued on an idle GPU (synchronize, time until it returns)."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return times
+
 def per_op_host_us(step, reps: int = 30) -> list[list]:
     """Host time of each op call one ``step`` makes through :mod:`cute_mxfp8.ops.api` (and the MLP's offsets
     priming): the calls are recorded during a step, then each is replayed ``reps`` times, each time queued on an
@@ -168,8 +183,6 @@ def per_op_host_us(step, reps: int = 30) -> list[list]:
     from cute_mxfp8.ops import api
     from cute_mxfp8.ops import autograd as A
 
-    names = ["quantize_dual", "quantize_rowwise", "quantize_gate_up", "grouped_mm", "grouped_mm_wgrad", "mm",
-             "swiglu_quant", "dswiglu_quant", "padded_offsets"]
     calls, real = [], {}
 
     def spy(mod, name):
@@ -182,7 +195,7 @@ def per_op_host_us(step, reps: int = 30) -> list[list]:
 
         setattr(mod, name, run)
 
-    for n in names:
+    for n in _API_OPS:
         spy(api, n)
     spy(A, "prime_fast_schedules")
     try:
@@ -193,12 +206,7 @@ def per_op_host_us(step, reps: int = 30) -> list[list]:
             setattr(mod, name, fn)
     rows = []
     for name, fn, args, kw in calls:
-        times = []
-        for _ in range(reps):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn(*args, **kw)
-            times.append((time.perf_counter() - t0) * 1e6)
+        times = _idle_gpu_us(lambda: fn(*args, **kw), reps)  # called here, before the loop moves on
         rows.append([name, statistics.median(times), min(times)])
     torch.cuda.synchronize()
     return rows
@@ -212,13 +220,7 @@ def split_host_us(forward, x, dy, module, counts, reps: int = 30) -> dict:
     from cute_mxfp8.ops import autograd as A
 
     def timed(fn):
-        times = []
-        for _ in range(reps):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(times)
+        return statistics.median(_idle_gpu_us(fn, reps))
 
     out, fwd, bwd = {}, [], []
     for _ in range(reps):
@@ -252,8 +254,6 @@ def step_timeline(step, reps: int = 20) -> list[list]:
     from cute_mxfp8.ops import api
     from cute_mxfp8.ops import autograd as A
 
-    names = ["quantize_dual", "quantize_rowwise", "quantize_gate_up", "grouped_mm", "grouped_mm_wgrad", "mm",
-             "swiglu_quant", "dswiglu_quant", "padded_offsets"]
     events, real = [], {}
     t00 = [0.0]
 
@@ -268,7 +268,7 @@ def step_timeline(step, reps: int = 20) -> list[list]:
 
         setattr(mod, name, run)
 
-    for n in names:
+    for n in _API_OPS:
         wrap(api, n, getattr(api, n))
     wrap(A, "prime_fast_schedules", A.prime_fast_schedules)
     from cute_mxfp8.nn import modules as NM
@@ -358,14 +358,9 @@ def grouped_step(steps: int, weight_blocks: str = "1x128") -> dict:
             fns["bf16"] = lambda bf16=bf16: _step(bf16, x, dy)
         for label, step in fns.items():
             wall = _time_ms(step, dev, 1.0)
-            host = []
-            for _ in range(steps):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                step()
-                host.append((time.perf_counter() - t0) * 1e3)
+            host_ms = statistics.median(_idle_gpu_us(step, steps)) / 1e3
             kernels = kernel_breakdown(step, dev, top=10**6)
-            report[label] = {"wall_ms": wall, "host_ms": statistics.median(host),
+            report[label] = {"wall_ms": wall, "host_ms": host_ms,
                              "kernel_ms": sum(r[2] for r in kernels),
                              "launches": sum(r[1] for r in kernels), "top_kernels": kernels[:15]}
             report[label]["memory"] = live_at_peak(step, dev)
