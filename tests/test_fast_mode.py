@@ -520,7 +520,7 @@ def test_the_gate_up_cast_build_reads_two_inputs_without_spilling():
 
 def test_the_kernel_ops_pass_keep_run_and_gate_up_to_the_builds(monkeypatch):
     """The sm90 ops' tile casts (with and without launch plans) and ``quantize_gate_up`` ask ``compile_quant`` for
-    the kept run exactly where ``_keep_run`` says (bf16, 128-blocks, no groups) and for ``gate_up`` with
+    the kept run exactly where ``_keep_run`` says (bf16, 128-blocks, with or without groups) and for ``gate_up`` with
     128-blocks and no interleaving (recorded calls; the launches are stubbed, so this runs on the CPU)."""
     from cute_mxfp8.ops import cute_kernels as CK
 
@@ -538,7 +538,8 @@ def test_the_kernel_ops_pass_keep_run_and_gate_up_to_the_builds(monkeypatch):
     offs = torch.tensor([100, 256], dtype=torch.int32)
     assert flags(ops_["quantize_dual"], x16, "rceil", E4M3, True, None, 128) == (True, False)
     assert flags(ops_["quantize_dual"], x32, "rceil", E4M3, True, None, 128) == (False, False)
-    assert flags(ops_["quantize_dual"], x16, "rceil", E4M3, True, offs, 128, 128) == (False, False)
+    assert flags(ops_["quantize_dual"], x16, "rceil", E4M3, True, offs, 128, 128) == (True, False)
+    assert flags(ops_["quantize_dual"], x32, "rceil", E4M3, True, offs, 128, 128) == (False, False)
     assert flags(ops_["quantize_colwise"], x16, "rceil", E4M3, True, None, 32) == (False, False)
     assert flags(plans["quantize_dual"], x16, "rceil", E4M3, True, None, 128, 0, True) == (True, False)  # (built
     # when the plan is made)
@@ -547,15 +548,15 @@ def test_the_kernel_ops_pass_keep_run_and_gate_up_to_the_builds(monkeypatch):
     assert flags(ops_["quantize_gate_up"], w1.float(), w1.float(), "rceil", E4M3, True, 0, 128) == (False, True)
 
 
-def test_the_one_launch_casts_keep_the_run_for_bf16_without_groups():
-    """``ops.cute_kernels._keep_run``: the 128-block one-launch casts of bf16 inputs without token groups keep
-    their run's tiles in registers; fp32 inputs, token groups, the two-launch phases and 32-blocks reload (or have no
-    second walk).  The kernel refuses ``keep_run`` where it has no run to keep."""
+def test_the_one_launch_casts_keep_the_run_for_bf16():
+    """``ops.cute_kernels._keep_run``: the 128-block one-launch casts of bf16 inputs, with or without token groups,
+    keep their run's tiles in registers; fp32 inputs, the two-launch phases and 32-blocks reload (or have no second
+    walk).  The kernel refuses ``keep_run`` where it has no run to keep."""
     from cute_mxfp8.kernels.quantize_tile import TileQuantKernel
     from cute_mxfp8.ops import cute_kernels as CK
 
-    assert CK._keep_run(torch.bfloat16, 128, "cast", False)
-    assert not any((CK._keep_run(torch.float32, 128, "cast", False), CK._keep_run(torch.bfloat16, 128, "cast", True),
+    assert CK._keep_run(torch.bfloat16, 128, "cast", False) and CK._keep_run(torch.bfloat16, 128, "cast", True)
+    assert not any((CK._keep_run(torch.float32, 128, "cast", False), CK._keep_run(torch.float32, 128, "cast", True),
                     CK._keep_run(torch.bfloat16, 128, "apply", False), CK._keep_run(torch.bfloat16, 32, "cast", False)))
     for kw in (dict(scale_block=32), dict(scale_block=128, phase="amax"), dict(scale_block=128, keep_run=1)):
         with pytest.raises(ValueError, match="keep_run"):
@@ -563,22 +564,28 @@ def test_the_one_launch_casts_keep_the_run_for_bf16_without_groups():
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100f"])
-@pytest.mark.parametrize("blocks_2d", [False, True])
-def test_the_kept_run_casts_read_their_input_once(blocks_2d, arch):
-    """The kept-run dual cast (``TileQuantKernel(keep_run=True)``, what the ops run for bf16 activations and weights
-    without groups) issues half the global loads of the reloading build (one walk over the run's 4 tiles instead of
-    two), still meets once, keeps its 2 KB of row amaxes and uses no local memory on either arch."""
+@pytest.mark.parametrize("blocks_2d,grouped", [(False, False), (True, False), (False, True)])
+def test_the_kept_run_casts_read_their_input_once(blocks_2d, grouped, arch):
+    """The kept-run dual cast (``TileQuantKernel(keep_run=True)``, what the ops run for bf16 activations and weights,
+    and with token groups in the padded layout) issues no loads in its casting walk: half the global loads of the
+    reloading build without groups (one walk over the run's 4 tiles instead of two); with groups the run's 4 tiles x
+    8 rows x 2 forms (full block, clamped rows) fewer (the tail CTAs' loads and the group lookups stay).  It still
+    meets once per run (with groups: and twice per unrolled tail run), keeps its 2 KB of row amaxes and uses no
+    local memory on either arch."""
     import re
 
     from cute_mxfp8.cli import sass_facts
     from cute_mxfp8.jit import compile_quant
 
-    builds = {keep: compile_quant("dual", "bfloat16", "e4m3", "rceil", True, arch, True, False, False, 128, "cast",
-                                  False, blocks_2d, keep) for keep in (False, True)}
+    builds = {keep: compile_quant("dual", "bfloat16", "e4m3", "rceil", True, arch, True, grouped, False, 128, "cast",
+                                  grouped, blocks_2d, keep) for keep in (False, True)}
     loads = {keep: len(re.findall(r"ld\.global", fn.__ptx__)) for keep, fn in builds.items()}
-    assert loads[True] * 2 == loads[False] > 0
+    if grouped:
+        assert loads[False] - loads[True] == 4 * 8 * 2 and loads[True] > 0
+    else:
+        assert loads[True] * 2 == loads[False] > 0
     fn = builds[True]
-    assert len(re.findall(r"bar\.sync", fn.__ptx__)) == 1 and ".local" not in fn.__ptx__
+    assert len(re.findall(r"bar\.sync", fn.__ptx__)) == (5 if grouped else 1) and ".local" not in fn.__ptx__
     (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
     assert res["local_frame"] == 0 and fn.launch_smem == (2048,)
 

@@ -1,11 +1,12 @@
 """Hopper fast mode plain casts (issue 16) on the H200: the one-launch 128-block dual casts the MLP steps run (x / dy
 of the dense steps, the grouped step's token-aligned x / dy, the 128 x 128-block weights), in two builds: the CTA's
 run reloaded from L2 for the casting walk (``TileQuantKernel(keep_run=False)``) or kept in registers from the
-reducing walk (``keep_run=True``; the token-group cast, which the ops always run reloading, in that build only).
-Checks that both builds write the same bytes, times them (do_bench medians) and reports GB/s of the op's DRAM bytes
-(input read once, outputs written once) beside a same-run bf16 copy and the 32-block dual cast of the same tensor;
-and W13's cast read from w1 and w3 against torch.cat then the cast.  A dev tool: python tools/fast_mode_casts.py
-[--out DIR]."""
+reducing walk (``keep_run=True``), with and without token groups (``ops.cute_kernels.TILE_KEEP_RUN`` says which
+the ops run).
+Checks that both builds write the same bytes, times the cast kernel (torch.profiler; do_bench wall medians beside)
+and reports GB/s of the op's DRAM bytes (input read once, outputs written once) beside a same-run bf16 copy and
+the 32-block dual cast of the same tensor; and W13's cast read from w1 and w3 against torch.cat then the cast.
+A dev tool: python tools/fast_mode_casts.py [--out DIR]."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 
 from cute_mxfp8 import ops
 from cute_mxfp8.cli.bench import _time_ms, device_copy_gbps
+from cute_mxfp8.cli.bench_mlp import kernel_breakdown
 from cute_mxfp8.ops import backends, cute_kernels
 
 # (name, shape, experts, token_align, blocks_2d)
@@ -28,15 +30,27 @@ CASES = [("x / dy, M=16384 D=4096", (16384, 4096), 0, 0, False),
          ("grouped W2 128x128, 8 x 2048 x 1536", (8, 2048, 1536), 0, 0, True)]
 
 
+def _gpu_ms(fn, dev, every_kernel: bool = False) -> float:
+    """The cast kernel's ms per call (the call's longest kernel, or with ``every_kernel`` all of them; torch.profiler
+    over 20 calls): unlike do_bench's wall time it does not follow the host when queueing a call takes longer than
+    running it (the token-group casts' path on a slow host), nor count the token groups' small schedule launches."""
+    rows = kernel_breakdown(fn, dev, top=10**6, steps=20)
+    return sum(r[2] for r in rows) if every_kernel else rows[0][2]
+
+
 def _bytes(outs) -> int:
     return sum(t.numel() * t.element_size() for t in outs)
 
 
-KEEP = cute_kernels.TILE_KEEP_RUN[torch.bfloat16]  # what the ops run (restored after each A/B)
+KEEP = dict(cute_kernels.TILE_KEEP_RUN)  # what the ops run (restored after each A/B)
 
 
-def _set(keep: bool) -> None:
-    cute_kernels.TILE_KEEP_RUN[torch.bfloat16] = keep
+def _set(keep: bool | None) -> None:
+    """Both bf16 builds (with and without token groups) keeping their run (True), reloading it (False), or as the
+    ops run them (None)."""
+    cute_kernels.TILE_KEEP_RUN.update(KEEP)
+    if keep is not None:
+        cute_kernels.TILE_KEEP_RUN.update({(torch.bfloat16, False): keep, (torch.bfloat16, True): keep})
     backends.PLANS.clear()
 
 
@@ -52,19 +66,19 @@ def _case(dev, name, shape, e, token_align, blocks_2d) -> dict:
         kw.update(offs=counts.cumsum(0).to(torch.int32), token_align=token_align)
     row = {}
     outs = {}
-    # the token-group casts reload whatever TILE_KEEP_RUN says (ops.cute_kernels._keep_run): one column for them
-    for keep in ((False,) if e else (False, True)):
+    for keep in (False, True):
         _set(keep)
         outs[keep] = ops.quantize_dual(x, **kw)
-        ms = _time_ms(lambda: ops.quantize_dual(x, **kw), dev, 1.0)
-        row["kept" if keep else "reloaded"] = ms
-    _set(KEEP)
-    same = None if e else all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        label = "kept" if keep else "reloaded"
+        row[label] = _gpu_ms(lambda: ops.quantize_dual(x, **kw), dev)
+        row[label + " wall"] = _time_ms(lambda: ops.quantize_dual(x, **kw), dev, 1.0)
+    _set(None)
+    same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
                               for a, b in zip(outs[False], outs[True]))
     nbytes = x.numel() * x.element_size() + _bytes(outs[False])
     row.update(equal=same, bytes=nbytes)
     if not e and not blocks_2d:
-        row["mx32"] = _time_ms(lambda: ops.quantize_dual(x), dev, 1.0)
+        row["mx32"] = _gpu_ms(lambda: ops.quantize_dual(x), dev)
     return row
 
 
@@ -82,8 +96,8 @@ def _gate_up(dev, name, shape) -> dict:
     old = ops.quantize_dual(torch.cat([w1, w3], dim=-2), **kw)
     same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(new, old))
     return {"equal": same, "bytes": 2 * w1.numel() * 2 + _bytes(new),
-            "from w1, w3": _time_ms(lambda: ops.quantize_gate_up(w1, w3, **kw), dev, 1.0),
-            "cat + cast": _time_ms(lambda: ops.quantize_dual(torch.cat([w1, w3], dim=-2), **kw), dev, 1.0)}
+            "from w1, w3": _gpu_ms(lambda: ops.quantize_gate_up(w1, w3, **kw), dev),
+            "cat + cast": _gpu_ms(lambda: ops.quantize_dual(torch.cat([w1, w3], dim=-2), **kw), dev, True)}
 
 
 def main():
@@ -101,7 +115,8 @@ def main():
         report["cases"][case[0]] = r
         gbps = {k: r["bytes"] / (r[k] * 1e-3) / 1e9 for k in ("reloaded", "kept", "mx32") if k in r}
         print(f"{case[0]}: equal={r['equal']} " + "  ".join(
-            f"{k} {r[k]:.4f} ms ({gbps[k]:.0f} GB/s, {100 * gbps[k] / copy_gbps:.0f} % of copy)" for k in gbps),
+            f"{k} {r[k]:.4f} ms ({gbps[k]:.0f} GB/s, {100 * gbps[k] / copy_gbps:.0f} % of copy)" for k in gbps)
+            + "; do_bench wall " + "  ".join(f"{k} {r[k + ' wall']:.4f} ms" for k in ("reloaded", "kept")),
             flush=True)
     for name, shape in GATE_UP:
         r = _gate_up(dev, name, shape)

@@ -129,6 +129,13 @@ FAMILIES = [
       for d, batched, b2d in (("dual", False, False), ("rowwise", False, False), ("rowwise", True, False),
                               ("colwise", False, False), ("dual", False, True), ("rowwise", False, True),
                               ("rowwise", True, True), ("colwise", False, True))),
+    # ... and with token groups (the grouped MLP's x / dy casts in the padded layout; the grouped ops' rowwise and
+    # unpadded casts), kept as well for bf16
+    *(Family(f"quantize_{d}_grouped_k{'_padded' if pad else ''}_kept_fast_mode",
+             functools.partial(jit.compile_quant, grouped=True, scale_block=128, pad_groups=pad, keep_run=True),
+             {"direction": [d], "in_dtype": ["bfloat16"], "elem": ["e4m3"],
+              "scale_mode": MODES if pad else ["rceil"], "blocked": [True]})
+      for d, pad in (("dual", True), ("dual", False), ("rowwise", False), ("colwise", True))),
     # ... and the packed W13's cast read from w1 and w3 (ops.quantize_gate_up with 128-blocks): kept run for bf16
     *(Family(f"quantize_dual_gate_up{'_blocks_2d' if b2d else ''}{'_kept' if keep else ''}_fast_mode",
              functools.partial(jit.compile_quant, scale_block=128, blocks_2d=b2d, keep_run=keep, gate_up=True),

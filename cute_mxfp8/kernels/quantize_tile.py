@@ -95,11 +95,12 @@ class TileQuantKernel(MXCastParams):
     128 x 128 tile shares one scale, so the first walk keeps one running amax per lane, each warp reduces it with 5
     shuffles into one shared-memory word, and both casts take the tile's amax after the barrier.
     ``keep_run`` (the plain cast only): the first walk keeps each of the run's 4 tiles in registers as loaded (64
-    registers of bf16), and the second casts from them instead of reloading (one set of global loads; ~124 registers
-    instead of ~56, so fewer CTAs per SM: on the H200 16-33 % faster without token groups, 34 % slower with them,
-    ``tools/fast_mode_casts.py``).  ``gate_up`` (the dual cast, no groups; :meth:`launch_gate_up`): the input is
-    W13 = [w1; w3] read from its two halves, w1 ``(E, I, K)`` as x and w3 as the second operand, I % 128 == 0 so
-    that each CTA's run lies in one of them (the ops' packed weight cast without a packed copy).
+    registers of bf16), and the second casts from them instead of reloading (one set of global loads; 128 registers
+    instead of 56-64, so fewer CTAs per SM: on the H200 17-34 % less kernel time without token groups, 13 % with
+    them, ``tools/fast_mode_casts.py``; the run's group is looked up once for both walks, :meth:`_blocks`).
+    ``gate_up`` (the dual cast, no groups; :meth:`launch_gate_up`): the input is W13 = [w1; w3] read from its two
+    halves, w1 ``(E, I, K)`` as x and w3 as the second operand, I % 128 == 0 so that each CTA's run lies in one of
+    them (the ops' packed weight cast without a packed copy).
     So DRAM sees one read of the input, with no amax buffers and no atomics (the casts;
     :class:`SwiGLUQuantKernel` holds the run in registers instead, see there).  The two-launch form of the same math:
     ``phase="amax"`` reduces each lane's row and column amaxes as above and ``atomicMax``-es the fp32 bit patterns
@@ -352,13 +353,17 @@ class TileQuantKernel(MXCastParams):
         """CTA ``vb``'s (virtual) row block, or with the one-pass cast its run of 4 (reduce, barrier, cast)."""
         amaxes = args[-1]
         if cutlass.const_expr(self.one_pass):
+            # the run's 4 blocks are one 128-row tile, so one group: located once for both walks (with token groups
+            # a lookup per block and walk held the kept tiles' registers over 8 searches of tile_starts)
+            r0, end, tile0 = self._locate(args[0], args[7], args[8], vb * RUN)
             self._reset_run(amaxes, args[14])
             kept = [None] * RUN
             if cutlass.const_expr(self.keep_run):  # the run's 4 input tiles, as loaded, for the casting walk
                 kept = [cute.make_rmem_tensor((LANE_ROWS, VEC), args[0].element_type) for _ in range(RUN)]
             if active:
                 for i in cutlass.range_constexpr(RUN):
-                    self._block(*args[:17], vb * RUN + i, args[17], "amax", amaxes, kept[i])
+                    self._block(*args[:17], vb * RUN + i, args[17], "amax", amaxes, kept[i],
+                                (r0 + i * BLOCK, end, tile0))
                 if cutlass.const_expr(self.blocks_2d):  # the warp's amax into its word (row 0's slot)
                     v = amaxes[1][0]
                     for b in cutlass.range_constexpr(5):
@@ -373,7 +378,8 @@ class TileQuantKernel(MXCastParams):
                 amaxes[1][0] = v
             if active:
                 for i in cutlass.range_constexpr(RUN):
-                    self._block(*args[:17], vb * RUN + i, args[17], "apply", amaxes, kept[i])
+                    self._block(*args[:17], vb * RUN + i, args[17], "apply", amaxes, kept[i],
+                                (r0 + i * BLOCK, end, tile0))
         elif active:
             self._block(*args[:17], vb, args[17], self.phase, None)
 
@@ -453,12 +459,16 @@ class TileQuantKernel(MXCastParams):
     @cute.jit
     def _block(self, gx: cute.Tensor, gy: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor,
                st: cute.Tensor, ghp: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor, ra: cute.Tensor,
-               ca: cute.Tensor, vblocks, kv, e, lane, rg, cg, vb, cv, step: cutlass.Constexpr, amaxes, kept=None):
+               ca: cute.Tensor, vblocks, kv, e, lane, rg, cg, vb, cv, step: cutlass.Constexpr, amaxes, kept=None,
+               loc=None):
         """(Virtual) row block ``vb`` of the lane's column vector ``cv``: load, prologue, then ``step``: ``"cast"``
         (32-blocks), ``"amax"`` (reduce only) or ``"apply"`` (cast with the 128-block amaxes); ``amaxes`` is the
         one-pass kernel's (row amaxes in shared memory, column amaxes in registers, warp), else None (the
-        two-launch form's global buffers ``ra`` / ``ca``)."""
-        r0, end, tile0 = self._locate(gx, offs, tile_starts, vb)
+        two-launch form's global buffers ``ra`` / ``ca``); ``loc``: the block's :meth:`_locate`, when the caller
+        has it."""
+        if cutlass.const_expr(loc is None):
+            loc = self._locate(gx, offs, tile_starts, vb)
+        r0, end, tile0 = loc
         if r0 < end:  # (a block past the run's last, in the one-pass kernel, starts at or past the end too)
             rl = r0 + rg * LANE_ROWS  # this lane's first row
             pos = _Pos(e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, amaxes)

@@ -194,15 +194,17 @@ def _amax_buffers(device: torch.device, shape: tuple, offs) -> tuple:
     return flat[:n_rows].view(rows), flat[split:].view(cols)
 
 
-# the one-launch 128-block casts without token groups keep the CTA's run in registers between their two walks
-# instead of reloading it from L2 (TileQuantKernel keep_run): 16-33 % less time for bf16 activations and 128 x 128
-# weight blocks on the H200 (tools/fast_mode_casts.py, 2026-12-03); the token-group build (128 registers) took 34 %
-# more, and fp32 inputs were not measured, so those reload
-TILE_KEEP_RUN = {torch.bfloat16: True, torch.float32: False}
+# the one-launch 128-block casts keep the CTA's run in registers between their two walks instead of reloading it
+# from L2 (TileQuantKernel keep_run), keyed by (input dtype, token groups): for bf16 on the H200 (cast kernel time,
+# tools/fast_mode_casts.py, 2026-12-03) 17-34 % less time for activations and 128 x 128 weight blocks without groups,
+# 13 % with them (T=32768 D=2048 in 8 groups, token_align 128: 0.1026 vs 0.1184 ms); fp32 inputs were not measured
+# and reload
+TILE_KEEP_RUN = {(torch.bfloat16, False): True, (torch.bfloat16, True): True,
+                 (torch.float32, False): False, (torch.float32, True): False}
 
 
 def _keep_run(dtype: torch.dtype, scale_block: int, phase: str, grouped: bool) -> bool:
-    return scale_block == 128 and phase == "cast" and not grouped and TILE_KEEP_RUN[dtype]
+    return scale_block == 128 and phase == "cast" and TILE_KEEP_RUN[dtype, grouped]
 
 
 # the SwiGLU kernels' 128-block casts of bf16 inputs in one launch (each CTA's 16 warps hold its 128-row run in
