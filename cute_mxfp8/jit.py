@@ -148,9 +148,9 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
       ``token_align=128``), zero-filled.
     * ``blocks_2d`` (``scale_block=128``, one launch, no groups): each 128 x 128 tile of x's last two dims shares
       one scale (``formats.quantize_mxfp8(..., blocks_2d=True)``, the fast mode's 128 x 128 weight blocks).
-    * ``gate_up`` (``"dual"``, ``scale_block=128``, one launch, no groups): ``fn(w1, w3, q, s, qt, st, ...)``, the
-      dual cast of W13 = [w1; w3] (E, 2I, K) read from w1 and w3 (E, I, K) with I % 128 == 0 (no packed copy);
-      outputs as above for 2I rows.
+    * ``gate_up`` (``scale_block=128``, one launch, no groups; any direction): ``fn(w1, w3, q, s, qt, st, ...)``,
+      the cast of W13 = [w1; w3] (E, 2I, K) read from w1 and w3 (E, I, K) with I % 128 == 0 (no packed copy);
+      outputs as above for 2I rows (the unused direction's slots take placeholders).
     * ``keep_run`` (``scale_block=128``, one launch): the CTA keeps its run's input tiles in registers between the
       reducing and the casting walk instead of reloading them (the same bytes; what the ops run for bf16 inputs
       without token groups, ``ops.cute_kernels.TILE_KEEP_RUN``).

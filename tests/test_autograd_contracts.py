@@ -423,8 +423,9 @@ def test_without_the_private_autograd_apis_every_tensor_is_saved(kind, monkeypat
     want = _run(kind, m, x, dy)
     assert isinstance(_call(kind, m, x.clone().requires_grad_()).grad_fn.made, list)  # released early here
     monkeypatch.setattr(A, "_KEEP_GRAPH", None)
-    # every tensor saved: ctx.made holds how many of the saved ones the forward made (4 Linear, 9 MLP)
-    assert _call(kind, m, x.clone().requires_grad_()).grad_fn.made == (4 if kind == "linear" else 9)
+    # every tensor saved: ctx.made holds how many of the saved ones the forward made (4 Linear, 7 MLP: W13's
+    # colwise cast is made in the backward)
+    assert _call(kind, m, x.clone().requires_grad_()).grad_fn.made == (4 if kind == "linear" else 7)
     _assert_runs_equal(_run(kind, m, x, dy), want, kind)
     monkeypatch.undo()
 

@@ -473,9 +473,10 @@ def test_fast_mode_swiglu_casts_run_in_one_launch_for_bf16_inputs():
 @pytest.mark.parametrize("shape", [(128, 96), (384, 416), (2, 256, 160), (3, 128, 4096)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_fast_mode_gate_up_cast_reads_w1_and_w3_and_matches_the_reference(shape, dtype, monkeypatch, rng):
-    """``quantize_gate_up`` with 128-blocks runs one dual cast that reads w1 and w3 themselves (no packed W13 is
-    made): the bytes of the reference (each projection cast on its own, then packed), with 1x128 and 128 x 128
-    blocks, plain and blocked scales, NaN / Inf / saturation / subnormal rows in w3 only."""
+    """``quantize_gate_up`` with 128-blocks runs one cast that reads w1 and w3 themselves (no packed W13 is made):
+    the bytes of the reference (each projection cast on its own, then packed), with 1x128 and 128 x 128 blocks,
+    plain and blocked scales, NaN / Inf / saturation / subnormal rows in w3 only; dual, and each direction alone
+    (what the MLP's forward and backward run)."""
     from cute_mxfp8.ops import cute_kernels as CK
 
     seen = []
@@ -487,9 +488,12 @@ def test_fast_mode_gate_up_cast_reads_w1_and_w3_and_matches_the_reference(shape,
     for blocked in (False, True):
         for blocks_2d in (False, True):
             kw = dict(blocked=blocked, scale_block=128, blocks_2d=blocks_2d)
-            _equal(ops.quantize_gate_up(w1.cuda(), w3.cuda(), backend="sm90", **kw),
-                   ops.quantize_gate_up(w1, w3, backend="reference", **kw))
-    assert seen and all(a[0] == "dual" and a[-1] is True for a in seen)  # the gate_up build, every call
+            want = ops.quantize_gate_up(w1, w3, backend="reference", **kw)
+            _equal(ops.quantize_gate_up(w1.cuda(), w3.cuda(), backend="sm90", **kw), want)
+            for direction, pair in (("rowwise", want[:2]), ("colwise", want[2:])):  # one pair: its own build
+                _equal(ops.quantize_gate_up(w1.cuda(), w3.cuda(), backend="sm90", direction=direction, **kw), pair)
+    assert seen and all(a[-1] is True for a in seen)  # the gate_up build, every call
+    assert {a[0] for a in seen} == {"dual", "rowwise", "colwise"}
 
 
 def test_the_gate_up_cast_build_reads_two_inputs_without_spilling():
@@ -508,10 +512,14 @@ def test_the_gate_up_cast_build_reads_two_inputs_without_spilling():
         assert len(re.findall(r"bar\.sync", fn.__ptx__)) == 1
         (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
         assert res["local_frame"] == 0
-    for kw in (dict(scale_block=32), dict(scale_block=128, phase="amax"), dict(scale_block=128, colwise=False),
-               dict(scale_block=128, grouped=True)):
+    for direction in ("rowwise", "colwise"):  # (the MLP's forward W13 operand, and its backward one)
+        fn = compile_quant(direction, "bfloat16", "e4m3", "rceil", True, "sm_90a", True, False, False, 128, "cast",
+                           False, True, True, True)
+        (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
+        assert res["local_frame"] == 0 and len(re.findall(r"bar\.sync", fn.__ptx__)) == 1
+    for kw in (dict(scale_block=32), dict(scale_block=128, phase="amax"), dict(scale_block=128, grouped=True)):
         with pytest.raises(ValueError, match="gate_up"):
-            TileQuantKernel("e4m3", "rceil", True, True, kw.pop("colwise", True), **{"gate_up": True, **kw})
+            TileQuantKernel("e4m3", "rceil", True, True, True, **{"gate_up": True, **kw})
     # compile_quant refuses both flags before it picks the 32-block rowwise kernel (which has neither)
     for flag, value in (("gate_up", True), ("keep_run", True), ("keep_run", 1), ("gate_up", "x")):
         with pytest.raises(ValueError, match=flag):

@@ -44,9 +44,9 @@ def test_planned_casts_equal_the_full_path(shape, blocked, scale_block, rng):
             assert B.PLANS.get(key) is not None, name  # the plan ran
 
 
-def _gate_up_key(w1, w3, blocked, blocks_2d):
+def _gate_up_key(w1, w3, blocked, blocks_2d, direction="dual"):
     return ("quantize_gate_up", w1.shape, w1.dtype, w1.device, w3.shape, w3.dtype, w3.device, "rceil",
-            torch.float8_e4m3fn, blocked, 0, None, 128, blocks_2d, None)
+            torch.float8_e4m3fn, blocked, 0, None, 128, blocks_2d, direction, None)
 
 
 @pytest.mark.gpu
@@ -68,6 +68,9 @@ def test_planned_gate_up_cast_equals_the_full_path(shape, blocked, blocks_2d, rn
     w3t = w3.transpose(-2, -1).contiguous().transpose(-2, -1)  # same values, not contiguous
     for g, w in zip(_bytes(ops.quantize_gate_up(w1, w3t, **kw)), _bytes(want)):
         assert torch.equal(g, w)
+    for _ in range(2):  # the colwise pair alone (the MLP's backward call) through its own plan
+        got = ops.quantize_gate_up(w1, w3, direction="colwise", **kw)
+        assert len(got) == 2 and all(torch.equal(g, w) for g, w in zip(_bytes(got), _bytes(want)[2:]))
 
 
 def test_gate_up_cast_keeps_no_plan_on_the_reference(rng):

@@ -190,6 +190,11 @@ def test_gate_up_kernel_path_bit_exact(shape, tile, rng):
         ref = ops.quantize_gate_up(w1, w3, backend="reference", **kw)
         for g, r in zip(got, ref):
             assert g.shape == r.shape and torch.equal(g.view(torch.uint8).cpu(), r.view(torch.uint8))
+        for direction, pair in (("rowwise", ref[:2]), ("colwise", ref[2:])):  # one pair (the MLP's two calls)
+            got = ops.quantize_gate_up(w1.cuda(), w3.cuda(), backend="sm90", direction=direction, **kw)
+            assert len(got) == 2
+            for g, r in zip(got, pair):
+                assert g.shape == r.shape and torch.equal(g.view(torch.uint8).cpu(), r.view(torch.uint8))
 
 
 @pytest.mark.gpu

@@ -29,8 +29,13 @@ def _u8(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype in FP8 else t
 
 
+def _outs(out) -> tuple:
+    """An op's outputs as a tuple (one tensor, a tuple, or the list of ``quantize_gate_up``)."""
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
 def _same_bytes(a, b) -> None:
-    a, b = (a if isinstance(a, tuple) else (a,)), (b if isinstance(b, tuple) else (b,))
+    a, b = _outs(a), _outs(b)
     assert len(a) == len(b)
     for i, (x, y) in enumerate(zip(a, b)):
         assert (x.shape, x.dtype) == (y.shape, y.dtype), i
@@ -126,7 +131,7 @@ def test_outputs_have_the_fake_strides_for_any_input_layout(name, how, device, r
     got = op(*moved)
     _same_bytes(got, want)
     fake = _fake_outputs(op, moved)
-    for r, f in zip(got if isinstance(got, tuple) else (got,), fake if isinstance(fake, tuple) else (fake,)):
+    for r, f in zip(_outs(got), _outs(fake)):
         assert (r.shape, r.dtype, r.stride()) == (f.shape, f.dtype, f.stride()) and r.is_contiguous()
     checks = _checks(moved)
     opcheck(op, moved, **({"test_utils": checks} if checks else {}))
@@ -170,7 +175,7 @@ def test_empty_tokens_and_experts_through_every_op(device, m, e, rng):
     for name, op, args in _cases(device, rng, m=m, e=e):
         out = op(*args)
         fake = _fake_outputs(op, args)
-        for r, f in zip(out if isinstance(out, tuple) else (out,), fake if isinstance(fake, tuple) else (fake,)):
+        for r, f in zip(_outs(out), _outs(fake)):
             assert (r.shape, r.dtype, r.stride()) == (f.shape, f.dtype, f.stride()), name
         if name in ("grouped_mm", "grouped_mm_wgrad"):  # no groups, or groups of no rows: zero
             assert torch.all(out == 0), name

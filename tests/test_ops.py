@@ -34,8 +34,8 @@ def _fake_matches(op, args):
     real = op(*args)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fake = op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
-    real = real if isinstance(real, tuple) else (real,)
-    fake = fake if isinstance(fake, tuple) else (fake,)
+    real = real if isinstance(real, (tuple, list)) else (real,)
+    fake = fake if isinstance(fake, (tuple, list)) else (fake,)
     assert len(real) == len(fake)
     for r, f in zip(real, fake):
         assert (r.shape, r.dtype, r.stride()) == (f.shape, f.dtype, f.stride())
@@ -87,6 +87,10 @@ def test_gemm_ops_opcheck_and_fakes(rng):
     for tile in (0, 32):
         opcheck(L._quantize_gate_up, (w1, w3, "rceil", E4M3, True, tile, ""))
         _fake_matches(L._quantize_gate_up, (w1, w3, "rceil", E4M3, True, tile, ""))
+    for direction in ("rowwise", "colwise"):  # one pair of the outputs (the MLP's forward / backward W13 casts)
+        args = (w1, w3, "rceil", E4M3, True, 0, "", 32, False, direction)
+        opcheck(L._quantize_gate_up, args)
+        _fake_matches(L._quantize_gate_up, args)
     xa, xa_s = ops.quantize_rowwise(torch.randn(70, 96, generator=rng))
     w13, w13_s, _, _ = ops.quantize_gate_up(torch.randn(128, 96, generator=rng), torch.randn(128, 96, generator=rng),
                                             gate_up_tile=64)
@@ -161,6 +165,15 @@ def test_quantize_gate_up_is_packed_quantization(rng):
     cd, cs = F.quantize_mxfp8(w13.t().contiguous())
     assert torch.equal(_u8(row), _u8(rd)) and torch.equal(_u8(row_s), _u8(rs))
     assert torch.equal(_u8(col), _u8(cd)) and torch.equal(_u8(col_s), _u8(cs))
+    # one direction: that pair of the dual outputs (blocked and plain scales)
+    for blocked in (False, True):
+        dual = ops.quantize_gate_up(w1, w3, blocked=blocked)
+        for direction, want in (("rowwise", dual[:2]), ("colwise", dual[2:])):
+            got = ops.quantize_gate_up(w1, w3, blocked=blocked, direction=direction)
+            assert len(got) == 2 and all(torch.equal(_u8(a), _u8(b)) for a, b in zip(got, want))
+    for bad in ("both", "", None, 1):
+        with pytest.raises(ValueError, match="direction must be"):
+            ops.quantize_gate_up(w1, w3, direction=bad)
 
 
 @pytest.mark.parametrize("tile", [32, 64])

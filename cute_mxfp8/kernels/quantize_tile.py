@@ -98,7 +98,7 @@ class TileQuantKernel(MXCastParams):
     registers of bf16), and the second casts from them instead of reloading (one set of global loads; 128 registers
     instead of 56-64, so fewer CTAs per SM: on the H200 17-34 % less kernel time without token groups, 13 % with
     them, ``tools/fast_mode_casts.py``; the run's group is looked up once for both walks, :meth:`_blocks`).
-    ``gate_up`` (the dual cast, no groups; :meth:`launch_gate_up`): the input is W13 = [w1; w3] read from its two
+    ``gate_up`` (any direction, no groups; :meth:`launch_gate_up`): the input is W13 = [w1; w3] read from its two
     halves, w1 ``(E, I, K)`` as x and w3 as the second operand, I % 128 == 0 so that each CTA's run lies in one of
     them (the ops' packed weight cast without a packed copy).
     So DRAM sees one read of the input, with no amax buffers and no atomics (the casts;
@@ -121,11 +121,11 @@ class TileQuantKernel(MXCastParams):
                  gate_up: bool = False):
         super().__init__(elem, scale_mode, blocked)
         if type(gate_up) is not bool or (gate_up and (scale_block != 128 or phase != "cast" or grouped
-                                                      or not (rowwise and colwise) or self.prologue != "cast")):
-            raise ValueError(f"gate_up (a bool: the dual cast of W13 = [w1; w3] read from w1 and w3) needs the "
-                             f"one-launch 128-block dual cast without token groups, got gate_up={gate_up!r} with "
-                             f"scale_block={scale_block!r}, phase={phase!r}, grouped={grouped!r}, rowwise="
-                             f"{rowwise!r}, colwise={colwise!r}, prologue={self.prologue!r}")
+                                                      or self.prologue != "cast")):
+            raise ValueError(f"gate_up (a bool: the cast of W13 = [w1; w3] read from w1 and w3) needs the "
+                             f"one-launch 128-block cast without token groups, got gate_up={gate_up!r} with "
+                             f"scale_block={scale_block!r}, phase={phase!r}, grouped={grouped!r}, "
+                             f"prologue={self.prologue!r}")
         self.gate_up = gate_up
         if type(keep_run) is not bool or (keep_run and (scale_block != 128 or phase != "cast"
                                                         or self.prologue != "cast")):
@@ -171,7 +171,7 @@ class TileQuantKernel(MXCastParams):
     def launch_gate_up(self, w1: cute.Tensor, w3: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor,
                        st: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor, amax_rows: cute.Tensor,
                        amax_cols: cute.Tensor, stream: cuda.CUstream):
-        """``gate_up``: the dual cast of W13 = [w1; w3] ``(E, 2I, K)`` from ``w1`` and ``w3`` ``(E, I, K)``
+        """``gate_up``: the cast of W13 = [w1; w3] ``(E, 2I, K)`` from ``w1`` and ``w3`` ``(E, I, K)``
         (I % 128 == 0, so no run holds rows of both), outputs as :meth:`launch` for 2I rows."""
         self._launch(w1, w3, q, s, qt, st, q, offs, tile_starts, amax_rows, amax_cols, w1.shape[2], stream)
 

@@ -215,7 +215,7 @@ def quantize_dual(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dty
 
 def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
                      blocked: bool = True, gate_up_tile: int = 0, backend: str | None = None,
-                     scale_block: int = 32, blocks_2d: bool = False):
+                     scale_block: int = 32, blocks_2d: bool = False, direction: str = "dual"):
     """Quantize the gate (``w1``) and up (``w3``) projections into the fused W13 layout (:mod:`cute_mxfp8.swiglu`):
     the same bytes as casting each projection and packing the casts.  The kernel backends cast W13 once: with
     ``scale_block=128`` and ``gate_up_tile=0`` one dual cast reading w1 and w3 themselves, otherwise of a packed
@@ -229,17 +229,22 @@ def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_
             a multiple of 128, so that no 128-block of W13 along 2I mixes gate and up features (ValueError).
         blocks_2d: 128 x 128 blocks of each projection (:func:`quantize_rowwise`; with ``scale_block=128``, whose
             rule already keeps every tile of W13 inside one projection).
+        direction: ``"dual"`` (both casts from one read), ``"rowwise"`` or ``"colwise"`` (that pair only: the
+            SwiGLU MLP casts W13 rowwise in its forward and colwise in its backward; ValueError otherwise).
     Returns:
         ``(row, row_scales, col, col_scales)``: ``row`` (2I, D) / (E, 2I, D) blocked along D (GEMM1's ``b``);
         ``col`` (D, 2I) / (E, D, 2I) blocked along 2I (the w13 dgrad ``b``); scales as :func:`quantize_dual`.
+        ``(row, row_scales)`` or ``(col, col_scales)`` for one ``direction``.
     """
     key = None
     # a launch plan for repeats, as _cast's (the MLP casts W13 every step): exact types, so no key equals another
     # type's (True == 1); the plan runs for contiguous, 16-byte aligned weights under _direct's conditions
     if (not torch.compiler.is_compiling() and type(w1) in _PLAIN and type(w3) in _PLAIN and type(blocked) is bool
-            and type(gate_up_tile) is int and type(scale_block) is int and type(blocks_2d) is bool):
+            and type(gate_up_tile) is int and type(scale_block) is int and type(blocks_2d) is bool
+            and type(direction) is str):
         key = ("quantize_gate_up", w1.shape, w1.dtype, w1.device, w3.shape, w3.dtype, w3.device, scale_mode,
-               elem_dtype, blocked, gate_up_tile, backend, scale_block, blocks_2d, os.environ.get(B.ENV_VAR))
+               elem_dtype, blocked, gate_up_tile, backend, scale_block, blocks_2d, direction,
+               os.environ.get(B.ENV_VAR))
         try:
             run = B.PLANS.get(key)
         except TypeError:  # an unhashable argument: the full path says what is wrong with it
@@ -251,13 +256,14 @@ def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_
     if type(gate_up_tile) is not int:
         raise TypeError(f"gate_up_tile must be an int (0, or a multiple of 32 dividing I), got {gate_up_tile!r}")
     S.check_blocks_2d(blocks_2d, scale_block)
+    L._check_direction(direction)
     direct = _direct(w1, w3) and type(scale_mode) is str and isinstance(elem_dtype, torch.dtype)
-    args = (w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend or "", scale_block, blocks_2d)
-    out = (L.quantize_gate_up_impl if direct else L._quantize_gate_up)(*args)
+    args = (w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend or "", scale_block, blocks_2d, direction)
+    out = tuple((L.quantize_gate_up_impl if direct else L._quantize_gate_up)(*args))
     if key is not None and direct and key not in B.PLANS and _plan_ready(w1) and _plan_ready(w3):
         B.remember_plan(key, B.make_plan("quantize_gate_up", w1.device, backend,
                                          (w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, scale_block,
-                                          blocks_2d)))
+                                          blocks_2d, direction)))
     return out
 
 

@@ -8,7 +8,8 @@ Every GEMM operand is quantized along that GEMM's contraction dim (``design.md``
   W13 = [w1; w3]; SwiGLU + dual quantization of h from the fp32 accumulator (h in bf16 is never materialized;
   in the Hopper fast mode, ``scale_block=128``, GEMM1 writes h13 in the activation dtype and h comes from that,
   :func:`_hp_out`); GEMM2 against w2.  Backward: dy dual-quantized; w2 dgrad; dSwiGLU from the saved h13 + dual
-  quantization of dh13; w13 dgrad; w2 and w13 wgrads (2d-2d grouped when grouped).
+  quantization of dh13; w13 dgrad against W13 cast colwise there (the forward casts W13 rowwise only: no fp8
+  copy of it is held between the two); w2 and w13 wgrads (2d-2d grouped when grouped).
 * ``wgrad_with_hp``: the weight gradients use the saved high-precision tensors instead (x, h, dy, dh13; h and
   dh13 in the activation dtype in the fast mode, where GEMM1 and the w2 dgrad write it).
 * Fused epilogues (``MXFP8Config.fused_epilogues``, default on the ``sm100`` backend for dense MLPs): GEMM1 is
@@ -323,8 +324,10 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         tile = GATE_UP_TILE if fused else None  # the fused epilogues want W13 (and so h13, dh13) interleaved
         # the weights first: their casts do not need the token groups, whose first host read (the counts, or
         # offs in the first grouped op) waits for the GPU, so they are queued while the GPU still has work
-        w13_row, w13_row_s, w13_col, w13_col_s = api.quantize_gate_up(w1, w3, gate_up_tile=tile or 0, scale_block=sb,
-                                                                      blocks_2d=w2d, **qw)
+        # W13's forward operand only: its dgrad one is cast in the backward from w1 and w3 (parameters, alive
+        # anyway), so no (2I, D) fp8 copy of the weights is held from the forward to the backward
+        w13_row, w13_row_s = api.quantize_gate_up(w1, w3, gate_up_tile=tile or 0, scale_block=sb, blocks_2d=w2d,
+                                                  direction="rowwise", **qw)
         w2_row, w2_row_s, w2_col, w2_col_s = api.quantize_dual(w2, scale_block=sb, blocks_2d=w2d, **qw)
         if callable(offs):  # the grouped module's offsets, made from counts read on the host
             offs = offs()
@@ -348,8 +351,8 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         # the input x (wgrad_with_hp; itself, not its rows view, for torch's in-place check) and offs are saved;
         # the rest this forward made
         _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s, h13, h_hp if wgrad_with_hp else h_col, h_col_s,
-                    w13_col, w13_col_s, w2_col, w2_col_s), (x if wgrad_with_hp else None, offs))
-        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, tile, sb, w2d)
+                    w2_col, w2_col_s), (x if wgrad_with_hp else None, offs, w1, w3))
+        ctx.cfg = (scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, tile, sb, w2d)
         ctx.meta = (x.shape, x.dtype, w1.dtype, w2.dtype)
         return _output(y, x.shape)
 
@@ -358,11 +361,11 @@ class _SwiGLUMLPFn(torch.autograd.Function):
     @_frees_as_it_goes
     def backward(ctx, dy):
         _first_order_only("mxfp8_swiglu_mlp")
-        (x_col, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s, w2_col, w2_col_s), (x_hp, offs) = _kept(
+        (x_col, x_col_s, h13, h_saved, h_col_s, w2_col, w2_col_s), (x_hp, offs, w1, w3) = _kept(
             ctx, "mxfp8_swiglu_mlp")
         x_saved = _rows(x_hp) if x_col is None else x_col
         del x_hp, x_col
-        scale_mode, gdt, hp, backend, tile, sb, w2d = ctx.cfg
+        scale_mode, elem_dtype, gdt, hp, backend, tile, sb, w2d = ctx.cfg
         x_shape, x_dtype, w13_dtype, w2_dtype = ctx.meta
         dy2 = _rows(dy)
         need_w = any(ctx.needs_input_grad[1:4])
@@ -394,9 +397,15 @@ class _SwiGLUMLPFn(torch.autograd.Function):
             del dh  # (M, I): not alive beside the dgrad and wgrad GEMMs' outputs
         del h13
         dx = None
-        if ctx.needs_input_grad[0]:
+        if ctx.needs_input_grad[0]:  # W13's dgrad operand, cast now that h13 and dh are freed (not held since the
+            # forward, and not beside the dSwiGLU, the grouped step's peak)
+            w13_col, w13_col_s = api.quantize_gate_up(w1, w3, scale_mode=scale_mode, elem_dtype=elem_dtype,
+                                                      gate_up_tile=tile or 0, backend=backend, scale_block=sb,
+                                                      blocks_2d=w2d, direction="colwise")
             dx = _gemm(dh13_row, dh13_row_s, w13_col, w13_col_s, offs, x_dtype, backend, sb, w2d).reshape(x_shape)
-        del dh13_row, dh13_row_s, w13_col, w13_col_s  # (M, 2I) and W13: freed before the w13 wgrad's output
+            del w13_col, w13_col_s
+        del dh13_row, dh13_row_s  # (M, 2I): freed before the w13 wgrad's output
+        del w1, w3
         if need_w:
             if hp:
                 dw13 = _hp_wgrad(dh13_hp, x_saved, offs)

@@ -29,7 +29,7 @@ from ..jit import SM100_TARGET, compile_quant, compile_swiglu_quant
 from ..swiglu import pack_gate_up
 from . import gemm_sm90, gemm_sm100
 from .backends import Backend, register_backend
-from .gate_up import pack_gate_up_casts
+from .gate_up import GATE_UP_DIRECTIONS, pack_gate_up_casts
 from .gemm_common import offs_limits
 from .group_meta import check_offsets, derived_tensors, validated_end
 from .shapes import colwise_shapes, padded_tokens, rowwise_shapes
@@ -328,25 +328,31 @@ def _ops(arch: str) -> dict:
             rows_past_groups(x, scale_mode, elem_dtype, q, s, 0, blocked, scale_block)
         return _e8m0(q, s, qt, st)
 
-    def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32, blocks_2d=False):
-        """With 128-blocks and no interleaving (I % 128 == 0 by the op's checks), one dual cast that reads w1 and w3
-        themselves (``compile_quant(..., gate_up=True)``: no packed copy); otherwise W13 packed in the input dtype
-        (a temporary copy of both weights), then one dual cast of it (blocked scales written by the kernel).  The
+    def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32, blocks_2d=False,
+                         direction="dual"):
+        """With 128-blocks and no interleaving (I % 128 == 0 by the op's checks), one cast (``direction``) that
+        reads w1 and w3 themselves (``compile_quant(..., gate_up=True)``: no packed copy); otherwise W13 packed in
+        the input dtype (a temporary copy of both weights), then one cast of it (blocked scales written by the
+        kernel).  The
         same bytes as casting w1 and w3 on their own and packing the casts (the reference): the op's checks make
         every colwise block along 2I hold features of one projection (I and the tile are multiples of the scale
         block), and rowwise blocks run along D.  The packed path's one copy and one cast replaced two casts and the
         packing of their four outputs, ~3x the launches and ~3.5x the host time (H200).  A W13 past the kernels'
         32-bit indexing takes that older path (each projection fits)."""
-        run = _gate_up_launcher(arch, w1, scale_mode, elem_dtype, blocked, gate_up_tile, scale_block, blocks_2d)
+        run = _gate_up_launcher(arch, w1, scale_mode, elem_dtype, blocked, gate_up_tile, scale_block, blocks_2d,
+                                direction)
         if run is not None:  # no packed copy: the kernel reads w1 and w3
             return run(w1, w3)
         tile = gate_up_tile or None
         if _packed_limits(w1, blocked) is not None:
             casts = [quantize_dual(w, scale_mode, elem_dtype, False, None, scale_block, 0, blocks_2d)
                      for w in (w1, w3)]
-            return pack_gate_up_casts(*casts, blocked, tile)
-        return quantize_dual(pack_gate_up(w1, w3, dim=-2, tile=tile), scale_mode, elem_dtype, blocked, None,
-                             scale_block, 0, blocks_2d)
+            return pack_gate_up_casts(*casts, blocked, tile)[GATE_UP_DIRECTIONS[direction]]
+        packed = pack_gate_up(w1, w3, dim=-2, tile=tile)
+        if direction == "rowwise":
+            return quantize_rowwise(packed, scale_mode, elem_dtype, blocked, None, scale_block, blocks_2d)
+        cast = quantize_colwise if direction == "colwise" else quantize_dual
+        return cast(packed, scale_mode, elem_dtype, blocked, None, scale_block, 0, blocks_2d)
 
     return {"quantize_rowwise": quantize_rowwise, "quantize_colwise": quantize_colwise,
             "quantize_dual": quantize_dual, "quantize_gate_up": quantize_gate_up}
@@ -361,8 +367,8 @@ def _alloc(specs, elem_dtype: torch.dtype, device) -> list:
 
 
 def _gate_up_launcher(arch: str, w1, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32,
-                      blocks_2d=False):
-    """``run(w1, w3)``: the dual cast of W13 = [w1; w3] as one kernel that reads both (``compile_quant(...,
+                      blocks_2d=False, direction="dual"):
+    """``run(w1, w3)``: the ``direction`` cast of W13 = [w1; w3] as one kernel that reads both (``compile_quant(...,
     gate_up=True)``: no packed copy), for weights shaped like ``w1`` with 128-blocks, no interleaving, I % 128 == 0
     and a W13 within the kernels' 32-bit indexing; None where ``quantize_gate_up`` casts another way.  The op's
     one-kernel case and its launch plan (:func:`_plans`) both run it."""
@@ -371,15 +377,19 @@ def _gate_up_launcher(arch: str, w1, scale_mode, elem_dtype, blocked, gate_up_ti
         return None
     three_d = w1.dim() == 3
     packed = (*w1.shape[:-2], 2 * w1.shape[-2], w1.shape[-1])
-    fn = compile_quant("dual", _IN[w1.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False, False,
+    fn = compile_quant(direction, _IN[w1.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False, False,
                        128, "cast", False, blocks_2d, _keep_run(w1.dtype, 128, "cast", False), True)
     dev = w1.device
-    specs = [_output_spec(sh, packed, blocked) for sh in (rowwise_shapes, colwise_shapes)]
+    shapes = {"dual": (rowwise_shapes, colwise_shapes), "rowwise": (rowwise_shapes,), "colwise": (colwise_shapes,)}
+    specs = [_output_spec(sh, packed, blocked) for sh in shapes[direction]]
     fixed = (*_group_args(dev, None), *_no_amax(dev))
+    unused = _unused_outputs(dev, elem_dtype, blocked)
 
     def run(w1, w3):
         outs = _alloc(specs, elem_dtype, dev)
-        fn(*(_batch(t, three_d) for t in (w1, w3, *outs)), *fixed)
+        slots = [_batch(t, three_d) for t in outs]
+        slots = {"dual": slots, "rowwise": (*slots, *unused), "colwise": (*unused, *slots)}[direction]
+        fn(_batch(w1, three_d), _batch(w3, three_d), *slots, *fixed)
         return _e8m0(*outs)
     return run
 
@@ -508,7 +518,8 @@ def _rowwise_limits(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=3
     return _limits(x, scale_mode, elem_dtype, blocked, offs, scale_block)
 
 
-def _gate_up_limits(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32, blocks_2d=False):
+def _gate_up_limits(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32, blocks_2d=False,
+                    direction="dual"):
     return _limits(w1, scale_mode, elem_dtype, False) or _limits(w3, scale_mode, elem_dtype, False)
 
 

@@ -16,6 +16,8 @@ from .. import formats as F
 from ..swiglu import pack_gate_up
 
 _U8 = torch.uint8
+# ``quantize_gate_up(..., direction=)``: which of the four outputs (row, row_scales, col, col_scales) it returns
+GATE_UP_DIRECTIONS = {"dual": slice(0, 4), "rowwise": slice(0, 2), "colwise": slice(2, 4)}
 
 
 def pack_gate_up_casts(w1_casts, w3_casts, blocked: bool, tile: int | None):

@@ -20,6 +20,7 @@ from torch._prims_common import make_contiguous_strides_for
 from . import shapes as S
 from .amp import autocast_off
 from .backends import get_impl
+from .gate_up import GATE_UP_DIRECTIONS
 
 _E8M0 = torch.float8_e8m0fnu
 _NS = "cute_mxfp8"
@@ -176,24 +177,35 @@ def _check_gate_up(w1: Tensor, w3: Tensor, gate_up_tile: int = 0, scale_block: i
     return tuple(packed)
 
 
+def _check_direction(direction) -> None:
+    if not isinstance(direction, str) or direction not in GATE_UP_DIRECTIONS:
+        raise ValueError(f"direction must be 'dual', 'rowwise' or 'colwise', got {direction!r}")
+
+
 def quantize_gate_up_impl(w1: Tensor, w3: Tensor, scale_mode: str, elem_dtype: torch.dtype, blocked: bool,
-                          gate_up_tile: int, backend: str,
-                          scale_block: int = 32, blocks_2d: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                          gate_up_tile: int, backend: str, scale_block: int = 32, blocks_2d: bool = False,
+                          direction: str = "dual") -> list[Tensor]:
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_blocks_2d(blocks_2d, scale_block)
+    _check_direction(direction)
     _check_gate_up(w1, w3, gate_up_tile, scale_block)
-    return _call("quantize_gate_up", w1.device, backend, w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile,
-                 scale_block, *_flag(blocks_2d))
+    # (the trailing flags as the backends' positional arguments only when set: see _flag)
+    tail = _flag(blocks_2d) if direction == "dual" else (blocks_2d, direction)
+    return list(_call("quantize_gate_up", w1.device, backend, w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile,
+                      scale_block, *tail))
 
 
 _quantize_gate_up = torch.library.custom_op(f"{_NS}::quantize_gate_up", quantize_gate_up_impl, mutates_args=())
 
 
 @_quantize_gate_up.register_fake
-def _(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend, scale_block=32, blocks_2d=False):
+def _(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend, scale_block=32, blocks_2d=False,
+      direction="dual"):
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_blocks_2d(blocks_2d, scale_block)
-    return _dual_fake(_check_gate_up(w1, w3, gate_up_tile, scale_block), w1, elem_dtype, blocked, None)
+    _check_direction(direction)
+    outs = _dual_fake(_check_gate_up(w1, w3, gate_up_tile, scale_block), w1, elem_dtype, blocked, None)
+    return list(outs[GATE_UP_DIRECTIONS[direction]])
 
 
 # ---- GEMMs ----------------------------------------------------------------------------------------------

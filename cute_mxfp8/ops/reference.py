@@ -12,7 +12,7 @@ import torch
 from .. import formats as F
 from ..swiglu import GATE_UP_TILE, dswiglu, pack_gate_up, split_gate_up, swiglu
 from .backends import Backend, register_backend
-from .gate_up import pack_gate_up_casts
+from .gate_up import GATE_UP_DIRECTIONS, pack_gate_up_casts
 from .shapes import ceil_div
 
 _B = F.BLOCK_SIZE
@@ -61,16 +61,19 @@ def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32,
             *quantize_colwise(x, scale_mode, elem_dtype, blocked, offs, scale_block, token_align, blocks_2d))
 
 
-def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32, blocks_2d=False):
+def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, scale_block=32, blocks_2d=False,
+                     direction="dual"):
     """Each projection cast on its own, then packed: with scale_block=128 the op requires I % 128 == 0 and a
-    gate_up_tile of 0 or a multiple of 128, so W13's 128-blocks along 2I are those of one projection."""
+    gate_up_tile of 0 or a multiple of 128, so W13's 128-blocks along 2I are those of one projection.
+    ``direction``: the four outputs, or the rowwise or colwise pair of them."""
     def casts(w):
         kw = {"scale_mode": scale_mode, "elem_dtype": elem_dtype, "scale_block": scale_block, "blocks_2d": blocks_2d}
         r, rs = F.quantize_mxfp8(w, dim=-1, **kw)
         c, cs = F.quantize_mxfp8(w, dim=-2, **kw)
         return r, rs, c.transpose(-1, -2), cs.transpose(-1, -2)
 
-    return pack_gate_up_casts(casts(w1), casts(w3), blocked, gate_up_tile or None)
+    packed = pack_gate_up_casts(casts(w1), casts(w3), blocked, gate_up_tile or None)
+    return packed[GATE_UP_DIRECTIONS[direction]]
 
 
 # ---- GEMMs ----------------------------------------------------------------------------------------------
