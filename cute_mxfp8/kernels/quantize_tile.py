@@ -189,8 +189,8 @@ class TileQuantKernel(MXCastParams):
         elif cutlass.const_expr(self.colwise):
             vblocks = qt.shape[2] // BLOCK
             gqt = cute.zipped_divide(qt, (1, 1, LANE_ROWS))
-        else:
-            vblocks = cute.ceil_div(m, BLOCK)
+        else:  # rowwise only: the input's rows (W13's 2I with gate_up: w1's I, then w3's)
+            vblocks = cute.ceil_div(2 * m if self.gate_up else m, BLOCK)
             gqt = cute.zipped_divide(qt, (1, 1, LANE_ROWS))  # unused
         grid_x = cute.ceil_div(vblocks, RUN if self.one_pass else self.row_tiles)
         if cutlass.const_expr(self.grouped):  # the tail CTAs: rows at or past offs[-1] (see the class docstring)
