@@ -152,8 +152,8 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
       the cast of W13 = [w1; w3] (E, 2I, K) read from w1 and w3 (E, I, K) with I % 128 == 0 (no packed copy);
       outputs as above for 2I rows (the unused direction's slots take placeholders).
     * ``keep_run`` (``scale_block=128``, one launch): the CTA keeps its run's input tiles in registers between the
-      reducing and the casting walk instead of reloading them (the same bytes; what the ops run for bf16 inputs
-      without token groups, ``ops.cute_kernels.TILE_KEEP_RUN``).
+      reducing and the casting walk instead of reloading them (the same bytes; what the ops run for bf16 inputs,
+      ``ops.cute_kernels.TILE_KEEP_RUN``).
 
     With ``keep_ptx`` the function is built for inspection only (its ``__ptx__`` holds the PTX).
     """

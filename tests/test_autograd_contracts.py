@@ -423,9 +423,8 @@ def test_without_the_private_autograd_apis_every_tensor_is_saved(kind, monkeypat
     want = _run(kind, m, x, dy)
     assert isinstance(_call(kind, m, x.clone().requires_grad_()).grad_fn.made, list)  # released early here
     monkeypatch.setattr(A, "_KEEP_GRAPH", None)
-    # every tensor saved: ctx.made holds how many of the saved ones the forward made (4 Linear, 7 MLP: W13's
-    # colwise cast is made in the backward)
-    assert _call(kind, m, x.clone().requires_grad_()).grad_fn.made == (4 if kind == "linear" else 7)
+    # every tensor saved: ctx.made holds how many of the saved ones the forward made (4 Linear, 9 MLP)
+    assert _call(kind, m, x.clone().requires_grad_()).grad_fn.made == (4 if kind == "linear" else 9)
     _assert_runs_equal(_run(kind, m, x, dy), want, kind)
     monkeypatch.undo()
 
@@ -531,6 +530,42 @@ def test_mlp_backward_frees_h13_before_the_w13_wgrad(grouped, fused, monkeypatch
     y.backward(torch.randn_like(y))
     # the w2 wgrad (before the dSwiGLU: dy's and h's colwise casts are freed first), then the w13 wgrad
     assert len(refs) == 1 and at_last == [[], [True]]
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_fast_mode_mlp_casts_w13_colwise_in_the_backward_after_the_dswiglu(grouped, monkeypatch, rng):
+    """With ``hopper_block_k=128`` the MLP's forward casts W13 rowwise only and its backward casts it colwise once
+    the dSwiGLU has run (no fp8 W13 held from the forward, none beside the dSwiGLU); w1 and w3 are saved for that
+    cast only when x needs a gradient, so without one an in-place weight update between forward and backward is
+    not refused (as bf16 autograd would not); plain MXFP8 casts W13 once, dual, in the forward."""
+    from cute_mxfp8.ops import api
+
+    calls = []
+    for name in ("quantize_gate_up", "dswiglu_quant"):
+        real = getattr(api, name)
+
+        def spy(*args, real=real, name=name, **kw):
+            calls.append(kw.get("direction", "dual") if name == "quantize_gate_up" else name)
+            return real(*args, **kw)
+
+        monkeypatch.setattr(api, name, spy)
+    e = (E,) if grouped else ()
+    offs = torch.tensor([50, 50, 170], dtype=torch.int32) if grouped else None
+    x = torch.randn(200, D, generator=rng)
+    w1, w3 = ((torch.randn(*e, I, D, generator=rng) / 8).requires_grad_() for _ in range(2))
+    w2 = (torch.randn(*e, D, I, generator=rng) / 8).requires_grad_()
+    for cfg, want in ((MXFP8Config(hopper_block_k=128), ["rowwise", "dswiglu_quant", "colwise"]),
+                      (MXFP8Config(), ["dual", "dswiglu_quant"])):
+        calls.clear()
+        y = mxfp8_swiglu_mlp(x.clone().requires_grad_(), w1, w2, w3, offs=offs, config=cfg)
+        y.backward(torch.ones_like(y))
+        assert calls == want
+    calls.clear()
+    y = mxfp8_swiglu_mlp(x, w1, w2, w3, offs=offs, config=MXFP8Config(hopper_block_k=128))  # no dx: no late cast
+    with torch.no_grad():
+        w1.mul_(2)
+    y.backward(torch.ones_like(y))
+    assert calls == ["rowwise", "dswiglu_quant"]
 
 
 # ---- bad inputs are refused in the forward, naming the argument --------------------------------------------------

@@ -171,8 +171,9 @@ def test_quantize_gate_up_is_packed_quantization(rng):
         for direction, want in (("rowwise", dual[:2]), ("colwise", dual[2:])):
             got = ops.quantize_gate_up(w1, w3, blocked=blocked, direction=direction)
             assert len(got) == 2 and all(torch.equal(_u8(a), _u8(b)) for a, b in zip(got, want))
-    for bad in ("both", "", None, 1):
-        with pytest.raises(ValueError, match="direction must be"):
+    for bad, error in (("both", ValueError), ("", ValueError), ("ROWWISE", ValueError), (None, TypeError),
+                       (1, TypeError), (b"rowwise", TypeError)):
+        with pytest.raises(error, match="direction must be"):
             ops.quantize_gate_up(w1, w3, direction=bad)
 
 

@@ -120,8 +120,8 @@ FAMILIES = [
              {"direction": [d], "in_dtype": IN_DTYPES if d == "dual" else ["bfloat16"], "elem": ["e4m3"],
               "scale_mode": MODES if d == "dual" else ["rceil"], "blocked": [True]})
       for d, batched in (("dual", False), ("rowwise", False), ("rowwise", True), ("colwise", False))),
-    # ... and what the ops run for bf16 without token groups (ops.cute_kernels.TILE_KEEP_RUN): the run's tiles kept
-    # in registers between the two walks
+    # ... and what the ops run for bf16 (ops.cute_kernels.TILE_KEEP_RUN): the run's tiles kept in registers
+    # between the two walks
     *(Family(f"quantize_{d}{'_3d' if batched else ''}{'_blocks_2d' if b2d else ''}_kept_fast_mode",
              functools.partial(jit.compile_quant, batched=batched, scale_block=128, blocks_2d=b2d, keep_run=True),
              {"direction": [d], "in_dtype": ["bfloat16"], "elem": ["e4m3"],
@@ -137,11 +137,12 @@ FAMILIES = [
               "scale_mode": MODES if pad else ["rceil"], "blocked": [True]})
       for d, pad in (("dual", True), ("dual", False), ("rowwise", False), ("colwise", True))),
     # ... and the packed W13's cast read from w1 and w3 (ops.quantize_gate_up with 128-blocks): kept run for bf16
-    *(Family(f"quantize_dual_gate_up{'_blocks_2d' if b2d else ''}{'_kept' if keep else ''}_fast_mode",
+    # (dual, or one direction: the SwiGLU MLP's forward rowwise and backward colwise casts of W13)
+    *(Family(f"quantize_{d}_gate_up{'_blocks_2d' if b2d else ''}{'_kept' if keep else ''}_fast_mode",
              functools.partial(jit.compile_quant, scale_block=128, blocks_2d=b2d, keep_run=keep, gate_up=True),
-             {"direction": ["dual"], "in_dtype": ["bfloat16" if keep else "float32"], "elem": ["e4m3"],
+             {"direction": [d], "in_dtype": ["bfloat16" if keep else "float32"], "elem": ["e4m3"],
               "scale_mode": ["rceil"], "blocked": [True]})
-      for b2d in (False, True) for keep in (False, True)),
+      for d in ("dual", "rowwise", "colwise") for b2d in (False, True) for keep in (False, True)),
     *(Family(f"swiglu_quant_{d}_fast_mode_{phase}",
              functools.partial(jit.compile_swiglu_quant, scale_block=128, phase=phase),
              {"direction": [d], "in_dtype": ["bfloat16"], "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]})

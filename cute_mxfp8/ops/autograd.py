@@ -8,8 +8,8 @@ Every GEMM operand is quantized along that GEMM's contraction dim (``design.md``
   W13 = [w1; w3]; SwiGLU + dual quantization of h from the fp32 accumulator (h in bf16 is never materialized;
   in the Hopper fast mode, ``scale_block=128``, GEMM1 writes h13 in the activation dtype and h comes from that,
   :func:`_hp_out`); GEMM2 against w2.  Backward: dy dual-quantized; w2 dgrad; dSwiGLU from the saved h13 + dual
-  quantization of dh13; w13 dgrad against W13 cast colwise there (the forward casts W13 rowwise only: no fp8
-  copy of it is held between the two); w2 and w13 wgrads (2d-2d grouped when grouped).
+  quantization of dh13; w13 dgrad (in the Hopper fast mode against W13 cast colwise there, the forward casting
+  it rowwise only: :func:`_w13_dgrad_in_backward`); w2 and w13 wgrads (2d-2d grouped when grouped).
 * ``wgrad_with_hp``: the weight gradients use the saved high-precision tensors instead (x, h, dy, dh13; h and
   dh13 in the activation dtype in the fast mode, where GEMM1 and the w2 dgrad write it).
 * Fused epilogues (``MXFP8Config.fused_epilogues``, default on the ``sm100`` backend for dense MLPs): GEMM1 is
@@ -213,6 +213,16 @@ def _wgrad_offs(offs, token_align: int):
     return api.padded_offsets(offs, token_align) if token_align else offs
 
 
+def _w13_dgrad_in_backward(scale_block: int, tile) -> bool:
+    """Whether the SwiGLU MLP casts W13's dgrad (colwise) operand in its backward, from w1 and w3, instead of in
+    the forward's dual cast, where it would stay alive until the backward (and, grouped, beside the dSwiGLU at the
+    step's peak): where one kernel casts W13 from w1 and w3 (128-blocks, concatenated [w1; w3], the Hopper fast
+    mode's cast), so the late cast costs one more read of the weights and a launch.  The 32-block and interleaved
+    casts pack a copy of W13 in the weights' dtype first, which a second cast would repeat: they cast both in the
+    forward."""
+    return scale_block == 128 and not tile
+
+
 def _weight_forward(weight, operands, scale_mode, elem_dtype, backend, scale_block, blocks_2d=False):
     """The weight's forward operand (rowwise) and, unless ``operands`` supplies them in backward, its colwise one:
     ``(row, row_s, col, col_s)``, col None when ``operands`` is given (always 32-blocks: the config refuses the
@@ -324,10 +334,13 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         tile = GATE_UP_TILE if fused else None  # the fused epilogues want W13 (and so h13, dh13) interleaved
         # the weights first: their casts do not need the token groups, whose first host read (the counts, or
         # offs in the first grouped op) waits for the GPU, so they are queued while the GPU still has work
-        # W13's forward operand only: its dgrad one is cast in the backward from w1 and w3 (parameters, alive
-        # anyway), so no (2I, D) fp8 copy of the weights is held from the forward to the backward
-        w13_row, w13_row_s = api.quantize_gate_up(w1, w3, gate_up_tile=tile or 0, scale_block=sb, blocks_2d=w2d,
-                                                  direction="rowwise", **qw)
+        # W13's dgrad operand is cast in the backward from w1 and w3 where that is one more read of them
+        # (_w13_dgrad_in_backward), so no (2I, D) fp8 copy of the weights is held from the forward to the backward
+        late = _w13_dgrad_in_backward(sb, tile)
+        w13 = api.quantize_gate_up(w1, w3, gate_up_tile=tile or 0, scale_block=sb, blocks_2d=w2d,
+                                   direction="rowwise" if late else "dual", **qw)
+        (w13_row, w13_row_s), (w13_col, w13_col_s) = w13[:2], (w13[2:] or (None, None))
+        keep_w13 = late and ctx.needs_input_grad[0]  # w1 and w3 for that cast: only where dx is computed
         w2_row, w2_row_s, w2_col, w2_col_s = api.quantize_dual(w2, scale_block=sb, blocks_2d=w2d, **qw)
         if callable(offs):  # the grouped module's offsets, made from counts read on the host
             offs = offs()
@@ -351,7 +364,8 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         # the input x (wgrad_with_hp; itself, not its rows view, for torch's in-place check) and offs are saved;
         # the rest this forward made
         _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s, h13, h_hp if wgrad_with_hp else h_col, h_col_s,
-                    w2_col, w2_col_s), (x if wgrad_with_hp else None, offs, w1, w3))
+                    w13_col, w13_col_s, w2_col, w2_col_s),
+              (x if wgrad_with_hp else None, offs, *((w1, w3) if keep_w13 else (None, None))))
         ctx.cfg = (scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, tile, sb, w2d)
         ctx.meta = (x.shape, x.dtype, w1.dtype, w2.dtype)
         return _output(y, x.shape)
@@ -361,7 +375,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
     @_frees_as_it_goes
     def backward(ctx, dy):
         _first_order_only("mxfp8_swiglu_mlp")
-        (x_col, x_col_s, h13, h_saved, h_col_s, w2_col, w2_col_s), (x_hp, offs, w1, w3) = _kept(
+        (x_col, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s, w2_col, w2_col_s), (x_hp, offs, w1, w3) = _kept(
             ctx, "mxfp8_swiglu_mlp")
         x_saved = _rows(x_hp) if x_col is None else x_col
         del x_hp, x_col
@@ -397,15 +411,14 @@ class _SwiGLUMLPFn(torch.autograd.Function):
             del dh  # (M, I): not alive beside the dgrad and wgrad GEMMs' outputs
         del h13
         dx = None
-        if ctx.needs_input_grad[0]:  # W13's dgrad operand, cast now that h13 and dh are freed (not held since the
-            # forward, and not beside the dSwiGLU, the grouped step's peak)
-            w13_col, w13_col_s = api.quantize_gate_up(w1, w3, scale_mode=scale_mode, elem_dtype=elem_dtype,
-                                                      gate_up_tile=tile or 0, backend=backend, scale_block=sb,
-                                                      blocks_2d=w2d, direction="colwise")
+        if ctx.needs_input_grad[0]:
+            if w13_col is None:  # W13's dgrad operand, cast now that h13 and dh are freed (not held since the
+                # forward, and not beside the dSwiGLU, the grouped step's peak)
+                w13_col, w13_col_s = api.quantize_gate_up(w1, w3, scale_mode=scale_mode, elem_dtype=elem_dtype,
+                                                          gate_up_tile=tile or 0, backend=backend, scale_block=sb,
+                                                          blocks_2d=w2d, direction="colwise")
             dx = _gemm(dh13_row, dh13_row_s, w13_col, w13_col_s, offs, x_dtype, backend, sb, w2d).reshape(x_shape)
-            del w13_col, w13_col_s
-        del dh13_row, dh13_row_s  # (M, 2I): freed before the w13 wgrad's output
-        del w1, w3
+        del dh13_row, dh13_row_s, w13_col, w13_col_s, w1, w3  # (M, 2I) and W13: freed before the w13 wgrad's output
         if need_w:
             if hp:
                 dw13 = _hp_wgrad(dh13_hp, x_saved, offs)

@@ -21,17 +21,19 @@ GATE_UP_DIRECTIONS = {"dual": slice(0, 4), "rowwise": slice(0, 2), "colwise": sl
 
 
 def pack_gate_up_casts(w1_casts, w3_casts, blocked: bool, tile: int | None):
-    """``(row, row_scales, col, col_scales)`` of w1 and of w3 -> W13's.  Inputs: rowwise data (..., I, D) with plain
-    scales (..., I, D/32); colwise data stored transposed (..., D, I) with plain scales (..., D, I/32).  Output:
-    (..., 2I, D) / (..., D, 2I) data, scales blocked (``formats.to_blocked_scales``) when ``blocked``."""
-    (r1, rs1, c1, cs1), (r3, rs3, c3, cs3) = w1_casts, w3_casts
+    """``(row, row_scales, col, col_scales)`` of w1 and of w3 -> W13's (a pair may be ``None, None`` in both: it
+    stays None).  Inputs: rowwise data (..., I, D) with plain scales (..., I, D/32); colwise data stored transposed
+    (..., D, I) with plain scales (..., D, I/32).  Output: (..., 2I, D) / (..., D, 2I) data, scales blocked
+    (``formats.to_blocked_scales``) when ``blocked``."""
     stile = tile and tile // F.BLOCK_SIZE
 
     def pack(a, b, dim, t):  # bytewise: torch.cat of fp8 tensors fails under torch.autocast
-        return pack_gate_up(a.view(_U8), b.view(_U8), dim=dim, tile=t).contiguous().view(a.dtype)
+        return None if a is None else pack_gate_up(a.view(_U8), b.view(_U8), dim=dim, tile=t).contiguous().view(
+            a.dtype)
 
+    (r1, rs1, c1, cs1), (r3, rs3, c3, cs3) = w1_casts, w3_casts
     row, row_s = pack(r1, r3, -2, tile), pack(rs1, rs3, -2, tile)
     col, col_s = pack(c1, c3, -1, tile), pack(cs1, cs3, -1, stile)
     if blocked:
-        row_s, col_s = F.to_blocked_scales(row_s), F.to_blocked_scales(col_s)
+        row_s, col_s = (None if t is None else F.to_blocked_scales(t) for t in (row_s, col_s))
     return row, row_s, col, col_s

@@ -178,7 +178,11 @@ def _check_gate_up(w1: Tensor, w3: Tensor, gate_up_tile: int = 0, scale_block: i
 
 
 def _check_direction(direction) -> None:
-    if not isinstance(direction, str) or direction not in GATE_UP_DIRECTIONS:
+    """``quantize_gate_up``'s ``direction``: TypeError for a non-str (as for its other arguments), ValueError for
+    another string."""
+    if not isinstance(direction, str):
+        raise TypeError(f"direction must be a str ('dual', 'rowwise' or 'colwise'), got {direction!r}")
+    if direction not in GATE_UP_DIRECTIONS:
         raise ValueError(f"direction must be 'dual', 'rowwise' or 'colwise', got {direction!r}")
 
 

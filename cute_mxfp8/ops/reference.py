@@ -66,11 +66,14 @@ def quantize_gate_up(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile=0, sc
     """Each projection cast on its own, then packed: with scale_block=128 the op requires I % 128 == 0 and a
     gate_up_tile of 0 or a multiple of 128, so W13's 128-blocks along 2I are those of one projection.
     ``direction``: the four outputs, or the rowwise or colwise pair of them."""
-    def casts(w):
+    def casts(w):  # only the pairs ``direction`` asks for (None for the other)
         kw = {"scale_mode": scale_mode, "elem_dtype": elem_dtype, "scale_block": scale_block, "blocks_2d": blocks_2d}
-        r, rs = F.quantize_mxfp8(w, dim=-1, **kw)
-        c, cs = F.quantize_mxfp8(w, dim=-2, **kw)
-        return r, rs, c.transpose(-1, -2), cs.transpose(-1, -2)
+        r = rs = c = cs = None
+        if direction != "colwise":
+            r, rs = F.quantize_mxfp8(w, dim=-1, **kw)
+        if direction != "rowwise":
+            c, cs = (t.transpose(-1, -2) for t in F.quantize_mxfp8(w, dim=-2, **kw))
+        return r, rs, c, cs
 
     packed = pack_gate_up_casts(casts(w1), casts(w3), blocked, gate_up_tile or None)
     return packed[GATE_UP_DIRECTIONS[direction]]
