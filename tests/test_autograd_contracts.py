@@ -566,6 +566,11 @@ def test_fast_mode_mlp_casts_w13_colwise_in_the_backward_after_the_dswiglu(group
         w1.mul_(2)
     y.backward(torch.ones_like(y))
     assert calls == ["rowwise", "dswiglu_quant"]
+    y = mxfp8_swiglu_mlp(x.clone().requires_grad_(), w1, w2, w3, offs=offs, config=MXFP8Config(hopper_block_k=128))
+    with torch.no_grad():
+        w3.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):  # w3 is read by the backward
+        y.backward(torch.ones_like(y))
 
 
 # ---- bad inputs are refused in the forward, naming the argument --------------------------------------------------
