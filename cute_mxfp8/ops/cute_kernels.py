@@ -333,12 +333,12 @@ def _ops(arch: str) -> dict:
         """With 128-blocks and no interleaving (I % 128 == 0 by the op's checks), one cast (``direction``) that
         reads w1 and w3 themselves (``compile_quant(..., gate_up=True)``: no packed copy); otherwise W13 packed in
         the input dtype (a temporary copy of both weights), then one cast of it (blocked scales written by the
-        kernel).  The
-        same bytes as casting w1 and w3 on their own and packing the casts (the reference): the op's checks make
-        every colwise block along 2I hold features of one projection (I and the tile are multiples of the scale
-        block), and rowwise blocks run along D.  The packed path's one copy and one cast replaced two casts and the
-        packing of their four outputs, ~3x the launches and ~3.5x the host time (H200).  A W13 past the kernels'
-        32-bit indexing takes that older path (each projection fits)."""
+        kernel).  The same bytes as casting w1 and w3 on their own and packing the casts (the reference): the op's
+        checks make every colwise block along 2I hold features of one projection (I and the tile are multiples of
+        the scale block), and rowwise blocks run along D.  The packed path's one copy and one cast replaced two
+        casts and the packing of their four outputs, ~3x the launches and ~3.5x the host time (H200).  A W13 past
+        the kernels' 32-bit indexing takes that older path (each projection fits; both directions are cast there
+        and the asked pair returned)."""
         run = _gate_up_launcher(arch, w1, scale_mode, elem_dtype, blocked, gate_up_tile, scale_block, blocks_2d,
                                 direction)
         if run is not None:  # no packed copy: the kernel reads w1 and w3
