@@ -171,6 +171,10 @@ def test_quantize_gate_up_is_packed_quantization(rng):
         for direction, want in (("rowwise", dual[:2]), ("colwise", dual[2:])):
             got = ops.quantize_gate_up(w1, w3, blocked=blocked, direction=direction)
             assert len(got) == 2 and all(torch.equal(_u8(a), _u8(b)) for a, b in zip(got, want))
+    for kw, match in ((dict(scale_mode=["rceil"]), "scale_mode must be"), (dict(elem_dtype="e4m3"), "elem_dtype"),
+                      (dict(scale_block=64), "scale_block")):  # the package's messages, not the schema's
+        with pytest.raises(ValueError, match=match):
+            ops.quantize_gate_up(w1, w3, **kw)
     for bad, error in (("both", ValueError), ("", ValueError), ("ROWWISE", ValueError), (None, TypeError),
                        (1, TypeError), (b"rowwise", TypeError)):
         with pytest.raises(error, match="direction must be"):

@@ -251,7 +251,8 @@ def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_
             key = run = None
         if run is not None and _plan_ready(w1) and _plan_ready(w3):
             return run(w1, w3)
-    S.check_scale_block(scale_block)  # before the schema's int check, which would raise a RuntimeError
+    # before the schema's type checks, which would raise a RuntimeError (a list scale_mode, a str elem_dtype)
+    S.check_quant_args(scale_mode, elem_dtype, scale_block)
     _check_types(blocked, backend=backend, w1=w1, w3=w3)
     if type(gate_up_tile) is not int:
         raise TypeError(f"gate_up_tile must be an int (0, or a multiple of 32 dividing I), got {gate_up_tile!r}")
