@@ -347,8 +347,9 @@ def test_inspect_compiles_every_variant_without_gpu(tmp_path, capsys):
 
     tail_bars = 2 * (TAIL_ROWS // (RUN * BLOCK))
     # + the blocks_2d weight casts: dual x 4, rowwise 2-D / 3-D, colwise; + the kept-run builds the ops run for bf16
-    # (plain and blocks_2d: dual x 2, rowwise 2-D / 3-D, colwise); + W13's cast from w1 and w3 (2 x 2)
-    assert len(one_launch) == 24 + 7 + 2 * 5 + 4
+    # (plain and blocks_2d: dual x 2, rowwise 2-D / 3-D, colwise) and with token groups (padded dual x 2, unpadded
+    # dual, rowwise, padded colwise x 2); + W13's cast from w1 and w3 (dual, rowwise, colwise x 2 x 2)
+    assert len(one_launch) == 24 + 7 + 2 * 5 + 6 + 3 * 4
     assert all(r["bar.sync"] == 1 + (tail_bars if "grouped" in r["kernel"] else 0) for r in one_launch)
     # the SwiGLU kernels' resident one launch meets once (the amax parts in shared memory; its tail CTAs store zeros
     # without meeting); every other cast never
