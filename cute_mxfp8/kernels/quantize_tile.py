@@ -189,8 +189,8 @@ class TileQuantKernel(MXCastParams):
         elif cutlass.const_expr(self.colwise):
             vblocks = qt.shape[2] // BLOCK
             gqt = cute.zipped_divide(qt, (1, 1, LANE_ROWS))
-        else:  # rowwise only: the input's rows (W13's 2I with gate_up: w1's I, then w3's)
-            vblocks = cute.ceil_div(2 * m if self.gate_up else m, BLOCK)
+        else:  # rowwise only: the cast's rows
+            vblocks = cute.ceil_div(self._cast_rows(m), BLOCK)
             gqt = cute.zipped_divide(qt, (1, 1, LANE_ROWS))  # unused
         grid_x = cute.ceil_div(vblocks, RUN if self.one_pass else self.row_tiles)
         if cutlass.const_expr(self.grouped):  # the tail CTAs: rows at or past offs[-1] (see the class docstring)
@@ -201,6 +201,11 @@ class TileQuantKernel(MXCastParams):
             grid=(grid_x, cute.ceil_div(k, CTA_COLS), e),
             block=(self._threads(), 1, 1), stream=stream, smem=self._smem_bytes(x.element_type),
             **self._launch_bounds())
+
+    def _cast_rows(self, m):
+        """The cast's rows for an input of ``m`` rows: ``m``, or with ``gate_up`` W13's 2I (rows [0, I) of w1,
+        then [I, 2I) of w3)."""
+        return 2 * m if self.gate_up else m
 
     def _threads(self) -> int:
         """Threads per CTA: 4 warps side by side along K, or (``resident``) 4 rows of them, one per block of the
@@ -505,9 +510,7 @@ class TileQuantKernel(MXCastParams):
     def _locate(self, gx: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor, vb):
         """(first row, end of its rows, the group's first 128-row tile) of (virtual) row block ``vb``: rows
         ``[32 vb, M)``, or with token groups the block's group from its start (tile 0 without groups)."""
-        m = cute.size(gx, mode=[1, 1])
-        if cutlass.const_expr(self.gate_up):  # rows [0, I) of w1 (gx), then [I, 2I) of w3 (gy)
-            m = 2 * m
+        m = self._cast_rows(cute.size(gx, mode=[1, 1]))
         r0 = vb * BLOCK
         end = m
         tile0 = cutlass.Int32(0)

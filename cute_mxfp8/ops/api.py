@@ -258,7 +258,7 @@ def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_
         raise TypeError(f"gate_up_tile must be an int (0, or a multiple of 32 dividing I), got {gate_up_tile!r}")
     S.check_blocks_2d(blocks_2d, scale_block)
     L._check_direction(direction)
-    direct = _direct(w1, w3) and type(scale_mode) is str and isinstance(elem_dtype, torch.dtype)
+    direct = _direct(w1, w3) and type(scale_mode) is str  # (elem_dtype: one of ELEM_DTYPES by the check above)
     args = (w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend or "", scale_block, blocks_2d, direction)
     out = tuple((L.quantize_gate_up_impl if direct else L._quantize_gate_up)(*args))
     if key is not None and direct and key not in B.PLANS and _plan_ready(w1) and _plan_ready(w3):

@@ -160,6 +160,18 @@ def _unused_outputs(device: torch.device, elem_dtype: torch.dtype, blocked: bool
             _placeholder(device, torch.uint8, (1, 1) if blocked else (1, 1, 1)))
 
 
+# the (data, scales) outputs of each cast direction, in the tile kernel's slot order (rowwise, then colwise)
+_DIRECTION_SHAPES = {"dual": (rowwise_shapes, colwise_shapes), "rowwise": (rowwise_shapes,),
+                     "colwise": (colwise_shapes,)}
+
+
+def _tile_slots(direction: str, outs, three_d: bool, unused: tuple) -> tuple:
+    """The tile kernel's four output slots (q, s, qt, st) for a planned ``direction`` cast: its outputs (batched
+    views of 2-D ones, E = 1) and :func:`_unused_outputs` placeholders for the other direction's pair."""
+    slots = tuple(_batch(t, three_d) for t in outs)
+    return {"dual": slots, "rowwise": (*slots, *unused), "colwise": (*unused, *slots)}[direction]
+
+
 def _group_args(device: torch.device, offs) -> tuple:
     """The tile kernels' (offs, tile_starts) arguments: the groups, or one placeholder for both without groups."""
     if offs is None:
@@ -380,16 +392,13 @@ def _gate_up_launcher(arch: str, w1, scale_mode, elem_dtype, blocked, gate_up_ti
     fn = compile_quant(direction, _IN[w1.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False, False,
                        128, "cast", False, blocks_2d, _keep_run(w1.dtype, 128, "cast", False), True)
     dev = w1.device
-    shapes = {"dual": (rowwise_shapes, colwise_shapes), "rowwise": (rowwise_shapes,), "colwise": (colwise_shapes,)}
-    specs = [_output_spec(sh, packed, blocked) for sh in shapes[direction]]
+    specs = [_output_spec(sh, packed, blocked) for sh in _DIRECTION_SHAPES[direction]]
     fixed = (*_group_args(dev, None), *_no_amax(dev))
     unused = _unused_outputs(dev, elem_dtype, blocked)
 
     def run(w1, w3):
         outs = _alloc(specs, elem_dtype, dev)
-        slots = [_batch(t, three_d) for t in outs]
-        slots = {"dual": slots, "rowwise": (*slots, *unused), "colwise": (*unused, *slots)}[direction]
-        fn(_batch(w1, three_d), _batch(w3, three_d), *slots, *fixed)
+        fn(_batch(w1, three_d), _batch(w3, three_d), *_tile_slots(direction, outs, three_d, unused), *fixed)
         return _e8m0(*outs)
     return run
 
@@ -416,7 +425,7 @@ def _plans(arch: str) -> dict:
             return q, s.view(e8m0)
         return run
 
-    def tiled(direction, shapes):
+    def tiled(direction):
         """The tile kernel's plan: 2-D (as E = 1) or 3-D input, one launch (either scale block)."""
         def plan(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, *tail):
             # tail: the op's remaining arguments, (blocks_2d,) rowwise or (token_align, blocks_2d) colwise / dual
@@ -428,25 +437,23 @@ def _plans(arch: str) -> dict:
                                three_d and direction == "rowwise", scale_block, "cast", False, blocks_2d,
                                _keep_run(x.dtype, scale_block, "cast", False))
             dev = x.device
-            specs = [_output_spec(sh, tuple(x.shape), blocked) for sh in shapes]
+            specs = [_output_spec(sh, tuple(x.shape), blocked) for sh in _DIRECTION_SHAPES[direction]]
             unused = _unused_outputs(dev, elem_dtype, blocked)
             fixed = (*_group_args(dev, None), *_no_amax(dev))
 
             def run(x):
                 outs = _alloc(specs, elem_dtype, dev)
-                slots = outs if three_d else [t.unsqueeze(0) for t in outs]  # the kernel's batched views (E = 1)
-                slots = {"dual": slots, "rowwise": (*slots, *unused), "colwise": (*unused, *slots)}[direction]
-                fn(x if three_d else x.unsqueeze(0), *slots, *fixed)
-                return tuple(t.view(e8m0) if i % 2 else t for i, t in enumerate(outs))
+                fn(_batch(x, three_d), *_tile_slots(direction, outs, three_d, unused), *fixed)
+                return _e8m0(*outs)
             return run
         return plan
 
     def gate_up(w1, w3, *args):
         return _gate_up_launcher(arch, w1, *args)
 
-    tiled_rowwise = tiled("rowwise", (rowwise_shapes,))
-    return {"quantize_rowwise": rowwise, "quantize_colwise": tiled("colwise", (colwise_shapes,)),
-            "quantize_dual": tiled("dual", (rowwise_shapes, colwise_shapes)), "quantize_gate_up": gate_up}
+    tiled_rowwise = tiled("rowwise")
+    return {"quantize_rowwise": rowwise, "quantize_colwise": tiled("colwise"), "quantize_dual": tiled("dual"),
+            "quantize_gate_up": gate_up}
 
 
 def _swiglu_limits(first, *rest):
