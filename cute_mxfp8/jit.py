@@ -350,7 +350,7 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
                       scale_mode: str = "rceil", emit_hp: bool = False, max_ctas: int = 132, block_k: int = 32,
                       n_tile: int = 128, cluster_mn: tuple = (1, 1), pingpong: bool = True,
                       split_halves: bool = False, b_block_n: int = 1, consumer_split: str = "n",
-                      tma_store: bool = False):
+                      tma_store: bool = False, split_tail: bool = False):
     """Compiled SM90 MXFP8 GEMM.  ``mainloop``: ``"dequant"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90Dequant`, bf16 WGMMA on scaled operands) or ``"promote"``
     (:class:`~cute_mxfp8.kernels.gemm_sm90.MXGemmSm90`, fp8 WGMMA per block, dense only).
@@ -367,7 +367,8 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
       ``"n"`` (the two consumer warpgroups each all 128 rows x half the columns) or, with ``b_block_n=128``,
       ``"m"`` (each 64 rows x all columns: one m64 x n_tile WGMMA per K step); ``tma_store`` (split M, dense or
       ``"m"``, bf16 d with N % 8 == 0): the output tile staged in shared memory and TMA-stored, overlapping the next
-      tile's mainloop.
+      tile's mainloop; ``split_tail`` (fast mode, dense, no cluster): ``fn(a, b, sfa, sfb, d, ws, flags, tail,
+      parts)`` as ``MXGemmSm90.call_split`` takes them (the last ``tail`` tiles split in ``parts`` along K).
     * ``"dequant"``: ``fn(a, b, sfa, sfb, d, offs, sched)`` with the operands of ``grouping`` as
       ``MXGemmSm90Dequant.__call__`` lists them (``"none"`` dense, ``"m"`` 2d-3d, ``"k"`` 2d-2d); offs (G,) and
       sched (2, G) int32 (placeholders for dense).
@@ -388,7 +389,8 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     cluster_mn = tuple(cluster_mn)
     promote_only = {k: v for k, v, default in (("block_k", block_k, 32), ("n_tile", n_tile, 128),
                                                ("cluster_mn", cluster_mn, (1, 1)), ("b_block_n", b_block_n, 1),
-                                               ("consumer_split", consumer_split, "n"), ("tma_store", tma_store, False))
+                                               ("consumer_split", consumer_split, "n"), ("tma_store", tma_store, False),
+                                               ("split_tail", split_tail, False))
                     if v != default}
     if promote_only and mainloop != "promote":
         raise ValueError(f"{', '.join(f'{k}={v!r}' for k, v in promote_only.items())}: options of "
@@ -406,7 +408,7 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
                                scale_mode, emit_hp, max_ctas) if mainloop == "dequant" else \
         MXGemmSm90(a_elem, b_elem, out_dtype, n_tile, block_k=block_k, max_ctas=max_ctas, cluster_mn=cluster_mn,
                    pingpong=pingpong, grouping=grouping, split_halves=split_halves, b_block_n=b_block_n,
-                   consumer_split=consumer_split, tma_store=tma_store)
+                   consumer_split=consumer_split, tma_store=tma_store, split_tail=split_tail)
     fake, sym = _fake, _sym
     scales = [fake(cutlass.Uint8, (sym(),), align=16) for _ in range(2)]
     kdiv = 16 if grouping == "k" else 32  # 2d-2d: K is the token count, a multiple of 16 (TMA's row pitch)
@@ -422,6 +424,9 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
         args += groups
     elif grouping != "none":  # the fast mode's 2d-3d / 2d-2d builds
         return _compile(kernel.call_grouped, args + groups, arch, keep_ptx)
+    elif split_tail:  # workspace (fp32), counters (int32), tail tiles, parts
+        split = (fake(cutlass.Float32, (sym(),)), fake(cutlass.Int32, (sym(),)), cutlass.Int32(1), cutlass.Int32(2))
+        return _compile(kernel.call_split, args + split, arch, keep_ptx)
     return _compile(kernel, args, arch, keep_ptx)
 
 

@@ -629,6 +629,99 @@ def test_fast_mode_gemm_random_data_within_the_accumulation_bound(m, n, k, n_til
     assert bool((err <= bound).all()), f"max error / sum|a||b| {ratio:.3g}"
 
 
+# ---- the split tail: the last round's tiles in K parts (kernels.tile_scheduler.tail_split) ----
+
+@needs_sass
+@pytest.mark.parametrize("kw", [dict(n_tile=192), dict(n_tile=192, b_block_n=128, consumer_split="m", tma_store=True),
+                                dict(n_tile=192, b_block_n=128, consumer_split="m")], ids=str)
+def test_the_split_tail_builds_join_their_parts_without_spilling(kw):
+    """Each split build (the ops' two: 1x128 B split N, 128 x 128 B split M with the TMA-stored tile; and split M
+    per thread) writes its part with coalesced stores, meets the tile's other parts through one GPU-scope atomic
+    per CTA, and reads them back with L1-bypassing loads (one per accumulator element), in registers."""
+    from cute_mxfp8.jit import compile_gemm_sm90
+
+    fn = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, block_k=128, split_tail=True,
+                           **kw)
+    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
+    counts = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
+    assert res["local_frame"] == 0 and counts.get("LDL", 0) == counts.get("STL", 0) == 0
+    assert counts.get("ATOMG.E.ADD.STRONG.GPU", 0) == 1 and counts.get("LDG.E.STRONG.GPU", 0) == 96
+    assert counts.get("MEMBAR.ALL.GPU", 0) >= 2 and counts.get("USETMAXREG.TRY_ALLOC.CTAPOOL", 0) == 1
+    whole = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, block_k=128, **kw)
+    unsplit = sass_facts.opcode_counts(sass_facts.disassemble(whole.__cubin__))
+    # the same mainloop: WGMMAs, promotion FFMAs, TMA loads
+    def total(c, prefix):
+        return sum(v for op, v in c.items() if op.startswith(prefix))
+
+    assert all(total(counts, op) == total(unsplit, op) > 0 for op in ("QGMMA", "FFMA", "UTMALDG"))
+
+
+def test_the_split_tail_is_a_dense_fast_mode_option():
+    from cute_mxfp8.jit import compile_gemm_sm90
+
+    for bad in (dict(block_k=32), dict(grouping="m"), dict(cluster_mn=(2, 1)), dict(split_tail=1)):
+        kw = {"block_k": 128, "split_tail": True, **bad}
+        with pytest.raises(ValueError, match="split_tail"):
+            compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", **kw)
+    with pytest.raises(ValueError, match="split_tail"):
+        compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "dequant", split_tail=True)
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("m,n,k", [(1024, 768, 2048), (256, 384, 4096), (300, 1000, 4128), (128, 8, 2048),
+                                   (8192, 2048, 1024)])
+@pytest.mark.parametrize("b_blocks_2d", [False, True])
+def test_split_tail_gemm_is_bit_exact_on_integer_data_and_leaves_its_counters_zero(m, n, k, b_blocks_2d, rng,
+                                                                                   monkeypatch):
+    """Shapes whose last round is split on 132 SMs (``ops.gemm_sm90._tail_split``: all 32 tiles in 4 parts, 4 in
+    8, 18 in 7 with a partial last K tile, 1 in 4, the last 44 of 704 in 2), called three times in a row (the
+    counters go back to 0 each launch): every call equals the reference bit for bit, bf16 and fp32, both B scale
+    layouts."""
+    from cute_mxfp8.ops import gemm_sm90 as G
+    from test_weight_blocks_2d import _integer_weight
+
+    monkeypatch.setattr(G, "SPLIT_TAIL", True)
+    assert G._tail_split(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)[1] > 1
+    a, a_s = _fast_integer_operand(m, k, "e4m3", rng)
+    if b_blocks_2d:
+        b, b_s = ops.quantize_rowwise(_integer_weight((n, k), rng).cuda(), scale_block=128, blocks_2d=True)
+    else:
+        b, b_s = _fast_integer_operand(n, k, "e4m3", rng)
+    for out in (torch.bfloat16, torch.float32):
+        want = ops.mm(a.cpu(), a_s.cpu(), b.cpu(), b_s.cpu(), out_dtype=out, backend="reference", scale_block=128,
+                      b_blocks_2d=b_blocks_2d)
+        for _ in range(3):
+            got = ops.mm(a, a_s, b, b_s, out_dtype=out, backend="sm90", scale_block=128, b_blocks_2d=b_blocks_2d)
+            assert torch.equal(got.cpu(), want), f"{(got.cpu() != want).sum().item()} of {m * n} differ"
+    torch.cuda.synchronize()
+    assert all(int(f.abs().sum()) == 0 for f in G._SPLIT_FLAGS.values())
+
+
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("m,n,k", [(1024, 768, 2048), (256, 384, 4096)])
+def test_split_tail_regroups_only_the_fp32_k_sum(m, n, k, rng, monkeypatch):
+    """Random data over 6 decades: the split result differs from the unsplit kernel's only by the fp32 sum's
+    regrouping (parts added at the end instead of in order): within ``parts`` fp32 roundings of the sum of
+    |products| of each output, and deterministic (the same bits on every call)."""
+    from cute_mxfp8.ops import gemm_sm90 as G
+
+    x = torch.randn(m, k, generator=rng).cuda() * torch.logspace(-3, 3, k, device="cuda")
+    w = torch.randn(n, k, generator=rng).cuda()
+    (a, a_s), (b, b_s) = (ops.quantize_rowwise(t, scale_block=128) for t in (x, w))
+    monkeypatch.setattr(G, "SPLIT_TAIL", True)
+    parts = G._tail_split(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)[1]
+    split = [ops.mm(a, a_s, b, b_s, out_dtype=torch.float32, scale_block=128) for _ in range(3)]
+    monkeypatch.setattr(G, "SPLIT_TAIL", False)
+    whole = ops.mm(a, a_s, b, b_s, out_dtype=torch.float32, scale_block=128)
+    da, db = (F.dequantize_mxfp8(q, F.from_blocked_scales(s, r, k // 32)).double()
+              for q, s, r in ((a, a_s, m), (b, b_s, n)))
+    mag = da.abs() @ db.abs().t()
+    assert parts > 1 and all(torch.equal(s, split[0]) for s in split[1:])
+    assert bool(((split[0].double() - whole.double()).abs() <= parts * 2.0 ** -23 * mag).all())
+
+
 @needs_sass
 @pytest.mark.parametrize("cluster", [(2, 1), (1, 2), (2, 2)])
 def test_fast_mode_gemm_clusters_multicast_the_shared_tile(cluster):

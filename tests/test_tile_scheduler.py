@@ -10,7 +10,7 @@ import math
 import pytest
 
 pytest.importorskip("cutlass")
-from cute_mxfp8.kernels.tile_scheduler import SWIZZLE, tile_order  # noqa: E402
+from cute_mxfp8.kernels.tile_scheduler import SWIZZLE, part_k_range, tail_split, tile_order  # noqa: E402
 
 SHAPES = [(1, 1), (1, 9), (7, 3), (64, 56), (129, 17), (128, 16)]  # (M tiles, N tiles): skewed, odd, one tile
 CLUSTERS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)]
@@ -58,3 +58,30 @@ def test_tile_order_rejects_empty_arguments(args):
 
 def test_empty_output_has_no_tiles():
     assert tile_order(0, 5, (2, 2), SWIZZLE, 3) == [[], [], []]
+
+
+@pytest.mark.parametrize("tiles,ctas,k_tiles", [(704, 132, 64), (688, 132, 64), (1408, 132, 64), (4, 132, 32),
+                                                (32, 132, 16), (6, 132, 4), (132, 132, 64), (2816, 132, 112),
+                                                (133, 132, 7), (1, 1, 9)])
+def test_the_split_tail_covers_every_tile_and_k_tile_once_in_one_last_round(tiles, ctas, k_tiles):
+    """:func:`tail_split`: the last ``tail`` tiles in ``parts`` K parts (each >= 4 K tiles), all in one last
+    round of at most ``ctas`` units; the whole tiles take the rounds before it; (0, 1) where nothing is split."""
+    tail, parts = tail_split(tiles, ctas, k_tiles)
+    if (tail, parts) == (0, 1):
+        r = tiles % ctas
+        assert r == 0 or min(ctas // r, k_tiles // 4) < 2
+        return
+    assert tail == tiles % ctas and 2 <= parts <= ctas // tail and tail * parts <= ctas
+    assert (tiles - tail) % ctas == 0  # the whole tiles fill their rounds exactly
+    for t in range(tiles - tail, tiles):  # each tail tile's parts: contiguous, disjoint, the whole K, >= 4 K tiles
+        ranges = [part_k_range(p, parts, k_tiles) for p in range(parts)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == k_tiles
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])) and all(e - b >= 4 for b, e in ranges)
+
+
+def test_the_split_tail_names_the_704_tile_case():
+    """The M=8192 N=2048 GEMMs of the bench's MLP step (64 x 11 tiles of 128 x 192) on an H200's 132 SMs: 44
+    tiles in 3 parts (6 rounds of tiles before, 5 + 1/3 after)."""
+    assert tail_split(704, 132, 64) == (44, 3)
+    assert tail_split(688, 132, 64) == (28, 4) and tail_split(1408, 132, 64) == (0, 1)
+    assert tail_split(0, 132, 8) == (0, 1) and tail_split(5, 132, 0) == (0, 1)

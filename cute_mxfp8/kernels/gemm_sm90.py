@@ -19,7 +19,7 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from .gemm_epilogue import EPILOGUES, GATE_UP_TILE, dswiglu_block, swiglu_block
-from .tile_scheduler import PersistentTiles, grid_clusters
+from .tile_scheduler import PersistentTiles, SplitTailTiles, grid_clusters, part_k_range
 from .mx_math import (BLOCK, MXCastParams, dequant_pair_bf16, e8m0_bf16x2, e8m0_to_f32, gemm_dtypes,
                       group_of_tile, group_start, pack_bf16x2)
 
@@ -110,7 +110,13 @@ class MXGemmSm90:
     cluster along (M, N); the A tile is TMA-multicast across the cluster's N CTAs and the B tile across its M CTAs
     (each CTA loads a slice; a CTA past the output's edge still loads and releases its slices).  ``grouping``
     (fast mode, no cluster): ``"m"`` 2d-3d or ``"k"`` 2d-2d token groups (:meth:`call_grouped`,
-    :meth:`tile_work`).
+    :meth:`tile_work`).  ``split_tail`` (fast mode, dense, no cluster; :meth:`call_split`): the last round's tiles
+    split along K (:class:`.tile_scheduler.SplitTailTiles`): a part writes its fp32 accumulator to a workspace in
+    the consumer threads' fragment order, then (a GPU-scope fence, a CTA barrier of the consumers) one thread adds
+    1 to the tile's counter; the part that takes it to ``parts`` adds the parts' accumulators in part order
+    (deterministic: the same sum whichever part arrives last), resets the counter to 0 and stores the tile with the
+    build's epilogue.  The sum regroups the fp32 K reduction (exact for integer-valued products, otherwise within
+    fp32 rounding of the unsplit kernel's).
 
     Constraints (:meth:`can_implement`): K % 32 == 0 (TMA zero-fills a partial 128-deep K tile; its padded scales
     are zero), 16-byte aligned contiguous operands; any M, N >= 1.
@@ -121,8 +127,9 @@ class MXGemmSm90:
     issue token (``block_k=128`` only; ignored with 32); ``grouping`` ``"none"``, or ``"m"`` / ``"k"`` with
     ``block_k=128`` and no cluster; ``b_block_n`` 1 or (fast mode, not ``"k"``) 128; ``consumer_split`` ``"n"``
     or (``b_block_n=128``) ``"m"``; ``tma_store`` (bool) with ``consumer_split="m"``, ``grouping`` ``"none"`` or
-    ``"m"``, no cluster and ``out_dtype="bfloat16"`` (D's rows then need a 16-byte pitch: N % 8 == 0).  Raises
-    ValueError naming the argument for anything else.
+    ``"m"``, no cluster and ``out_dtype="bfloat16"`` (D's rows then need a 16-byte pitch: N % 8 == 0);
+    ``split_tail`` (bool) with ``block_k=128``, ``grouping="none"`` and no cluster.  Raises ValueError naming the
+    argument for anything else.
     """
 
     TILE_M = 128
@@ -142,7 +149,7 @@ class MXGemmSm90:
     def __init__(self, a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
                  block_k: int = 32, max_ctas: int = 132, cluster_mn: tuple = (1, 1), pingpong: bool = True,
                  grouping: str = "none", split_halves: bool = False, b_block_n: int = 1,
-                 consumer_split: str = "n", tma_store: bool = False):
+                 consumer_split: str = "n", tma_store: bool = False, split_tail: bool = False):
         self.a_dtype, self.b_dtype, self.d_dtype = gemm_dtypes(a_elem, b_elem, out_dtype)
         self.split_halves = _check_split_halves(split_halves, grouping)
         cluster_mn = tuple(cluster_mn) if isinstance(cluster_mn, (tuple, list)) else cluster_mn
@@ -181,6 +188,12 @@ class MXGemmSm90:
                              f"output's edges), got tma_store={tma_store!r} with consumer_split={consumer_split!r}, "
                              f"grouping={grouping!r}, cluster_mn={cluster_mn}, out_dtype={out_dtype!r}")
         self.tma_store = tma_store
+        if type(split_tail) is not bool or (split_tail and (block_k != 128 or grouping != "none"
+                                                             or cluster_mn != (1, 1))):
+            raise ValueError(f"split_tail (a bool) needs block_k=128, grouping 'none' and no cluster (the split "
+                             f"tiles' parts meet in a per-tile counter), got split_tail={split_tail!r} with "
+                             f"block_k={block_k}, grouping={grouping!r}, cluster_mn={cluster_mn}")
+        self.split_tail = split_tail
         # split N: each consumer warpgroup all 128 rows (two m64 WGMMAs per K step) x n_tile / 2 columns;
         # split M: 64 rows x all n_tile columns (one m64 WGMMA per K step)
         self.wg_cols = n_tile if self.split_m else n_tile // self.consumers  # output columns per warpgroup
@@ -235,6 +248,16 @@ class MXGemmSm90:
         self._launch(a, b, sfa, sfb, d, None, None, stream)
 
     @cute.jit
+    def call_split(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor,
+                   ws: cute.Tensor, flags: cute.Tensor, tail: cutlass.Int32, parts: cutlass.Int32,
+                   stream: cuda.CUstream):
+        """``split_tail``: dense as :meth:`__call__`, the last ``tail`` tiles of the order in ``parts`` K parts
+        (:func:`.tile_scheduler.tail_split`); ``ws`` fp32 workspace of at least ``tail * parts * 128 * n_tile``
+        elements, ``flags`` int32 (>= ``tail``) all 0 (the kernel leaves them 0), one launch at a time per
+        buffer."""
+        self._launch(a, b, sfa, sfb, d, None, None, stream, (ws, flags, tail, parts))
+
+    @cute.jit
     def call_grouped(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor,
                      offs: cute.Tensor, sched: cute.Tensor, stream: cuda.CUstream):
         """Token groups ``offs`` (G,) int32 cumulative ends, ``sched`` (2, G) int32:
@@ -253,7 +276,7 @@ class MXGemmSm90:
 
     @cute.jit
     def _launch(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, d: cute.Tensor, offs,
-                sched, stream: cuda.CUstream):
+                sched, stream: cuda.CUstream, split=None):
         self._configure()
         m, k = a.shape
         n = d.shape[1]  # columns of the output (per expert when grouped)
@@ -279,6 +302,8 @@ class MXGemmSm90:
             sdec: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, 2 * self.consumers * self.DEC_WORDS], 16]
             if cutlass.const_expr(self.tma_store):  # the staged output tile (other builds have no such field)
                 sd: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(self.d_smem.outer)], 1024]
+            if cutlass.const_expr(self.split_tail):  # a split part's counter value, for the consumer threads
+                arrived: cute.struct.MemRange[cutlass.Int32, 4]
 
         self.shared = Shared
         m_tiles = (m + self.TILE_M - 1) // self.TILE_M
@@ -288,9 +313,13 @@ class MXGemmSm90:
             m_tiles = cute.size(offs) * m_tiles
         n_tiles = (n + self.n_tile - 1) // self.n_tile
         grid = (*self.cluster_mn, grid_clusters(m_tiles, n_tiles, self.cluster_mn, self.max_ctas))
+        if cutlass.const_expr(self.split_tail):  # units: the whole tiles, then the tail tiles' parts
+            _, _, tail, parts = split
+            units = m_tiles * n_tiles - tail + tail * parts
+            grid = (1, 1, cutlass.max(cutlass.min(cutlass.Int32(self.max_ctas), units), cutlass.Int32(1)))
         self.kernel(self.tiled_mma, tma_a, ga, tma_b, gb, sfa_w, sfb_w, d, offs, sched, m, n, k_tiles, m_tiles,
                     n_tiles, self.a_smem, self.b_smem, self.cluster, tma_d, gd,
-                    (self.d_smem, self.d_box) if self.tma_store else None).launch(
+                    (self.d_smem, self.d_box) if self.tma_store else None, split).launch(
             grid=grid, block=[self.THREADS, 1, 1], cluster=(*self.cluster_mn, 1), smem=Shared.size_in_bytes(),
             stream=stream, min_blocks_per_mp=1)  # a known entry register count: ptxas honours setmaxnreg (C7508)
 
@@ -299,7 +328,7 @@ class MXGemmSm90:
                gb: cute.Tensor, sfa_w: cute.Tensor, sfb_w: cute.Tensor, d: cute.Tensor, offs, sched,
                rows: cutlass.Int32, cols: cutlass.Int32, k_tiles: cutlass.Int32, m_tiles: cutlass.Int32,
                n_tiles: cutlass.Int32, a_smem: cute.ComposedLayout, b_smem: cute.ComposedLayout,
-               cluster: cute.Layout, tma_d, gd, d_layouts):
+               cluster: cute.Layout, tma_d, gd, d_layouts, split):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg = warp // 4
@@ -323,7 +352,10 @@ class MXGemmSm90:
         sb = st.sb.get_tensor(b_smem.outer, swizzle=b_smem.inner)
         # persistent CTAs walk the shared tile order (kernels/tile_scheduler.py); every role the same tiles, the
         # pipeline state running on across them so a tile's first loads overlap the previous tile's epilogue
-        tiles = PersistentTiles(m_tiles, n_tiles, self.cluster_mn)
+        if cutlass.const_expr(self.split_tail):  # walking units (a whole tile, or one K part of a tail tile)
+            tiles = SplitTailTiles(m_tiles, n_tiles, split[2], split[3])
+        else:
+            tiles = PersistentTiles(m_tiles, n_tiles, self.cluster_mn)
         linear = tiles.first()
         pipeline.pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
         if wg == 0:
@@ -336,8 +368,8 @@ class MXGemmSm90:
                 mask_b = cute.make_layout_image_mask(cluster, crd, mode=0) if self.mcast_b > 1 else 0
                 state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 while tiles.valid(linear):
-                    bm, bn = tiles.tile(linear)
-                    work = self.tile_work(offs, sched, rows, cols, k_tiles, bm, bn)
+                    bm, bn, k_range, _ = self._unit(tiles, linear, k_tiles)
+                    work = self.tile_work(offs, sched, rows, cols, k_tiles, bm, bn, k_range)
                     gak = cute.local_tile(cute.domain_offset((work.a_row0, work.k0), ga),
                                           (self.TILE_M, self.K_STAGE), (0, None))
                     gbk = cute.local_tile(cute.domain_offset((work.b_row0, work.k0), gb),
@@ -370,9 +402,13 @@ class MXGemmSm90:
                 if wg == self.consumers:  # the issue token starts with warpgroup 1 (see consume)
                     cute.arch.barrier_arrive(barrier_id=self._token(0), number_of_threads=256)
             while tiles.valid(linear):
-                bm, bn = tiles.tile(linear)
+                bm, bn, k_range, part = self._unit(tiles, linear, k_tiles)
+                unit = None
+                if cutlass.const_expr(self.split_tail):
+                    unit = (*part, split[0], split[1], st.arrived.get_tensor(cute.make_layout(4)))
                 state = self.consume(mma, pipe, state, sa, sb, sdec, sfa_w, sfb_w, d, cols, tidx - 128,
-                                     self.tile_work(offs, sched, rows, cols, k_tiles, bm, bn), bn, epi)
+                                     self.tile_work(offs, sched, rows, cols, k_tiles, bm, bn, k_range), bn, epi,
+                                     unit)
                 linear = tiles.next(linear)
             if cutlass.const_expr(self.pingpong):
                 if wg == 1:  # the token the last warpgroup passed after its last stage
@@ -382,9 +418,20 @@ class MXGemmSm90:
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
+    def _unit(self, tiles, linear: cutlass.Int32, k_tiles: cutlass.Int32):
+        """(M tile, N tile, K tile range or None, (part, parts, slot) or None) of the walk's step ``linear``: a
+        tile, or with ``split_tail`` a unit (a whole tile, or one K part of a tail tile)."""
+        if cutlass.const_expr(self.split_tail):
+            t, part, parts, slot = tiles.unit(linear)
+            bm, bn = tiles.tile(t)
+            return bm, bn, part_k_range(part, parts, k_tiles), (part, parts, slot)
+        bm, bn = tiles.tile(linear)
+        return bm, bn, None, None
+
+    @cute.jit
     def consume(self, mma: cute.TiledMma, pipe, state, sa: cute.Tensor, sb: cute.Tensor, sdec: cute.Tensor,
                 sfa_w: cute.Tensor, sfb_w: cute.Tensor, d: cute.Tensor, cols: cutlass.Int32, ct: cutlass.Int32,
-                work: tuple, bn: cutlass.Int32, epi):
+                work: tuple, bn: cutlass.Int32, epi, unit=None):
         """A consumer warpgroup on N tile ``bn`` and the rows of :meth:`tile_work`'s ``work``: all 128 rows x its
         half of the ``n_tile`` columns (two 64-row WGMMAs per K step); returns the pipeline state.  Thread ``t`` of
         warp ``w`` holds the accumulator rows ``64 mi + 16 w + t // 4 (+ 8)`` and the half's columns
@@ -399,7 +446,9 @@ class MXGemmSm90:
         barrier per stage).  ``block_k=32``: the stage's 4 WGMMAs run one ahead of the promotion (WGMMA b + 1 on
         the tensor cores while the CUDA cores add partial b, times ``sa[row] * sb[col]``, to the accumulator).
         ``block_k=128``: the 4 WGMMAs accumulate into one partial, promoted once with the shared scale while the
-        other warpgroup's WGMMAs run; the scales are decoded while the warpgroup's own WGMMAs run."""
+        other warpgroup's WGMMAs run; the scales are decoded while the warpgroup's own WGMMAs run.  ``unit``
+        (``split_tail``): (part, parts, slot, workspace, counters, shared slot) of the walk's unit: a K part of a
+        tail tile stores only when it is the last of its tile to finish (:meth:`_join_parts`)."""
         wgi = ct // 128
         t = ct % 128
         lane = ct % 32
@@ -492,6 +541,18 @@ class MXGemmSm90:
                         self._load_col_scales(sdec, b_base + blk * 4 * self._col_pitch(), lane)))
                 pipe.consumer_release(state)
             state.advance()
+        if cutlass.const_expr(self.split_tail):
+            if self._join_parts(acc, ct, unit):
+                self._epilogue(acc, d, work, bn, ct, epi, rl, c0, lane, cols)
+        else:
+            self._epilogue(acc, d, work, bn, ct, epi, rl, c0, lane, cols)
+        return state
+
+    @cute.jit
+    def _epilogue(self, acc: cute.Tensor, d: cute.Tensor, work: tuple, bn: cutlass.Int32, ct: cutlass.Int32, epi,
+                  rl: cutlass.Int32, c0: cutlass.Int32, lane: cutlass.Int32, cols: cutlass.Int32):
+        """The tile's store (TMA-staged or per thread) of the consumer thread's accumulator ``acc``."""
+        wgi = ct // 128
         if cutlass.const_expr(self.tma_store and self.grouping == "m"):
             # 2d-3d: the warpgroup's 64 rows start at a group's first row plus a multiple of 64 (any row of D); a
             # warpgroup past D's last row stores nothing
@@ -502,7 +563,44 @@ class MXGemmSm90:
             self._store_tma(acc, epi, work.d_row0 // self.TILE_M, bn, ct)
         else:
             self._store(acc, d, work.rows, cols, work.d_row0 + rl, c0 + 2 * (lane % 4))
-        return state
+
+    SPLIT_BARRIER = 5  # named barrier of the consumer warpgroups' split join (ids 1-4: decode and issue token)
+
+    @cute.jit
+    def _join_parts(self, acc: cute.Tensor, ct: cutlass.Int32, unit) -> cutlass.Boolean:
+        """``split_tail``: whether this unit stores its tile, with the tile's accumulator in ``acc`` then.  A whole
+        tile (parts 1) stores ``acc`` as it is.  A K part: ``acc`` goes to workspace slot ``slot`` (element ``i`` of
+        consumer thread ``ct`` at ``i * 256 + ct``: coalesced), a GPU-scope fence makes it visible, the consumers
+        meet, one thread adds 1 to the tile's counter (acq_rel); the part that takes it to ``parts`` resets it and
+        sums the tile's parts from the workspace in part order (its own too, read back: one 32-bit register array,
+        and the same fp32 sum whichever part arrives last) with L1-bypassing loads."""
+        part, parts, slot, ws, flags, arrived = unit
+        elems = 2 * self.thr_cols * self.row_frags
+        threads = 128 * self.consumers
+        last = cutlass.Boolean(True)
+        if parts > 1:
+            for i in cutlass.range_constexpr(elems):
+                ws[(slot * elems + i) * threads + ct] = acc[i]
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.barrier(barrier_id=self.SPLIT_BARRIER, number_of_threads=threads)
+            tile = slot // parts
+            if ct == 0:
+                arrived[0] = cute.arch.atomic_add((flags.iterator + tile).llvm_ptr, cutlass.Int32(1), sem="acq_rel",
+                                                  scope="gpu")
+            cute.arch.barrier(barrier_id=self.SPLIT_BARRIER, number_of_threads=threads)
+            last = arrived[0] == parts - 1
+            if last:
+                if ct == 0:
+                    flags[tile] = 0  # for the next launch (stream-ordered after this one)
+                cute.arch.fence_acq_rel_gpu()
+                for i in cutlass.range_constexpr(elems):
+                    acc[i] = cutlass.Float32(0.0)
+                first = slot - part
+                for p in cutlass.range(parts, unroll=1):
+                    for i in cutlass.range_constexpr(elems):
+                        at = ws.iterator + ((first + p) * elems + i) * threads + ct
+                        acc[i] = acc[i] + cute.arch.load(at.llvm_ptr, cutlass.Float32, sem="relaxed", scope="gpu")
+        return last
 
     @cute.jit
     def _epilogue_setup(self, mma: cute.TiledMma, sd: cute.Tensor, sd_box: cute.Tensor, tma_d: cute.CopyAtom,
@@ -620,11 +718,11 @@ class MXGemmSm90:
 
     @cute.jit
     def tile_work(self, offs, sched, m: cutlass.Int32, n: cutlass.Int32, k_total: cutlass.Int32,
-                  bm: cutlass.Int32, bn: cutlass.Int32):
+                  bm: cutlass.Int32, bn: cutlass.Int32, k_range=None):
         """Scheduled M tile ``bm``'s work (every thread computes the same), a :class:`_Work`.  ``m`` / ``n``: the
         A rows and the output columns (per expert / group); ``k_total``: 128-deep K tiles of the operands.
 
-        * dense: row tile bm.
+        * dense: row tile bm; ``k_range`` (``split_tail``): its K tiles ``[kb, ke)`` only.
         * ``"m"`` (2d-3d): the groups' tiles then the tail's (:func:`~.mx_math.group_of_tile`); a group's tiles
           start at its first row (the rows past its end are another group's, computed and not stored) and read
           expert g's B rows and scales; a tail tile (rows past ``offs[-1]``) has no K tiles and stores zeros.
@@ -674,6 +772,12 @@ class MXGemmSm90:
             a_word0 = (per_g * sched[1, g] + t * k_tiles) * 128
             b_word0 = (n + 127) // 128 * sched[1, g] * 128
             b_ktiles = k_tiles
+        if cutlass.const_expr(k_range is not None):  # split_tail (dense): K tiles [kb, ke) of the tile
+            kb, ke = k_range
+            k0 = kb * self.K_STAGE
+            k_tiles = ke - kb
+            a_word0 = a_word0 + kb * 128  # (the scale word of a row in K tile kt: + 128 kt)
+            b_word0 = b_word0 + kb * 128
         return _Work(a_row0, b_row0, k0, k_tiles, d_row0, rows, a_word0, a_ok, b_word0, b_ktiles)
 
     def _regs(self):

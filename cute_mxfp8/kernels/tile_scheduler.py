@@ -17,6 +17,13 @@ weight.
 :func:`tile_order` is the same order in plain Python (the tests' reference, and the model of the L2 traffic in
 ``docs/sm100_gemm.md``); :func:`cluster_tile` is the device function; :class:`.gemm_checks.TileScheduleProbe`
 runs it on a GPU and counts every tile.
+
+*Split tail* (:func:`tail_split`, :class:`SplitTailTiles`; the SM90 fast-mode dense GEMM): when the tile count is
+not a multiple of the persistent CTAs, the last round runs on ``R = tiles % ctas`` of them while the others idle
+(704 tiles on 132 SMs: 6 rounds for 5.33 rounds of work).  The last ``R`` tiles of the order are then split along
+K into ``S`` parts each (``R * S <= ctas``), so the last round takes about ``1 / S`` of a tile; each part writes its
+fp32 partial tile to a workspace and the last part to arrive (an atomic counter per tile) adds them, in part order,
+and stores the tile.
 """
 
 from __future__ import annotations
@@ -69,6 +76,24 @@ def grid_clusters(m_tiles, n_tiles, cluster_mn: tuple, max_ctas: int):
     return cutlass.max(cutlass.min(cutlass.Int32(max(max_ctas // (cm * cn), 1)), tiles), cutlass.Int32(1))
 
 
+def tail_split(tiles: int, ctas: int, k_tiles: int, min_part_k_tiles: int = 4) -> tuple[int, int]:
+    """(tail tiles R, parts S) of :class:`SplitTailTiles` for ``tiles`` output tiles on ``ctas`` persistent CTAs
+    with ``k_tiles`` K tiles each, or (0, 1) where nothing is split: the last ``R = tiles % ctas`` tiles in ``S =
+    ctas // R`` parts along K, each at least ``min_part_k_tiles`` K tiles (a part's pipeline fill and its partial
+    tile's write and read are per part); S < 2 splits nothing.  Plain Python (the ops size the workspace with it)."""
+    if tiles <= 0 or ctas <= 0:
+        return 0, 1
+    tail = tiles % ctas
+    parts = min(ctas // tail, k_tiles // max(min_part_k_tiles, 1)) if tail else 1
+    return (tail, parts) if parts >= 2 else (0, 1)
+
+
+def part_k_range(part, parts, k_tiles):
+    """K tiles ``[begin, end)`` of part ``part`` of ``parts`` (balanced: each has ``k_tiles // parts`` or one more;
+    plain Python and device integers alike)."""
+    return part * k_tiles // parts, (part + 1) * k_tiles // parts
+
+
 class PersistentTiles:
     """One CTA's walk over the tile order (every role of a CTA makes the same walk): ``m_tiles`` x ``n_tiles``
     CTA tiles, the launch grid ``(cm, cn, clusters)`` with clusters of ``(cm, cn, 1)``.  Use::
@@ -112,3 +137,49 @@ class PersistentTiles:
         bx, by, _ = cute.arch.block_idx()
         r, c = cluster_tile(linear, self.rows, self.cols, self.swizzle)
         return r * self.cm + bx % self.cm, c * self.cn + by % self.cn
+
+
+class SplitTailTiles(PersistentTiles):
+    """:class:`PersistentTiles` (no cluster) over *units*: the first ``tiles - tail`` tiles of the order whole,
+    then each of the last ``tail`` tiles as ``parts`` units along K (:func:`tail_split`).  Use::
+
+        tiles = SplitTailTiles(m_tiles, n_tiles, tail, parts)
+        u = tiles.first()
+        while tiles.valid(u):
+            linear, part, parts, slot = tiles.unit(u)   # parts 1 (slot -1) for a whole tile
+            mt, nt = tiles.tile(linear)
+            ...
+            u = tiles.next(u)
+
+    ``slot``: the unit's index among the split units (its partial tile's place in the workspace); the tile's index
+    among the tail tiles is ``slot // parts``."""
+
+    def __init__(self, m_tiles, n_tiles, tail, parts, swizzle: int = SWIZZLE):
+        super().__init__(m_tiles, n_tiles, (1, 1), swizzle)
+        self.tail = cutlass.Int32(tail)
+        self.parts = cutlass.Int32(parts)
+
+    def __extract_mlir_values__(self):
+        return super().__extract_mlir_values__() + extract_mlir_values(self.tail) + extract_mlir_values(self.parts)
+
+    def __new_from_mlir_values__(self, values):
+        new = super().__new_from_mlir_values__(values[:2])
+        new.tail = new_from_mlir_values(self.tail, values[2:3])
+        new.parts = new_from_mlir_values(self.parts, values[3:4])
+        return new
+
+    def _whole(self):
+        return self.rows * self.cols - self.tail
+
+    def valid(self, u):
+        return u < self._whole() + self.tail * self.parts
+
+    def unit(self, u):
+        """(tile linear index, part, parts, slot) of unit ``u``."""
+        whole = self._whole()
+        split = u >= whole
+        v = cutlass.max(u - whole, cutlass.Int32(0))
+        linear = cutlass.select_(split, whole + v // self.parts, u)
+        part = cutlass.select_(split, v % self.parts, cutlass.Int32(0))
+        parts = cutlass.select_(split, self.parts, cutlass.Int32(1))
+        return linear, part, parts, cutlass.select_(split, v, cutlass.Int32(-1))

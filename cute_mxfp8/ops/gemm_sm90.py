@@ -31,6 +31,7 @@ from ..swiglu import GATE_UP_TILE
 from ..jit import compile_gemm_sm90
 from .gemm_common import (MAX_ELEMENTS, mm_with_bias, offs_limits, operand_limits, run_grouped_mm,
                           run_mm_dswiglu_quant, run_mm_swiglu_quant, schedule_m)
+from ..kernels.tile_scheduler import tail_split
 from .token_layout import run_wgrad, split_halves as _split_halves, wgrad_limits
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
@@ -41,6 +42,9 @@ FAST_N_TILE = 192  # the fast mode's output tile N (128 x 192, two warpgroups in
 # 4-5 % faster than splitting N (H200, 2026-12-02: 976 / 846 / 956 vs 933 / 812 / 919 TFLOP/s at 8192^3,
 # 16384x7168x2048, 16384x2048x7168)
 B2D_SPLIT = "m"
+# the last round of tiles split along K when the tile count is not a multiple of the SMs (H200: 704 tiles of
+# an M=8192 N=2048 GEMM ran 6 rounds for 5.33 rounds of work): kernels.tile_scheduler.tail_split
+SPLIT_TAIL = False  # (on once the H200 ran its tests)
 _TILE_M = 256  # MXGemmSm90Dequant.TILE_M: the 2d-3d schedule counts each group's M tiles of this many rows
 _FAST_TILE_M = 128  # MXGemmSm90.TILE_M: the fast mode's 2d-3d tiles
 _MAX_GRID = 65535  # CUDA's grid y / z limit (N tiles; 2d-2d groups)
@@ -70,10 +74,17 @@ def _persistent(a: torch.Tensor) -> dict:
 def mm(a, a_scales, b, b_scales, out_dtype, bias=None, scale_block=32, b_blocks_2d=False):
     def run(d):
         if scale_block == 128:  # the fast mode: fp8 WGMMA, one promotion per 128 of K
+            ctas = _sm_count(_device(a))
+            tail, parts = _tail_split(a.shape[0], d.shape[1], a.shape[1], ctas)
             fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[d.dtype], "promote", block_k=128,
-                                   n_tile=FAST_N_TILE, max_ctas=_sm_count(_device(a)),
-                                   **_b_blocks(b_blocks_2d), **_tma_store(b_blocks_2d, d.dtype, d.shape[1]))
-            fn(a, b, a_scales.view(torch.uint8), b_scales.view(torch.uint8), d)
+                                   n_tile=FAST_N_TILE, max_ctas=ctas, **_b_blocks(b_blocks_2d),
+                                   **_tma_store(b_blocks_2d, d.dtype, d.shape[1]),
+                                   **({"split_tail": True} if parts > 1 else {}))
+            scales = (a_scales.view(torch.uint8), b_scales.view(torch.uint8))
+            if parts > 1:
+                fn(a, b, *scales, d, *_split_buffers(d.device, tail * parts), tail, parts)
+            else:
+                fn(a, b, *scales, d)
             return
         fn = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[d.dtype], MAINLOOP, **_persistent(a))
         if MAINLOOP == "promote":
@@ -96,6 +107,30 @@ def grouped_mm(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, b_bloc
     kernel = compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="m",
                                **_persistent(a))
     return run_grouped_mm(kernel, a, a_scales, b, b_scales, offs, out_dtype, _TILE_M)
+
+
+def _tail_split(m: int, n: int, k: int, ctas: int) -> tuple[int, int]:
+    """(tail tiles, parts) of the fast dense GEMM's split last round (:func:`~cute_mxfp8.kernels.tile_scheduler.
+    tail_split`; (0, 1): the unsplit build) for an (M, K) x (N, K) problem on ``ctas`` SMs; :data:`SPLIT_TAIL` off:
+    (0, 1)."""
+    if not SPLIT_TAIL:
+        return 0, 1
+    tiles = -(-m // _FAST_TILE_M) * -(-n // FAST_N_TILE)
+    return tail_split(tiles, ctas, -(-k // 128))
+
+
+_SPLIT_FLAGS: dict = {}  # (device, stream) -> int32 counters of the split tiles, all 0 between launches
+
+
+def _split_buffers(device: torch.device, units: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split tail's fp32 workspace (one 128 x FAST_N_TILE partial tile per unit; from the caching allocator,
+    so stream- and graph-safe) and its counters: zeros made once per device and stream (the kernel leaves them
+    0; launches on one stream never overlap, those on two streams get their own)."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    flags = _SPLIT_FLAGS.get(key)
+    if flags is None:
+        flags = _SPLIT_FLAGS[key] = torch.zeros(_sm_count(device), dtype=torch.int32, device=device)
+    return torch.empty(units * _FAST_TILE_M * FAST_N_TILE, dtype=torch.float32, device=device), flags
 
 
 def _b_blocks(b_blocks_2d: bool) -> dict:
