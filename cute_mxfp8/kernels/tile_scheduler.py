@@ -21,9 +21,9 @@ runs it on a GPU and counts every tile.
 *Split tail* (:func:`tail_split`, :class:`SplitTailTiles`; the SM90 fast-mode dense GEMM): when the tile count is
 not a multiple of the persistent CTAs, the last round runs on ``R = tiles % ctas`` of them while the others idle
 (704 tiles on 132 SMs: 6 rounds for 5.33 rounds of work).  The last ``R`` tiles of the order are then split along
-K into ``S`` parts each (``R * S <= ctas``), so the last round takes about ``1 / S`` of a tile; each part writes its
-fp32 partial tile to a workspace and the last part to arrive (an atomic counter per tile) adds them, in part order,
-and stores the tile.
+K into ``S`` parts each, so those rounds take ``ceil(R * S / ctas) / S`` of a tile's time (44 tiles in 3 parts:
+one round of a third); each part writes its fp32 partial tile to a workspace and the last part to arrive (an
+atomic counter per tile) adds them, in part order, and stores the tile.
 """
 
 from __future__ import annotations
@@ -76,16 +76,25 @@ def grid_clusters(m_tiles, n_tiles, cluster_mn: tuple, max_ctas: int):
     return cutlass.max(cutlass.min(cutlass.Int32(max(max_ctas // (cm * cn), 1)), tiles), cutlass.Int32(1))
 
 
-def tail_split(tiles: int, ctas: int, k_tiles: int, min_part_k_tiles: int = 4) -> tuple[int, int]:
+def tail_split(tiles: int, ctas: int, k_tiles: int, min_part_k_tiles: int = 4, max_parts: int = 8,
+               min_gain: float = 0.02) -> tuple[int, int]:
     """(tail tiles R, parts S) of :class:`SplitTailTiles` for ``tiles`` output tiles on ``ctas`` persistent CTAs
-    with ``k_tiles`` K tiles each, or (0, 1) where nothing is split: the last ``R = tiles % ctas`` tiles in ``S =
-    ctas // R`` parts along K, each at least ``min_part_k_tiles`` K tiles (a part's pipeline fill and its partial
-    tile's write and read are per part); S < 2 splits nothing.  Plain Python (the ops size the workspace with it)."""
-    if tiles <= 0 or ctas <= 0:
+    with ``k_tiles`` K tiles each, or (0, 1) where nothing is split.  The last ``R = tiles % ctas`` tiles (one
+    round on R CTAs unsplit) become ``R * S`` units of ``1 / S`` of a tile, which take ``ceil(R * S / ctas) / S``
+    rounds; S (2 .. ``max_parts``, each part at least ``min_part_k_tiles`` K tiles: a part pays a pipeline fill
+    and its partial tile's write and read) is the smallest with the fewest rounds, kept when it saves at least
+    ``min_gain`` of the unsplit time.  Plain Python (the ops size the workspace with it)."""
+    tail = tiles % ctas if tiles > 0 and ctas > 0 else 0
+    if not tail:
         return 0, 1
-    tail = tiles % ctas
-    parts = min(ctas // tail, k_tiles // max(min_part_k_tiles, 1)) if tail else 1
-    return (tail, parts) if parts >= 2 else (0, 1)
+    best, parts = 1.0, 1
+    for s in range(2, min(max_parts, k_tiles // max(min_part_k_tiles, 1)) + 1):
+        rounds = -(-tail * s // ctas) / s
+        if rounds < best - 1e-9:
+            best, parts = rounds, s
+    if parts == 1 or (1.0 - best) / -(-tiles // ctas) < min_gain:
+        return 0, 1
+    return tail, parts
 
 
 def part_k_range(part, parts, k_tiles):
