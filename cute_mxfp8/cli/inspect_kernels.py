@@ -183,6 +183,12 @@ FAMILIES = [
              {**(dict(a_elem=ELEMS, b_elem=ELEMS) if g == "none" else _GEMM_E4M3), "out_dtype": ["bfloat16"],
               "mainloop": ["promote"]}, archs=("sm_90a",))
       for g in ("none", "m")),
+    # ... the split-tail builds the ops run where the last round of tiles is split along K (1x128 B; 128 x 128 B)
+    *(Family(f"gemm_sm90_fast_mode_{name}_split_tail",
+             functools.partial(jit.compile_gemm_sm90, block_k=128, n_tile=192, split_tail=True, **kw),
+             {**_GEMM_E4M3, "out_dtype": ["bfloat16"], "mainloop": ["promote"]}, archs=("sm_90a",))
+      for name, kw in (("n192", {}), ("b128x128_split_m_tma_store",
+                                      dict(b_block_n=128, consumer_split="m", tma_store=True)))),
     # ... the op's configuration (n_tile 192) in 2-CTA clusters with TMA multicast (an option; measured no faster)
     *(Family(f"gemm_sm90_fast_mode_n192_cluster{m}x{n}",
              functools.partial(jit.compile_gemm_sm90, block_k=128, n_tile=192, cluster_mn=(m, n)),

@@ -44,7 +44,7 @@ FAST_N_TILE = 192  # the fast mode's output tile N (128 x 192, two warpgroups in
 B2D_SPLIT = "m"
 # the last round of tiles split along K when the tile count is not a multiple of the SMs (H200: 704 tiles of
 # an M=8192 N=2048 GEMM ran 6 rounds for 5.33 rounds of work): kernels.tile_scheduler.tail_split
-SPLIT_TAIL = False  # (on once the H200 ran its tests)
+SPLIT_TAIL = True
 _TILE_M = 256  # MXGemmSm90Dequant.TILE_M: the 2d-3d schedule counts each group's M tiles of this many rows
 _FAST_TILE_M = 128  # MXGemmSm90.TILE_M: the fast mode's 2d-3d tiles
 _MAX_GRID = 65535  # CUDA's grid y / z limit (N tiles; 2d-2d groups)
