@@ -334,7 +334,7 @@ def cprofiled(step, steps: int) -> str:
     return out.getvalue()
 
 
-def grouped_step(steps: int, weight_blocks: str = "1x128") -> dict:
+def grouped_step(steps: int, weight_blocks: str = "1x128", plain: bool = True) -> dict:
     """One fwd + bwd step of the bench's grouped experts (T=32768 D=2048 I=1536 E=8, bf16) in the fast mode, in
     plain MXFP8 and as bf16 ``torch._grouped_mm``: do_bench wall ms; host ms, the median time the host takes to
     queue one step that starts on an idle GPU (so nothing in it waits for the GPU: the counts read returns at
@@ -349,7 +349,8 @@ def grouped_step(steps: int, weight_blocks: str = "1x128") -> dict:
     shape = dict(m=32768, d=2048, i=1536, e=8)
     report = {}
     fast = MXFP8Config(hopper_block_k=128, hopper_weight_blocks=weight_blocks)
-    for name, config in ((f"fast mode, {weight_blocks} weights", fast), ("plain MXFP8", MXFP8Config())):
+    configs = ((f"fast mode, {weight_blocks} weights", fast), ("plain MXFP8", MXFP8Config()))
+    for name, config in configs if plain else configs[:1]:
         bf16, mx, xshape, counts = _grouped(dev, config, **shape)
         x = torch.randn(*xshape, device=dev, dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(*xshape, device=dev, dtype=torch.bfloat16)
@@ -398,9 +399,10 @@ def main():
                     help="only the grouped experts step's host profile (grouped_step), then exit")
     ap.add_argument("--weight-blocks", default="1x128", choices=("1x128", "128x128"),
                     help="--grouped: the fast mode's weight scale blocks (MXFP8Config(hopper_weight_blocks=...))")
+    ap.add_argument("--no-plain", action="store_true", help="--grouped: the fast mode and bf16 only")
     args = ap.parse_args()
     if args.grouped:
-        report = grouped_step(50, args.weight_blocks)
+        report = grouped_step(50, args.weight_blocks, plain=not args.no_plain)
         if args.out:
             with open(f"{args.out}/host_grouped.json", "w") as f:
                 json.dump(report, f, indent=1)

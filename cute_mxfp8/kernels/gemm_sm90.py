@@ -110,8 +110,8 @@ class MXGemmSm90:
     cluster along (M, N); the A tile is TMA-multicast across the cluster's N CTAs and the B tile across its M CTAs
     (each CTA loads a slice; a CTA past the output's edge still loads and releases its slices).  ``grouping``
     (fast mode, no cluster): ``"m"`` 2d-3d or ``"k"`` 2d-2d token groups (:meth:`call_grouped`,
-    :meth:`tile_work`).  ``split_tail`` (fast mode, dense, no cluster; :meth:`call_split`): the last round's tiles
-    split along K (:class:`.tile_scheduler.SplitTailTiles`): a part writes its fp32 accumulator to a workspace in
+    :meth:`tile_work`).  ``split_tail`` (fast mode, dense, no cluster; :meth:`call_split`): the last ``tiles %
+    ctas`` tiles of the order split along K (:class:`.tile_scheduler.SplitTailTiles`): a part writes its fp32 accumulator to a workspace in
     the consumer threads' fragment order, then (a GPU-scope fence, a CTA barrier of the consumers) one thread adds
     1 to the tile's counter; the part that takes it to ``parts`` adds the parts' accumulators in part order
     (deterministic: the same sum whichever part arrives last), resets the counter to 0 and stores the tile with the
