@@ -224,18 +224,31 @@ def _w13_dgrad_in_backward(scale_block: int, tile) -> bool:
 
 
 def _weight_forward(weight, operands, scale_mode, elem_dtype, backend, scale_block, blocks_2d=False):
-    """The weight's forward operand (rowwise) and, unless ``operands`` supplies them in backward, its colwise one:
-    ``(row, row_s, col, col_s)``, col None when ``operands`` is given (always 32-blocks: the config refuses the
-    fast mode with the MXFP8 all-gather).  ``blocks_2d``: 128 x 128 weight blocks (fast mode)."""
+    """The weight's forward operand (rowwise): ``(row, row_s)``, cast here, or ``operands.rowwise()`` when
+    ``operands`` is given (always 32-blocks: the config refuses the fast mode with the MXFP8 all-gather).
+    ``blocks_2d``: 128 x 128 weight blocks (fast mode).  The dgrad's colwise operand is cast in the backward
+    (:func:`_weight_dgrad`), so no fp8 copy of the weight is held from the forward to the backward (bf16 autograd
+    holds none either: it saves the weight itself)."""
     if operands is None:
-        return api.quantize_dual(weight, scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend,
-                                 scale_block=scale_block, blocks_2d=blocks_2d)
-    return (*operands.rowwise(), None, None)
+        return api.quantize_rowwise(weight, scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend,
+                                    scale_block=scale_block, blocks_2d=blocks_2d)
+    return operands.rowwise()
 
 
-def _weight_dgrad(operands, w_col, w_col_s):
-    """The weight's dgrad operand: the saved colwise one, or ``operands.colwise()`` when ``operands`` is given."""
-    return (w_col, w_col_s) if operands is None else operands.colwise()
+def _weight_dgrad(operands, weight, scale_mode, elem_dtype, backend, scale_block, blocks_2d=False):
+    """The weight's dgrad operand (colwise), cast now from the saved ``weight`` (right before the dgrad GEMM: one
+    more read of the weight than the forward's dual cast, and no fp8 copy alive in between), or
+    ``operands.colwise()`` when ``operands`` is given."""
+    if operands is not None:
+        return operands.colwise()
+    return api.quantize_colwise(weight, scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend,
+                                scale_block=scale_block, blocks_2d=blocks_2d)
+
+
+def _dgrad_weight(ctx, weight, operands):
+    """The weight to save for its dgrad cast in the backward (:func:`_weight_dgrad`): where the input's gradient
+    is computed and no ``operands`` supply the colwise operand; else None."""
+    return weight if operands is None and ctx.needs_input_grad[0] else None
 
 
 class _LinearFn(torch.autograd.Function):
@@ -245,14 +258,16 @@ class _LinearFn(torch.autograd.Function):
                 sb, w2d):
         x2 = _rows(x)
         x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, None, not wgrad_with_hp, sb)
-        w_row, w_row_s, w_col, w_col_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend, sb, w2d)
+        w_row, w_row_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend, sb, w2d)
         # the bias joins the fp32 accumulator inside the GEMM op: one rounding to x.dtype, as F.linear
         y = api.mm(x_row, x_row_s, w_row, w_row_s, out_dtype=x.dtype, bias=bias, backend=backend, scale_block=sb,
                    b_blocks_2d=w2d)
-        # x itself, not its (rows, K) view, so an in-place change of x gets torch's version-counter error
-        _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s), (x if wgrad_with_hp else None,))
+        # x itself, not its (rows, K) view, so an in-place change of x gets torch's version-counter error; the
+        # weight for its dgrad cast (only where dx is computed; an in-place change of it is refused, as bf16's)
+        _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s),
+              (x if wgrad_with_hp else None, _dgrad_weight(ctx, weight, operands)))
         ctx.operands = operands
-        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, sb, w2d)
+        ctx.cfg = (scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, sb, w2d)
         ctx.meta = (x.shape, x.dtype, weight.dtype, bias is not None and bias.dtype)
         return _output(y, (*x.shape[:-1], weight.shape[0]))
 
@@ -261,20 +276,21 @@ class _LinearFn(torch.autograd.Function):
     @_frees_as_it_goes
     def backward(ctx, dy):
         _first_order_only("mxfp8_linear")
-        (x_col, x_col_s, w_col, w_col_s), (x_hp,) = _kept(ctx, "mxfp8_linear")
+        (x_col, x_col_s), (x_hp, weight) = _kept(ctx, "mxfp8_linear")
         x_saved = _rows(x_hp) if x_col is None else x_col
         del x_hp, x_col
-        scale_mode, gdt, hp, backend, sb, w2d = ctx.cfg
+        scale_mode, elem_dtype, gdt, hp, backend, sb, w2d = ctx.cfg
         x_shape, x_dtype, w_dtype, b_dtype = ctx.meta
         dy2 = _rows(dy)
         need_w = ctx.needs_input_grad[1]
         dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, None, need_w and not hp, sb)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            w_col, w_col_s = _weight_dgrad(ctx.operands, w_col, w_col_s)
+            w_col, w_col_s = _weight_dgrad(ctx.operands, weight, scale_mode, elem_dtype, backend, sb, w2d)
             dx = api.mm(dy_row, dy_row_s, w_col, w_col_s, out_dtype=x_dtype, backend=backend,
                         scale_block=sb, b_blocks_2d=w2d).reshape(x_shape)
-        del dy_row, dy_row_s, w_col, w_col_s  # freed before the wgrad's output (_kept)
+            del w_col, w_col_s
+        del dy_row, dy_row_s, weight  # freed before the wgrad's output (_kept)
         if need_w:
             dw = _hp_wgrad(dy2, x_saved, None) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s, None, backend,
                                                                  sb, w_dtype)
@@ -291,11 +307,12 @@ class _GroupedMMFn(torch.autograd.Function):
                 sb, w2d):
         x_row, x_row_s, x_col, x_col_s = _quant(x, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp, sb,
                                                 _token_align(offs, sb))
-        w_row, w_row_s, w_col, w_col_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend, sb, w2d)
+        w_row, w_row_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend, sb, w2d)
         y = _gemm(x_row, x_row_s, w_row, w_row_s, offs, x.dtype, backend, sb, w2d)
-        _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s, w_col, w_col_s), (x if wgrad_with_hp else None, offs))
+        _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s),
+              (x if wgrad_with_hp else None, offs, _dgrad_weight(ctx, weight, operands)))
         ctx.operands = operands
-        ctx.cfg = (scale_mode, grad_elem_dtype, wgrad_with_hp, backend, sb, w2d)
+        ctx.cfg = (scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, sb, w2d)
         ctx.meta = (x.dtype, weight.dtype)
         return y
 
@@ -304,19 +321,20 @@ class _GroupedMMFn(torch.autograd.Function):
     @_frees_as_it_goes
     def backward(ctx, dy):
         _first_order_only("mxfp8_grouped_mm")
-        (x_col, x_col_s, w_col, w_col_s), (x_hp, offs) = _kept(ctx, "mxfp8_grouped_mm")
+        (x_col, x_col_s), (x_hp, offs, weight) = _kept(ctx, "mxfp8_grouped_mm")
         x_saved = x_hp if x_col is None else x_col
         del x_hp, x_col
-        scale_mode, gdt, hp, backend, sb, w2d = ctx.cfg
+        scale_mode, elem_dtype, gdt, hp, backend, sb, w2d = ctx.cfg
         x_dtype, w_dtype = ctx.meta
         need_w = ctx.needs_input_grad[1]
         ta = _token_align(offs, sb)
         dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy, gdt, scale_mode, backend, offs, need_w and not hp, sb, ta)
         dx = dw = None
         if ctx.needs_input_grad[0]:
-            w_col, w_col_s = _weight_dgrad(ctx.operands, w_col, w_col_s)
+            w_col, w_col_s = _weight_dgrad(ctx.operands, weight, scale_mode, elem_dtype, backend, sb, w2d)
             dx = _gemm(dy_row, dy_row_s, w_col, w_col_s, offs, x_dtype, backend, sb, w2d)
-        del dy_row, dy_row_s, w_col, w_col_s  # freed before the wgrad's output (_kept)
+            del w_col, w_col_s
+        del dy_row, dy_row_s, weight  # freed before the wgrad's output (_kept)
         if need_w:
             dw = _hp_wgrad(dy, x_saved, offs) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s,
                                                                 _wgrad_offs(offs, ta), backend, sb, w_dtype)
@@ -341,7 +359,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
                                    direction="rowwise" if late else "dual", **qw)
         (w13_row, w13_row_s), (w13_col, w13_col_s) = w13[:2], (w13[2:] or (None, None))
         keep_w13 = late and ctx.needs_input_grad[0]  # w1 and w3 for that cast: only where dx is computed
-        w2_row, w2_row_s, w2_col, w2_col_s = api.quantize_dual(w2, scale_block=sb, blocks_2d=w2d, **qw)
+        w2_row, w2_row_s = _weight_forward(w2, None, scale_mode, elem_dtype, backend, sb, w2d)  # (colwise: backward)
         if callable(offs):  # the grouped module's offsets, made from counts read on the host
             offs = offs()
         ta = _token_align(offs, sb)  # 128 in the fast mode's grouped MLP (never fused: fused is 32-blocks only)
@@ -363,9 +381,10 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         y = _gemm(h_row, h_row_s, w2_row, w2_row_s, offs, x.dtype, backend, sb, w2d)
         # the input x (wgrad_with_hp; itself, not its rows view, for torch's in-place check) and offs are saved;
         # the rest this forward made
+        # (w2 for its dgrad cast: the backward's w2 dgrad runs for any gradient but w2's own, so it is always saved)
         _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s, h13, h_hp if wgrad_with_hp else h_col, h_col_s,
-                    w13_col, w13_col_s, w2_col, w2_col_s),
-              (x if wgrad_with_hp else None, offs, *((w1, w3) if keep_w13 else (None, None))))
+                    w13_col, w13_col_s),
+              (x if wgrad_with_hp else None, offs, *((w1, w3) if keep_w13 else (None, None)), w2))
         ctx.cfg = (scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, tile, sb, w2d)
         ctx.meta = (x.shape, x.dtype, w1.dtype, w2.dtype)
         return _output(y, x.shape)
@@ -375,7 +394,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
     @_frees_as_it_goes
     def backward(ctx, dy):
         _first_order_only("mxfp8_swiglu_mlp")
-        (x_col, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s, w2_col, w2_col_s), (x_hp, offs, w1, w3) = _kept(
+        (x_col, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s), (x_hp, offs, w1, w3, w2) = _kept(
             ctx, "mxfp8_swiglu_mlp")
         x_saved = _rows(x_hp) if x_col is None else x_col
         del x_hp, x_col
@@ -396,6 +415,8 @@ class _SwiGLUMLPFn(torch.autograd.Function):
             dw2 = dw2.to(w2_dtype)
         del dy_col, dy_col_s, h_saved, h_col_s
         qg = dict(scale_mode=scale_mode, elem_dtype=gdt, emit_hp=hp, backend=backend)
+        w2_col, w2_col_s = _weight_dgrad(None, w2, scale_mode, elem_dtype, backend, sb, w2d)
+        del w2
         if tile:  # w2 dgrad with the dSwiGLU + dual-quant epilogue
             dh13_row, dh13_row_s, dh13_col, dh13_col_s, dh13_hp = api.mm_dswiglu_quant(
                 dy_row, dy_row_s, w2_col, w2_col_s, h13, gate_up_tile=tile, offs=offs, **qg)
