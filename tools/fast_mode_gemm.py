@@ -97,6 +97,43 @@ def grouped(only):
     return row
 
 
+# the M=8192 D=2048 I=8192 MLP step's GEMMs, its wgrads (1x128 B), the large step's GEMM2 and a 4-tile GEMM:
+# (name, M, N, K, 128 x 128 B blocks)
+SPLIT_TAIL_CASES = [("GEMM1 x W13", 8192, 16384, 2048, True), ("GEMM2 h W2", 8192, 2048, 8192, True),
+                    ("dgrad dh = dy W2", 8192, 8192, 2048, True), ("dgrad dx = dh13 W13", 8192, 2048, 16384, True),
+                    ("wgrad dW13", 16384, 2048, 8192, False), ("wgrad dW2", 2048, 8192, 8192, False),
+                    ("large GEMM2", 16384, 4096, 14336, True), ("small", 256, 384, 4096, False)]
+
+
+def split_tail_ab() -> dict:
+    """``ops.mm(..., scale_block=128)`` with the split tail (``ops.gemm_sm90.SPLIT_TAIL``) off and on, alternating
+    twice per shape: the GEMM kernel's ms from torch.profiler (``fast_mode_casts._gpu_ms``: a wall time would
+    follow a slow host) and TFLOP/s of the faster of the two; e4m3 -> bf16 from random bf16 data."""
+    from cute_mxfp8.ops import gemm_sm90 as G
+    from fast_mode_casts import _gpu_ms
+
+    dev, rows, keep = torch.device("cuda"), {}, G.SPLIT_TAIL
+    ctas = torch.cuda.get_device_properties(dev).multi_processor_count
+    try:
+        for name, m, n, k, b2d in SPLIT_TAIL_CASES:
+            a, a_s = ops.quantize_rowwise(torch.randn(m, k, device=dev).bfloat16(), scale_block=128)
+            b, b_s = ops.quantize_rowwise(torch.randn(n, k, device=dev).bfloat16(), scale_block=128,
+                                          blocks_2d=b2d)
+            G.SPLIT_TAIL = True
+            row = {"shape": (m, n, k), "tail, parts": G._tail_split(m, n, k, ctas)}
+            for on in (False, True, False, True):
+                G.SPLIT_TAIL = on
+                ms = _gpu_ms(lambda: ops.mm(a, a_s, b, b_s, scale_block=128, b_blocks_2d=b2d), dev)
+                row.setdefault(f"ms split={on}", []).append(round(ms, 4))
+            row["TFLOP/s unsplit, split"] = [round(2 * m * n * k / min(row[f"ms split={on}"]) / 1e9, 1)
+                                             for on in (False, True)]
+            rows[name] = row
+            print(name, row, flush=True)
+    finally:
+        G.SPLIT_TAIL = keep
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -106,7 +143,15 @@ def main():
                          "baseline) once at 8192^3 between cudaProfilerStart/Stop (for ncu --profile-from-start "
                          "off), then exit")
     ap.add_argument("--no-grouped", action="store_true", help="skip the grouped GEMMs")
+    ap.add_argument("--split-tail", action="store_true",
+                    help="only the split tail's A/B (SPLIT_TAIL_CASES: kernel ms off / on), then exit")
     args = ap.parse_args()
+    if args.split_tail:
+        report = split_tail_ab()
+        if args.out:
+            with open(f"{args.out}/split_tail.json", "w") as f:
+                json.dump(report, f, indent=1)
+        return
     if args.profile:
         a, a_s = ops.quantize_rowwise(torch.randn(8192, 8192, device="cuda"))
         d = torch.empty(8192, 8192, device="cuda", dtype=torch.bfloat16)
