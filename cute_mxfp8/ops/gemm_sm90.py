@@ -125,12 +125,17 @@ _SPLIT_FLAGS: dict = {}  # (device, stream) -> int32 counters of the split tiles
 def _split_buffers(device: torch.device, units: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The split tail's fp32 workspace (one 128 x FAST_N_TILE partial tile per unit; from the caching allocator,
     so stream- and graph-safe) and its counters: zeros made once per device and stream (the kernel leaves them
-    0; launches on one stream never overlap, those on two streams get their own)."""
+    0; launches on one stream never overlap, those on two streams get their own).  While a CUDA graph is being
+    captured the counters are a fresh zeroed tensor of the call (the graph replays their fill), never the cache:
+    a graph may replay on any stream."""
+    ws = torch.empty(units * _FAST_TILE_M * FAST_N_TILE, dtype=torch.float32, device=device)
+    if torch.cuda.is_current_stream_capturing():
+        return ws, torch.zeros(_sm_count(device), dtype=torch.int32, device=device)
     key = (device, torch.cuda.current_stream(device).cuda_stream)
     flags = _SPLIT_FLAGS.get(key)
     if flags is None:
         flags = _SPLIT_FLAGS[key] = torch.zeros(_sm_count(device), dtype=torch.int32, device=device)
-    return torch.empty(units * _FAST_TILE_M * FAST_N_TILE, dtype=torch.float32, device=device), flags
+    return ws, flags
 
 
 def _b_blocks(b_blocks_2d: bool) -> dict:
