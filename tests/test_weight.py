@@ -130,6 +130,34 @@ def test_other_uses_of_a_wrapped_weight_run_in_high_precision(rng):
     assert type(got) is torch.Tensor and torch.equal(got, plain)
 
 
+def test_in_place_changes_of_a_wrapped_weight_reach_autograds_check(rng):
+    """The backward casts the weight's dgrad operand from the weight it saved, so an in-place change of the
+    wrapped weight between forward and backward (an optimizer step) is refused as for a bf16 weight; the wrapper's
+    in-place ops run below autograd on the inner tensor and bump its version themselves.  Ops that only read the
+    weight (an EMA's add_, copy_ from it) do not; without an input gradient nothing is saved and it is allowed."""
+    torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    lin = nn.Linear(256, 128, dtype=torch.bfloat16)
+    quantize_weights_(lin)
+    x = torch.randn(64, 256, generator=rng).bfloat16().requires_grad_()
+    y = lin(x)
+    with torch.no_grad():
+        lin.weight.mul_(-1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    want = torch.autograd.grad(lin(x).sum(), x)[0]
+    y = lin(x)
+    ema = torch.zeros(128, 256, dtype=torch.bfloat16)
+    with torch.no_grad():
+        ema.mul_(0.5).add_(lin.weight)
+        ema.copy_(lin.weight)
+    assert torch.equal(torch.autograd.grad(y.sum(), x)[0], want)
+    y = lin(x.detach())
+    with torch.no_grad():
+        lin.weight.mul_(2)
+    y.sum().backward()
+    assert lin.weight.grad is not None
+
+
 def test_checkpoints_copies_and_errors(rng, tmp_path):
     model = _mlp(rng)
     unconverted = copy.deepcopy(model)

@@ -254,7 +254,8 @@ class MXGemmSm90:
         """``split_tail``: dense as :meth:`__call__`, the last ``tail`` tiles of the order in ``parts`` K parts
         (:func:`.tile_scheduler.tail_split`); ``ws`` fp32 workspace of at least ``tail * parts * 128 * n_tile``
         elements, ``flags`` int32 (>= ``tail``) all 0 (the kernel leaves them 0), one launch at a time per
-        buffer."""
+        buffer.  Unchecked here (``0 <= tail < tiles``, ``parts >= 1``, the buffer sizes): ``ops.gemm_sm90.mm``
+        derives them."""
         self._launch(a, b, sfa, sfb, d, None, None, stream, (ws, flags, tail, parts))
 
     @cute.jit

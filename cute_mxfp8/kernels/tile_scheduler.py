@@ -21,14 +21,15 @@ runs it on a GPU and counts every tile.
 *Split tail* (:func:`tail_split`, :class:`SplitTailTiles`; the SM90 fast-mode dense GEMM): when the tile count is
 not a multiple of the persistent CTAs, the last round runs on ``R = tiles % ctas`` of them while the others idle
 (704 tiles on 132 SMs: 6 rounds for 5.33 rounds of work).  The last ``R`` tiles of the order are then split along
-K into ``S`` parts each, so those rounds take ``ceil(R * S / ctas) / S`` of a tile's time (44 tiles in 3 parts:
-one round of a third); each part writes its fp32 partial tile to a workspace and the last part to arrive (an
+K into ``S`` parts each, so those rounds take about ``ceil(R * S / ctas) / S`` of a tile's time (44 tiles in 3
+parts: one round of a third; :func:`split_units_time` counts each CTA's units' K tiles); each part writes its fp32 partial tile to a workspace and the last part to arrive (an
 atomic counter per tile) adds them, in part order, and stores the tile.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 
 import cutlass
 import cutlass.cute as cute
@@ -76,25 +77,37 @@ def grid_clusters(m_tiles, n_tiles, cluster_mn: tuple, max_ctas: int):
     return cutlass.max(cutlass.min(cutlass.Int32(max(max_ctas // (cm * cn), 1)), tiles), cutlass.Int32(1))
 
 
+@functools.lru_cache(maxsize=4096)
 def tail_split(tiles: int, ctas: int, k_tiles: int, min_part_k_tiles: int = 4, max_parts: int = 8,
                min_gain: float = 0.02) -> tuple[int, int]:
     """(tail tiles R, parts S) of :class:`SplitTailTiles` for ``tiles`` output tiles on ``ctas`` persistent CTAs
     with ``k_tiles`` K tiles each, or (0, 1) where nothing is split.  The last ``R = tiles % ctas`` tiles (one
-    round on R CTAs unsplit) become ``R * S`` units of ``1 / S`` of a tile, which take ``ceil(R * S / ctas) / S``
-    rounds; S (2 .. ``max_parts``, each part at least ``min_part_k_tiles`` K tiles: a part pays a pipeline fill
-    and its partial tile's write and read) is the smallest with the fewest rounds, kept when it saves at least
-    ``min_gain`` of the unsplit time.  Plain Python (the ops size the workspace with it)."""
+    round of tile time on R CTAs, unsplit) become ``R * S`` units (:func:`part_k_range`), which CTA c takes as
+    units c, c + ctas, ... after its whole tiles: those take :func:`split_units_time` (the most K tiles one CTA
+    gets, in tile times).  S (2 .. ``max_parts``, each part at least ``min_part_k_tiles`` K tiles: a part pays a
+    pipeline fill and its partial tile's write and read) is the smallest of the fastest, kept when it saves at
+    least ``min_gain`` of the unsplit time.  Plain Python (the ops size the workspace with it; cached)."""
     tail = tiles % ctas if tiles > 0 and ctas > 0 else 0
     if not tail:
         return 0, 1
     best, parts = 1.0, 1
     for s in range(2, min(max_parts, k_tiles // max(min_part_k_tiles, 1)) + 1):
-        rounds = -(-tail * s // ctas) / s
-        if rounds < best - 1e-9:
-            best, parts = rounds, s
+        t = split_units_time(tail, s, ctas, k_tiles)
+        if t < best - 1e-9:
+            best, parts = t, s
     if parts == 1 or (1.0 - best) / -(-tiles // ctas) < min_gain:
         return 0, 1
     return tail, parts
+
+
+def split_units_time(tail: int, parts: int, ctas: int, k_tiles: int) -> float:
+    """Tile times the split units of ``tail`` tiles in ``parts`` take on ``ctas`` CTAs: the most K tiles of the
+    units one CTA walks (units c, c + ctas, ...; unit u is part ``u % parts``), over ``k_tiles``."""
+    per_cta = [0] * ctas
+    for u in range(tail * parts):
+        b, e = part_k_range(u % parts, parts, k_tiles)
+        per_cta[u % ctas] += e - b
+    return max(per_cta) / k_tiles
 
 
 def part_k_range(part, parts, k_tiles):

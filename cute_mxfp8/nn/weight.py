@@ -65,6 +65,13 @@ class _Unwrap(torch.autograd.Function):
         return g
 
 
+def _written(func, args, kwargs):
+    """The tensors ``func`` writes (its schema's ``Tensor(a!)`` arguments, lists included)."""
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            yield from tree_leaves(args[i] if i < len(args) else kwargs.get(arg.name))
+
+
 class MXFP8TrainingWeight(Tensor):
     """A bf16/fp32 weight whose ``F.linear`` and 2d-3d ``torch._grouped_mm`` run in MXFP8 (module docstring).
 
@@ -123,6 +130,11 @@ class MXFP8TrainingWeight(Tensor):
         config = next(a.config for a in tree_leaves((args, kwargs)) if isinstance(a, cls))  # lists included
         plain_args, plain_kwargs = tree_map_only(cls, lambda t: t._inner, (args, kwargs))
         out = func(*plain_args, **plain_kwargs)
+        for t in _written(func, args, kwargs):  # (below autograd, the op on the inner tensor bumps no version)
+            if isinstance(t, cls):  # an in-place change of the weight reaches autograd's check of the tensors
+                # saved from it (the Linear / grouped GEMM backward casts its dgrad operand from it: refused, as
+                # for bf16); arguments the op only reads are left alone
+                torch.autograd.graph.increment_version(t._inner)
         if func in _INPLACE_RETURN_SELF:
             return args[0]
         if func in _KEEP_WRAPPED:  # a copy to another dtype (fp16, fp64, integers) comes back plain
