@@ -376,3 +376,12 @@ def test_launchable_build_targets_the_arch_it_is_given(arch, monkeypatch):
     build = jit.compile_quant.__wrapped__.__wrapped__  # past the in-memory and disk caches
     fn = build("rowwise", "bfloat16", "e4m3", "rceil", True, arch)
     assert set(re.findall(r"sm_\d+[af]?", str(fn.ir_module))) == {arch}
+
+
+def test_importing_the_package_does_not_import_the_dsl():
+    """The DSL (~0.7 s to import) loads with the first kernel build, not with ``import cute_mxfp8`` and its ops and
+    modules (the reference backend, the fakes and the CPU paths need none of it)."""
+    code = ("import sys, cute_mxfp8, cute_mxfp8.ops, cute_mxfp8.nn, cute_mxfp8.ops.gemm_sm90\n"
+            "print(sorted(m for m in sys.modules if m == 'cutlass' or m.startswith('cutlass.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

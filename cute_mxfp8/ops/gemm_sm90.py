@@ -31,7 +31,6 @@ from ..swiglu import GATE_UP_TILE
 from ..jit import compile_gemm_sm90
 from .gemm_common import (MAX_ELEMENTS, mm_with_bias, offs_limits, operand_limits, run_grouped_mm,
                           run_mm_dswiglu_quant, run_mm_swiglu_quant, schedule_m)
-from ..kernels.tile_scheduler import tail_split
 from .token_layout import run_wgrad, split_halves as _split_halves, wgrad_limits
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
@@ -115,6 +114,8 @@ def _tail_split(m: int, n: int, k: int, ctas: int) -> tuple[int, int]:
     (0, 1)."""
     if not SPLIT_TAIL:
         return 0, 1
+    from ..kernels.tile_scheduler import tail_split  # (the kernels import the DSL: not at this module's import)
+
     tiles = -(-m // _FAST_TILE_M) * -(-n // FAST_N_TILE)
     return tail_split(tiles, ctas, -(-k // 128))
 
