@@ -111,12 +111,12 @@ class MXGemmSm90:
     (each CTA loads a slice; a CTA past the output's edge still loads and releases its slices).  ``grouping``
     (fast mode, no cluster): ``"m"`` 2d-3d or ``"k"`` 2d-2d token groups (:meth:`call_grouped`,
     :meth:`tile_work`).  ``split_tail`` (fast mode, dense, no cluster; :meth:`call_split`): the last ``tiles %
-    ctas`` tiles of the order split along K (:class:`.tile_scheduler.SplitTailTiles`): a part writes its fp32 accumulator to a workspace in
-    the consumer threads' fragment order, then (a GPU-scope fence, a CTA barrier of the consumers) one thread adds
-    1 to the tile's counter; the part that takes it to ``parts`` adds the parts' accumulators in part order
-    (deterministic: the same sum whichever part arrives last), resets the counter to 0 and stores the tile with the
-    build's epilogue.  The sum regroups the fp32 K reduction (exact for integer-valued products, otherwise within
-    fp32 rounding of the unsplit kernel's).
+    ctas`` tiles of the order split along K (:class:`.tile_scheduler.SplitTailTiles`): a part writes its fp32
+    accumulator to a workspace in the consumer threads' fragment order, then (a GPU-scope fence, a CTA barrier of
+    the consumers) one thread adds 1 to the tile's counter; the part that takes it to ``parts`` adds the parts'
+    accumulators in part order (deterministic: the same sum whichever part arrives last), resets the counter to 0
+    and stores the tile with the build's epilogue.  The sum regroups the fp32 K reduction (exact for integer-valued
+    products, otherwise within fp32 rounding of the unsplit kernel's).
 
     Constraints (:meth:`can_implement`): K % 32 == 0 (TMA zero-fills a partial 128-deep K tile; its padded scales
     are zero), 16-byte aligned contiguous operands; any M, N >= 1.

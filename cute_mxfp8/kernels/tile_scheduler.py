@@ -22,8 +22,9 @@ runs it on a GPU and counts every tile.
 not a multiple of the persistent CTAs, the last round runs on ``R = tiles % ctas`` of them while the others idle
 (704 tiles on 132 SMs: 6 rounds for 5.33 rounds of work).  The last ``R`` tiles of the order are then split along
 K into ``S`` parts each, so those rounds take about ``ceil(R * S / ctas) / S`` of a tile's time (44 tiles in 3
-parts: one round of a third; :func:`split_units_time` counts each CTA's units' K tiles); each part writes its fp32 partial tile to a workspace and the last part to arrive (an
-atomic counter per tile) adds them, in part order, and stores the tile.
+parts: one round of a third; :func:`split_units_time` counts each CTA's units' K tiles); each part writes its fp32
+partial tile to a workspace and the last part to arrive (an atomic counter per tile) adds them, in part order, and
+stores the tile.
 """
 
 from __future__ import annotations
