@@ -220,7 +220,7 @@ def _amax_buffers():
 def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
                          keep_ptx: bool = False, grouped: bool = False, emit_hp: bool = False,
                          scale_block: int = 32, phase: str = "cast", h13_dtype: str | None = None,
-                         pad_groups: bool = False):
+                         pad_groups: bool = False, persistent_ctas: int = 0):
     """Compiled fused SwiGLU + dual MXFP8 cast (:class:`~cute_mxfp8.kernels.quantize_tile.SwiGLUQuantKernel`).
 
     ``direction="fwd"``: ``fn(h13, q, s, qt, st, hp, offs, tile_starts)`` with h13 (1, M, 2I) ``in_dtype``,
@@ -234,7 +234,8 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
     ``pad_groups``: qt in the 128-aligned group layout, as :func:`compile_quant`'s.  ``scale_block=128`` with
     ``phase="cast"``: the one-launch *resident* form (512-thread CTAs holding a 128-row run in registers; the
     trailing amax arguments are placeholders); its backward needs I % 128 == 0 (not checked here: the ops run the
-    two-launch form otherwise).
+    two-launch form otherwise).  ``persistent_ctas`` (> 0, with the resident form): that many CTAs walk its runs,
+    prefetching the next run's input into shared memory while the current one is cast (one per SM).
     """
     h13_dtype = in_dtype if h13_dtype is None else h13_dtype
     for name, value in (("in_dtype", in_dtype), ("h13_dtype", h13_dtype)):
@@ -244,6 +245,8 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
         raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
     if direction == "fwd" and h13_dtype != in_dtype:
         raise ValueError("h13_dtype is the backward's: the forward's input is h13 itself (in_dtype)")
+    if persistent_ctas and h13_dtype != in_dtype:
+        raise ValueError("persistent_ctas prefetches every input in one dtype: h13_dtype must be in_dtype")
     cutlass, cute = _cutlass()
 
     from .kernels.quantize_tile import SwiGLUQuantKernel
@@ -251,7 +254,7 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
     mixed = h13_dtype != in_dtype
     kernel = SwiGLUQuantKernel("swiglu" if direction == "fwd" else "dswiglu", elem, scale_mode, blocked, grouped,
                                emit_hp, row_tiles=1 if mixed else None, scale_block=scale_block, phase=phase,
-                               pad_groups=pad_groups)
+                               pad_groups=pad_groups, persistent_ctas=persistent_ctas)
     x_dtype, h_dtype = _hp_dtype(in_dtype), _hp_dtype(h13_dtype)
 
     fake, sym = _fake, _sym

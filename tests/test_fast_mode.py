@@ -556,6 +556,36 @@ def test_the_kernel_ops_pass_keep_run_and_gate_up_to_the_builds(monkeypatch):
     assert flags(ops_["quantize_gate_up"], w1.float(), w1.float(), "rceil", E4M3, True, 0, 128) == (False, True)
 
 
+def test_the_swiglu_ops_ask_for_the_persistent_build_where_the_table_says(monkeypatch):
+    """The SwiGLU ops pass ``persistent_ctas`` (the GPU's SM count) exactly for the one-launch 128-block casts that
+    :data:`~cute_mxfp8.ops.cute_kernels.SWIGLU_PERSISTENT` marks, on SM90 only, else 0 (recorded calls; the launches
+    are stubbed, so this runs on the CPU)."""
+    from cute_mxfp8.ops import cute_kernels as CK
+
+    calls = []
+    monkeypatch.setattr(CK, "compile_swiglu_quant", lambda *a: calls.append(a) or (lambda *t: None))
+    monkeypatch.setattr(CK, "_sm_count", lambda dev: 132)
+    h13, dh = torch.zeros(256, 512, dtype=torch.bfloat16), torch.zeros(256, 256, dtype=torch.bfloat16)
+    offs = torch.tensor([100, 256], dtype=torch.int32)
+
+    def ctas(arch, direction, sb=128, grouped=False, h13_=h13):
+        calls.clear()
+        fns = CK._swiglu_ops(arch)
+        kw = dict(offs=offs, token_align=128) if grouped else {}
+        if direction == "fwd":
+            fns["swiglu_quant"](h13_, "rceil", E4M3, True, False, scale_block=sb, **kw)
+        else:
+            fns["dswiglu_quant"](dh, h13_, "rceil", E4M3, True, False, scale_block=sb, **kw)
+        return [a[13] for a in calls]
+
+    assert ctas("sm_90a", "fwd") == [132]
+    assert ctas("sm_90a", "bwd") == ctas("sm_90a", "fwd", grouped=True) == ctas("sm_90a", "bwd", grouped=True) == [0]
+    assert ctas("sm_90a", "fwd", sb=32) == [0] and ctas(CK.SM100_TARGET, "fwd") == [0]
+    assert ctas("sm_90a", "fwd", h13_=h13.float()) == [0, 0]  # fp32: the two-launch form
+    monkeypatch.setitem(CK.SWIGLU_PERSISTENT, ("bwd", True), True)
+    assert ctas("sm_90a", "bwd", grouped=True) == [132]
+
+
 def test_the_one_launch_casts_keep_the_run_for_bf16():
     """``ops.cute_kernels._keep_run``: the 128-block one-launch casts of bf16 inputs, with or without token groups,
     keep their run's tiles in registers; fp32 inputs, the two-launch phases and 32-blocks reload (or have no second
@@ -619,6 +649,35 @@ def test_the_one_launch_swiglu_casts_keep_the_run_in_registers(direction, groupe
     assert res["local_frame"] == 0 and fn.launch_smem == ((8192 if direction == "bwd" else 4096),)
 
 
+@pytest.mark.parametrize("direction,grouped", [("fwd", False), ("bwd", False), ("fwd", True), ("bwd", True)])
+def test_the_persistent_swiglu_cast_prefetches_into_shared_memory(direction, grouped):
+    """The persistent resident build (``persistent_ctas``): one CTA barrier per run, each lane's next-run loads as
+    cp.async (LDGSTS) into its two buffers, the amax slots twice; the build the SM90 ops run (dense forward) holds
+    its run without local memory; the others spill at 128 registers, which is why the ops keep them one CTA per run
+    (H200, tools/fast_mode_swiglu.py)."""
+    import re
+
+    from cute_mxfp8.cli import sass_facts
+    from cute_mxfp8.jit import compile_swiglu_quant
+    from cute_mxfp8.ops import cute_kernels as CK
+
+    fn = compile_swiglu_quant(direction, "bfloat16", "e4m3", "rceil", True, "sm_90a", True, grouped, False, 128,
+                              "cast", None, grouped, persistent_ctas=132)
+    assert len(re.findall(r"bar\.sync", fn.__ptx__)) == 1 and "atom.global" not in fn.__ptx__
+    ops = sass_facts.opcode_counts(sass_facts.disassemble(fn.__cubin__))
+    nops = 3 if direction == "bwd" else 2
+    assert sum(n for op, n in ops.items() if op.startswith("LDGSTS")) == 2 * 8 * nops  # first run + loop
+    staging = 2 * 16 * 32 * 8 * 4 * 2 * nops  # 2 buffers x 16 warps x 32 lanes x 8 x 4 bf16 x operands
+    assert fn.launch_smem == (staging + 2 * (8192 if direction == "bwd" else 4096),)
+    (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
+    assert (res["local_frame"] == 0) == (direction == "fwd" and not grouped)
+    assert CK.SWIGLU_PERSISTENT == {("fwd", False): True, ("fwd", True): False, ("bwd", False): False,
+                                    ("bwd", True): False}
+    with pytest.raises(ValueError, match="persistent_ctas"):
+        compile_swiglu_quant(direction, "bfloat16", "e4m3", "rceil", True, "sm_90a", True, grouped, False, 128,
+                             "apply", None, grouped, persistent_ctas=132)
+
+
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("m,i", [(300, 128), (1000, 384), (4099, 256)])
@@ -626,7 +685,8 @@ def test_the_one_launch_swiglu_casts_keep_the_run_in_registers(direction, groupe
 def test_fast_mode_swiglu_one_launch_writes_what_two_launches_do(m, i, groups, monkeypatch, rng):
     """Random bf16 data with an outlier row and column, ragged M, token groups ending inside 128-row runs (and
     rows past the last group): the one-launch 128-block SwiGLU / dSwiGLU casts write exactly the bytes of the
-    two-launch form (scales, both data layouts, the high-precision output)."""
+    two-launch form (scales, both data layouts, the high-precision output), with one CTA per run and persistent
+    (a CTA per SM; and 3 CTAs, so that each walks many runs, both buffers and both sets of amax slots)."""
     from cute_mxfp8.ops import cute_kernels as CK
 
     h13 = (torch.randn(m, 2 * i, generator=rng) * 3).to(torch.bfloat16).cuda()
@@ -638,11 +698,16 @@ def test_fast_mode_swiglu_one_launch_writes_what_two_launches_do(m, i, groups, m
         kw.update(offs=torch.tensor([m // 5, m // 5 + 1, m // 2, m - 3], dtype=torch.int32).cuda(),
                   token_align=128 if groups == "padded" else 0)
     outs = {}
-    for one_pass in (True, False):
+    sms = CK._sm_count
+    for form, one_pass, persistent, ctas in [("two", False, False, None), ("per run", True, False, None),
+                                             ("persistent", True, True, None), ("3 CTAs", True, True, 3)]:
         monkeypatch.setitem(CK.SWIGLU_ONE_PASS, torch.bfloat16, one_pass)
-        outs[one_pass] = (ops.swiglu_quant(h13, **kw), ops.dswiglu_quant(dh, h13, **kw))
-    for one, two in zip(*outs.values()):
-        _equal(one, two)
+        monkeypatch.setattr(CK, "SWIGLU_PERSISTENT", {(d, g): persistent for d in ("fwd", "bwd") for g in (0, 1)})
+        monkeypatch.setattr(CK, "_sm_count", sms if ctas is None else (lambda dev, n=ctas: n))
+        outs[form] = (ops.swiglu_quant(h13, **kw), ops.dswiglu_quant(dh, h13, **kw))
+    for form in ("per run", "persistent", "3 CTAs"):
+        for one, two in zip(outs[form], outs["two"]):
+            _equal(one, two)
 
 
 @pytest.mark.gpu

@@ -1,9 +1,10 @@
 """Hopper fast mode SwiGLU casts (issue 16) on the H200: the 128-block SwiGLU / dSwiGLU + dual-cast kernels in one
-launch (each CTA's 16 warps hold its 128-row run in registers, meet once over the 128-block amaxes, then cast)
-against the two-launch form (an amax pass through global buffers, then the casts), at the bench's MLP shapes,
-bf16 inputs.  Checks that both forms
-write the same bytes, then times them (do_bench medians) and reports GB/s of the op's DRAM bytes (inputs read
-once, outputs written once) beside a same-run bf16 copy.  A dev tool: python tools/fast_mode_swiglu.py [--out DIR]."""
+launch (each CTA's 16 warps hold its 128-row run in registers, meet once over the 128-block amaxes, then cast),
+one CTA per run or persistent (one CTA per SM, the next run's input prefetched into shared memory), against the
+two-launch form (an amax pass through global buffers, then the casts), at the bench's MLP shapes, bf16 inputs.
+Checks that every form writes the same bytes, then times them (the kernels' ms per call from torch.profiler, which
+does not follow a slow host; do_bench beside) and reports GB/s of the op's DRAM bytes (inputs read once, outputs
+written once) beside a same-run bf16 copy.  A dev tool: python tools/fast_mode_swiglu.py [--out DIR]."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ import torch
 from cute_mxfp8 import ops
 from cute_mxfp8.cli.bench import _time_ms, device_copy_gbps
 from cute_mxfp8.ops import cute_kernels
+from fast_mode_casts import _gpu_ms
+
+PERSISTENT = dict(cute_kernels.SWIGLU_PERSISTENT)  # what the ops run (restored at the end)
+FORMS = [("two launches", False, False), ("one launch, a CTA per run", True, False),
+         ("one launch, persistent", True, True)]  # (name, SWIGLU_ONE_PASS, SWIGLU_PERSISTENT)
 
 # (name, M, I, experts, token_align): the grouped MLP's casts use the padded layout; the unpadded grouped case too
 CASES = [("dense M=16384 I=14336", 16384, 14336, 0, 0), ("dense M=8192 I=8192", 8192, 8192, 0, 0),
@@ -38,6 +44,7 @@ def main():
             report["cases"][case[0]] = _case(dev, *case)
     finally:
         cute_kernels.SWIGLU_ONE_PASS[torch.bfloat16] = True
+        cute_kernels.SWIGLU_PERSISTENT.update(PERSISTENT)
     if args.out:
         with open(f"{args.out}/fast_mode_swiglu.json", "w") as f:
             json.dump(report, f, indent=1)
@@ -55,17 +62,20 @@ def _case(dev, name, m, i, e, token_align) -> dict:
     row = {}
     for d, fn in fns.items():
         res = {}
-        for one_pass in (False, True):
+        for form, one_pass, persistent in FORMS:
             cute_kernels.SWIGLU_ONE_PASS[torch.bfloat16] = one_pass
+            cute_kernels.SWIGLU_PERSISTENT[d, bool(e)] = persistent
             outs = fn()
-            ms = _time_ms(fn, dev, 1.0)
+            ms = _gpu_ms(fn, dev, every_kernel=True)
             moved = _bytes(outs) + (h13.numel() * 2 + (dh.numel() * 2 if d == "bwd" else 0))
-            res["one launch" if one_pass else "two launches"] = {"ms": ms, "gbps": moved / (ms * 1e-3) / 1e9,
-                                                                 "outs": outs}
-        a, b = res["two launches"].pop("outs"), res["one launch"].pop("outs")
-        same = all(torch.equal(x.view(torch.uint8) if x.element_size() == 1 else x,
-                               y.view(torch.uint8) if y.element_size() == 1 else y) for x, y in zip(a, b))
-        res["same bytes"] = same
+            res[form] = {"ms": ms, "gbps": moved / (ms * 1e-3) / 1e9, "do_bench ms": _time_ms(fn, dev, 1.0),
+                         "outs": outs}
+        a = res[FORMS[0][0]].pop("outs")
+        for form, _, _ in FORMS[1:]:
+            b = res[form].pop("outs")
+            res[f"same bytes as {FORMS[0][0]}: {form}"] = all(
+                torch.equal(x.view(torch.uint8) if x.element_size() == 1 else x,
+                            y.view(torch.uint8) if y.element_size() == 1 else y) for x, y in zip(a, b))
         row[d] = res
         print(name, d, {k: ({kk: round(vv, 3) for kk, vv in v.items()} if isinstance(v, dict) else v)
                         for k, v in res.items()})

@@ -114,6 +114,7 @@ class TileQuantKernel(MXCastParams):
 
     prologue = "cast"
     resident = False  # SwiGLUQuantKernel's one-launch 128-block form (RUN x WARPS warps, tiles kept in registers)
+    persistent_ctas = 0  # SwiGLUQuantKernel's resident form as a persistent loop over the runs (0: one run per CTA)
 
     def __init__(self, elem: str, scale_mode: str, blocked: bool, rowwise: bool, colwise: bool,
                  grouped: bool = False, emit_hp: bool = False, row_tiles: int = 1, scale_block: int = 32,
@@ -195,10 +196,14 @@ class TileQuantKernel(MXCastParams):
         grid_x = cute.ceil_div(vblocks, RUN if self.one_pass else self.row_tiles)
         if cutlass.const_expr(self.grouped):  # the tail CTAs: rows at or past offs[-1] (see the class docstring)
             grid_x = grid_x + cute.ceil_div(m, TAIL_ROWS)
+        grid = (grid_x, cute.ceil_div(k, CTA_COLS), e)
+        if cutlass.const_expr(self.persistent_ctas > 0):  # the same (run, column tile) items, walked by at most
+            # persistent_ctas CTAs per expert (_resident_loop)
+            grid = (cutlass.min(cutlass.Int32(self.persistent_ctas), grid_x * cute.ceil_div(k, CTA_COLS)), 1, e)
         self.kernel(cute.zipped_divide(x, (1, 1, VEC)), cute.zipped_divide(y, (1, 1, VEC)),
                     cute.zipped_divide(q, (1, 1, VEC)), s, gqt, st, cute.zipped_divide(hp, (1, 1, VEC)), offs,
                     tile_starts, amax_rows, amax_cols, vblocks, k // VEC).launch(
-            grid=(grid_x, cute.ceil_div(k, CTA_COLS), e),
+            grid=grid,
             block=(self._threads(), 1, 1), stream=stream, smem=self._smem_bytes(x.element_type),
             **self._launch_bounds())
 
@@ -225,6 +230,9 @@ class TileQuantKernel(MXCastParams):
         """Dynamic shared memory per CTA: the one-pass 128-block cast's row amaxes (4 x 32 rows x 4 warps, int32),
         or the staged loop's cp.async buffers (``row_tiles > 1``: two tiles per operand per warp), else none."""
         if self.resident:  # per output: the row amaxes as above, and the column amaxes (32 x 4 warps x 4 blocks)
+            if self.persistent_ctas:  # two sets (by the parity of the CTA's item) and the lanes' two buffers
+                return (4 * RUN * BLOCK * WARPS * 4 * self._outputs()
+                        + 2 * RUN * WARPS * 32 * LANE_ROWS * VEC * len(self._operand_names()) * dtype.width // 8)
             return 2 * RUN * BLOCK * WARPS * 4 * self._outputs()
         if self.one_pass:
             return RUN * BLOCK * WARPS * 4
@@ -275,6 +283,9 @@ class TileQuantKernel(MXCastParams):
             if cb * COL_LANES < kv:
                 self._staged(gx, gy, gq, s, gqt, st, ghp, staging, vblocks, kv, cb * COL_LANES + cg,
                              e, warp, lane, rg, cg, vb, ra, ca)
+        elif cutlass.const_expr(self.persistent_ctas > 0):
+            self._resident_loop(gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, vb, warp,
+                                lane, rg, cg)
         elif cutlass.const_expr(self.resident):
             self._resident(gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, vb, bk, warp, lane,
                            rg, cg)
@@ -321,11 +332,85 @@ class TileQuantKernel(MXCastParams):
             self._resident_run(args, vb, cb * COL_LANES < kv)
 
     @cute.jit
-    def _resident_run(self, args, run, active):
+    def _resident_loop(self, gx: cute.Tensor, gy: cute.Tensor, gq: cute.Tensor, s: cute.Tensor, gqt: cute.Tensor,
+                       st: cute.Tensor, ghp: cute.Tensor, offs: cute.Tensor, tile_starts: cute.Tensor,
+                       ra: cute.Tensor, ca: cute.Tensor, vblocks, kv, e, cta, warp, lane, rg, cg):
+        """``persistent_ctas``: the resident form's items (run, 128-column tile), column tile fastest, runs past the
+        groups' last (the tail's, with token groups) last, walked by CTA ``cta`` with a stride of the grid.  While
+        an item is reduced and cast, each lane's input tiles of the CTA's next item are already on their way:
+        cp.async into a lane-private buffer in shared memory (8 x 4 elements per operand and lane; no barrier:
+        each lane reads back only what it copied), issued once the lane has read the current item's tiles from it.
+        The amax slots alternate between two sets by the item's parity, so a warp that runs ahead writes the next
+        item's slots while a slower one still reads this item's: the one barrier per item is all the loop needs."""
+        alloc = cutlass.memory.SmemAllocator()
+        nout = self._outputs()
+        rows_l = cute.make_layout((RUN * BLOCK, WARPS, nout))
+        cols_l = cute.make_layout((BLOCK, WARPS, RUN, nout))
+        rows_s = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(2 * cute.size(rows_l)), 16)
+        cols_s = alloc.allocate_tensor(cutlass.Int32, cute.make_layout(2 * cute.size(cols_l)), 16)
+        nops = len(self._operand_names())
+        staging = alloc.allocate_tensor(gx.element_type,
+                                        cute.make_layout((VEC, 32, LANE_ROWS, nops, RUN * WARPS, 2)), 16)
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), gx.element_type,
+                                   num_bits_per_copy=VEC * gx.element_type.width)
+        wk = warp % WARPS
+        wr = warp // WARPS
+        ctiles = (kv + WARPS * COL_LANES - 1) // (WARPS * COL_LANES)  # 128-column tiles
+        main = (vblocks + RUN - 1) // RUN  # runs of the (virtual) row blocks; then the tail's, with groups
+        runs = main
+        if cutlass.const_expr(self.grouped):
+            runs = main + (cute.size(gx, mode=[1, 1]) + TAIL_ROWS - 1) // TAIL_ROWS
+        items = runs * ctiles
+        stride = cute.arch.grid_dim()[0]
+        fetch = (gx, gy, offs, tile_starts, staging, atom, kv, e, items, ctiles, main, wk, wr, warp, lane, rg, cg)
+        self._prefetch(fetch, cta, 0)
+        parity = cutlass.Int32(0)
+        for w in cutlass.range(cta, items, stride):
+            self._prefetch(fetch, w + stride, 1 - parity)  # (that buffer was read in the previous item)
+            cute.arch.cp_async_wait_group(1)  # this lane's tiles of item w are in buffer parity
+            run = w // ctiles
+            cb = (w - run * ctiles) * WARPS + wk
+            amaxes = (cute.make_tensor(rows_s.iterator + parity * cute.size(rows_l), rows_l),
+                      cute.make_tensor(cols_s.iterator + parity * cute.size(cols_l), cols_l), wk, wr)
+            args = (gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, lane, rg, cg,
+                    cb * COL_LANES + cg, amaxes)
+            if cutlass.const_expr(self.grouped):
+                if run < main:  # CTA-uniform, as the barrier inside needs
+                    self._resident_run(args, run, cb * COL_LANES < kv, (staging, warp, parity))
+                else:  # the tail's items come last: nothing more to prefetch
+                    self._tail(args, run - main, cb * COL_LANES < kv)
+            else:
+                self._resident_run(args, run, cb * COL_LANES < kv, (staging, warp, parity))
+            parity = 1 - parity
+
+    @cute.jit
+    def _prefetch(self, fetch, w, buf):
+        """cp.async the lane's input tiles of item ``w`` (when it is a run with data for this warp) into its buffer
+        ``buf``, as one commit group (possibly empty)."""
+        gx, gy, offs, tile_starts, staging, atom, kv, e, items, ctiles, main, wk, wr, warp, lane, rg, cg = fetch
+        if w < items:
+            run = w // ctiles
+            cb = (w - run * ctiles) * WARPS + wk
+            if run < main and cb * COL_LANES < kv:
+                r0, end, _ = self._locate(gx, offs, tile_starts, run * RUN + wr)
+                if r0 < end:
+                    rl = r0 + rg * LANE_ROWS
+                    ops = self._operands(gx, gy, cb * COL_LANES + cg, kv)
+                    for k in cutlass.range_constexpr(len(ops)):
+                        for i in cutlass.range_constexpr(LANE_ROWS):  # rows past the end: row end - 1 (zeroed later)
+                            src = ops[k][0][(None, (e, cutlass.min(rl + i, end - 1), ops[k][1]))]
+                            cute.copy(atom, cute.make_tensor(src.iterator, cute.make_layout(VEC)),
+                                      staging[(None, lane, i, k, warp, buf)])
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def _resident_run(self, args, run, active, staged=None):
         """The ``resident`` form of the one-pass cast: the warp loads row block ``4 run + wr`` once and keeps its
         tiles (h, or dg and du) in registers; it stores its 128-block amax parts (rows: one slot per row and
         column warp; columns: one per column and row warp, per output; zeros where it has no data), the CTA meets
-        once, and it casts the kept tiles with the amaxes of the 4 slots of each row and of each column."""
+        once, and it casts the kept tiles with the amaxes of the 4 slots of each row and of each column.
+        ``staged`` (:meth:`_resident_loop`): (buffer, warp, prefetch arguments, next item): the tiles come from the
+        lane's buffer, and once they are read the next item's are prefetched into it."""
         gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, lane, rg, cg, cv, amaxes = args
         rows_s, cols_s, wk, wr = amaxes
         vb = run * RUN + wr
@@ -339,7 +424,10 @@ class TileQuantKernel(MXCastParams):
         tiles = [cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32) for _ in range(nout)]
         if active:
             if r0 < end:
-                got = self._input_tiles(gx, gy, e, rl, end, r0 + BLOCK <= end, cv, kv)
+                if cutlass.const_expr(staged is None):
+                    got = self._input_tiles(gx, gy, e, rl, end, r0 + BLOCK <= end, cv, kv)
+                else:
+                    got = self._staged_tiles(staged[0], lane, staged[1], staged[2])
                 for o in cutlass.range_constexpr(nout):
                     tiles[o].store(got[o].load())
                     pos = _Pos(e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, parts[o])
@@ -538,14 +626,31 @@ class TileQuantKernel(MXCastParams):
             u = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
             _load_tile(t, gx, e, rl, end, full, cv)
             _load_tile(u, gx, e, rl, end, full, cv + kv)
-            t.store(swiglu_fwd(t.load(), u.load()))
-            return [t]
+            return self._prologue([t, u])
         gate = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
         u = cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32)
         _load_tile(t, gx, e, rl, end, full, cv)
         _load_tile(gate, gy, e, rl, end, full, cv)
         _load_tile(u, gy, e, rl, end, full, cv + kv)
-        dg, du = swiglu_bwd(t.load(), gate.load(), u.load())
+        return self._prologue([t, gate, u])
+
+    @cute.jit
+    def _staged_tiles(self, staging: cute.Tensor, lane, warp, buf) -> list:
+        """:meth:`_input_tiles` from the lane's prefetch buffer (:meth:`_resident_loop`)."""
+        loaded = [cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32) for _ in self._operand_names()]
+        for k in cutlass.range_constexpr(len(loaded)):
+            for i in cutlass.range_constexpr(LANE_ROWS):
+                loaded[k][(i, None)].store(staging[(None, lane, i, k, warp, buf)].load().to(cutlass.Float32))
+        return self._prologue(loaded)
+
+    @cute.jit
+    def _prologue(self, loaded: list) -> list:
+        """The SwiGLU prologue on the loaded fp32 tiles (gate, up; or dh, gate, up), in place: [h] or [dg, du]."""
+        t, u = loaded[0], loaded[-1]
+        if cutlass.const_expr(self.prologue == "swiglu"):
+            t.store(swiglu_fwd(t.load(), u.load()))
+            return [t]
+        dg, du = swiglu_bwd(t.load(), loaded[1].load(), u.load())
         t.store(dg)
         u.store(du)
         return [t, u]
@@ -886,7 +991,7 @@ class SwiGLUQuantKernel(TileQuantKernel):
 
     def __init__(self, prologue: str, elem: str, scale_mode: str, blocked: bool, grouped: bool = False,
                  emit_hp: bool = False, row_tiles: int | None = None, scale_block: int = 32, phase: str = "cast",
-                 pad_groups: bool = False):
+                 pad_groups: bool = False, persistent_ctas: int = 0):
         if prologue not in ("swiglu", "dswiglu"):
             raise ValueError(f"prologue must be 'swiglu' or 'dswiglu', got {prologue!r}")
         if row_tiles is None:  # the backward with its high-precision store, or reading the 128-block amaxes back,
@@ -899,6 +1004,11 @@ class SwiGLUQuantKernel(TileQuantKernel):
         # plain casts' one-pass walk reloads the run from L2, which measured 1.6-2.4x slower than two launches
         # here: a SwiGLU CTA's run is 64-192 KB of input)
         self.resident = self.one_pass
+        if type(persistent_ctas) is not int or persistent_ctas < 0 or (persistent_ctas and not self.resident):
+            raise ValueError(f"persistent_ctas (an int >= 0: the resident form's CTAs per expert, one per SM; 0 = one "
+                             f"CTA per run) needs scale_block=128 with phase='cast', got {persistent_ctas!r} with "
+                             f"scale_block={scale_block!r}, phase={phase!r}")
+        self.persistent_ctas = persistent_ctas
 
     @cute.jit
     def launch_fwd(self, h13: cute.Tensor, q: cute.Tensor, s: cute.Tensor, qt: cute.Tensor, st: cute.Tensor,
