@@ -1,6 +1,6 @@
 """MXFP8 numerics: the reference every kernel in this package is tested against.
 
-Everything here is plain torch, runs on any device, and follows ``design.md`` section 1:
+Everything here is plain torch, runs on any device, and is the package's numerics contract:
 
 * Block size 32 along the *scaled* dim; elements ``float8_e4m3fn`` (max 448) or ``float8_e5m2`` (max 57344);
   one ``float8_e8m0fnu`` scale per block, byte ``b`` meaning ``2**(b - 127)``, byte 255 NaN, byte 0 ``2**-127``.
@@ -13,7 +13,7 @@ Everything here is plain torch, runs on any device, and follows ``design.md`` se
   elements; an all-zero block gets scale byte 0 and zero elements with their sign kept.
 * Elements: ``x / scale`` (exact, the scale is a power of two), round to nearest even, saturate to ``+-max``.
 
-Scale layouts (``design.md`` section 2): "plain" scales have the data's shape with the scaled dim divided by 32.
+Scale layouts: "plain" scales have the data's shape with the scaled dim divided by 32.
 The "blocked" (swizzled) layout is what tcgen05 block-scaled MMA and cuBLAS read: the (R, C) scale matrix padded
 with zeros to (ceil(R/128)*128, ceil(C/4)*4) and stored as 512-byte tiles of 128 rows x 4 columns, tile
 ``(r // 128) * ceil(C/4) + c // 4``, byte ``(r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4`` inside the tile
@@ -222,10 +222,13 @@ def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
 
     Raises:
         ValueError: unsupported dtype, scale mode, element dtype or scale block, ``x.shape[dim]`` not a multiple
-        of 32, or ``blocks_2d`` not a bool, without ``scale_block=128``, on a 1-D tensor or along a leading dim.
+        of 32, or ``blocks_2d`` without ``scale_block=128``, on a 1-D tensor or along a leading dim.
+        TypeError: ``blocks_2d`` not a bool.
     """
     check_scale_block(scale_block)
-    if type(blocks_2d) is not bool or (blocks_2d and scale_block != 128):
+    if type(blocks_2d) is not bool:
+        raise TypeError(f"blocks_2d must be a bool, got {type(blocks_2d).__name__}")
+    if blocks_2d and scale_block != 128:
         raise ValueError(f"blocks_2d (a bool) shares scales over 128 x 128 tiles of the fast mode's scale_block=128, "
                          f"got blocks_2d={blocks_2d!r} with scale_block={scale_block!r}")
     _check_scale_mode(scale_mode)

@@ -68,9 +68,10 @@ def test_a_nan_poisons_its_tile_only(rng):
 
 def test_blocks_2d_arguments_are_checked():
     x = torch.randn(64, 64)
-    for kw, match in [(dict(blocks_2d=True), "scale_block=128"), (dict(blocks_2d=1, scale_block=128), "bool")]:
-        with pytest.raises(ValueError, match=match):
-            F.quantize_mxfp8(x, **kw)
+    with pytest.raises(ValueError, match="scale_block=128"):
+        F.quantize_mxfp8(x, blocks_2d=True)
+    with pytest.raises(TypeError, match="blocks_2d must be a bool"):  # (a type error, as for blocked=1)
+        F.quantize_mxfp8(x, blocks_2d=1, scale_block=128)
     with pytest.raises(ValueError, match="rank >= 2"):
         F.quantize_mxfp8(torch.randn(64), scale_block=128, blocks_2d=True)
     with pytest.raises(ValueError, match="last two dims"):
@@ -81,13 +82,18 @@ def test_blocks_2d_arguments_are_checked():
             op(x, blocks_2d=True, backend="reference")
         with pytest.raises(ValueError, match="no offs"):
             op(x, offs=offs, blocks_2d=True, scale_block=128, backend="reference")
-        with pytest.raises(ValueError, match="bool"):
+        with pytest.raises(TypeError, match="blocks_2d must be a bool"):
             op(x, blocks_2d="yes", scale_block=128, backend="reference")
     with pytest.raises(ValueError, match="blocks_2d"):
         ops.quantize_gate_up(x, x, blocks_2d=True, backend="reference")
     a, a_s = ops.quantize_rowwise(x, scale_block=128)
     with pytest.raises(ValueError, match="b_blocks_2d"):
         ops.mm(a, a_s, a, a_s, b_blocks_2d=True, backend="reference")
+    with pytest.raises(TypeError, match="b_blocks_2d must be a bool"):
+        ops.mm(a, a_s, a, a_s, b_blocks_2d=1, scale_block=128, backend="reference")
+    dy, dy_s = ops.quantize_colwise(torch.randn(64, 64), offs=offs, backend="reference")
+    with pytest.raises(TypeError, match="split_halves must be a bool"):
+        ops.grouped_mm_wgrad(dy, dy_s, dy, dy_s, offs, split_halves=1, backend="reference")
     with pytest.raises(ValueError, match="hopper_weight_blocks"):
         MXFP8Config(hopper_weight_blocks="128x128")
     with pytest.raises(ValueError, match="hopper_weight_blocks"):

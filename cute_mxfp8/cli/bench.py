@@ -158,7 +158,7 @@ def _unfused(math, *inputs):
     return _q.quantize_rowwise(hp), _q.quantize_colwise(hp)
 
 
-# Dense MXFP8 tensor-core peak by compute capability major (TFLOP/s): B200 (design.md, issue 5).  Where a GPU has
+# Dense MXFP8 tensor-core peak by compute capability major (TFLOP/s): B200 (NVIDIA's B200 datasheet, dense).  Where a GPU has
 # none listed (the H200 has no MXFP8 MMA), the "% peak" column stays empty.
 MXFP8_PEAK_TFLOPS = {10: 4500.0}
 

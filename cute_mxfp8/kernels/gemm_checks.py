@@ -1,4 +1,4 @@
-"""The SM100 GEMM's architecture-independent parts as small kernels that run on any GPU (``design.md`` section 5:
+"""The SM100 GEMM's architecture-independent parts as small kernels that run on any GPU (``docs/sm100_gemm.md``:
 there is no SM100 here, so the H200 runs these and the tests compare them with the reference):
 
 * :class:`EpilogueCheckKernel`: the fused SwiGLU / dSwiGLU + dual-quant epilogue code of

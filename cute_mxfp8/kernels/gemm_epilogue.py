@@ -6,7 +6,7 @@ thread holds a whole rowwise MX block (no shuffles) and the 32 lanes of a warp h
 of the 32 columns (:func:`~.mx_math.reduce_scatter_max` over the lanes).  The functions here take such a fragment
 (a 32-element fp32 ``TensorSSA``) with its coordinates and write every output of the block; they do not care how
 the fragment got into registers, so :class:`.gemm_checks.EpilogueCheckKernel` runs the very same code on any GPU
-from a global fp32 "accumulator" (the H200 check of the SM100 epilogue, ``design.md`` section 5).
+from a global fp32 "accumulator" (the H200 check of the SM100 epilogue, ``docs/sm100_gemm.md``).
 
 The SwiGLU and cast math are :mod:`.mx_math`'s device functions, the ones the standalone fused kernels use.
 

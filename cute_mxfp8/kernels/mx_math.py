@@ -3,7 +3,7 @@ reductions across lanes, token-group lookups and the SwiGLU forward/backward.  D
 inlined where called), no kernel or launch code, so the standalone kernels (:mod:`.quantize`,
 :mod:`.quantize_tile`) and later GEMM epilogues call the very same code.
 
-The numerics are those of ``cute_mxfp8.formats`` (``design.md`` section 1; OCP MX v1.0), computed with integer
+The numerics are those of ``cute_mxfp8.formats`` (OCP MX v1.0), computed with integer
 operations on fp32 bits so they are exact and NaN-safe:
 
 * ``amax_bits = max(bits(x) & 0x7FFFFFFF)`` over the block: for non-negative floats the integer order is the float

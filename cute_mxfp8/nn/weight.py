@@ -18,7 +18,8 @@ the unsharded weight).  ``state_dict()`` of a module processed by :func:`quantiz
 checkpoints load into an unconverted model and back.
 
 The field's prior art is torchao's training weight wrapper (``MXFP8TrainingWeightWrapperTensor``) and its float8
-FSDP2 weight subclass; the numerics are this package's (``design.md``; OCP MX v1.0 blocks of 32, E8M0 scales).
+FSDP2 weight subclass; the numerics are this package's (:mod:`cute_mxfp8.formats`; OCP MX v1.0 blocks of 32, E8M0
+scales).
 """
 
 from __future__ import annotations

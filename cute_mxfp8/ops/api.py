@@ -1,6 +1,6 @@
 """Documented Python entry points to the ``cute_mxfp8`` custom ops (``torch.ops.cute_mxfp8.*``).
 
-Conventions shared by every function here (``design.md`` sections 1-2):
+Conventions shared by every function here (the numerics and layouts of :mod:`cute_mxfp8.formats`):
 
 * MXFP8 data is ``torch.float8_e4m3fn`` or ``torch.float8_e5m2``; scales are ``torch.float8_e8m0fnu``, one per
   32 elements along the scaled dim.  All outputs are new contiguous tensors.
@@ -15,7 +15,8 @@ Conventions shared by every function here (``design.md`` sections 1-2):
   grouped rowwise-only cast (its kernel leaves the rows past ``offs[-1]`` to a second launch).
 * ``backend``: ``None`` picks automatically (``CUTE_MXFP8_BACKEND`` if set, else the best backend for the
   device); an explicit backend that cannot run raises :class:`~cute_mxfp8.ops.backends.BackendUnavailableError`.
-* Bad shapes, dtypes, devices or offsets raise ``ValueError`` naming the rule, before any kernel runs.
+* Bad shapes, dtypes, devices or offsets raise ``ValueError`` naming the rule, before any kernel runs; an argument
+  of the wrong type (a tensor argument that is not one, a flag that is not a bool) raises ``TypeError``.
 * In eager mode every wrapper here calls the op's implementation directly (see :func:`_direct`),
   which saves the custom-op dispatcher's host time; ``torch.ops.cute_mxfp8.*`` and torch.compile give the same
   results either way.  The ops are not differentiable (inputs that require grad go through the dispatcher, which
@@ -92,7 +93,7 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
             return run(x)
     _check_types(blocked, offs=offs, backend=backend, x=x)
     if type(blocks_2d) is not bool:
-        raise ValueError(f"blocks_2d must be a bool, got {blocks_2d!r}")
+        raise TypeError(f"blocks_2d must be a bool, got {type(blocks_2d).__name__}")
     direct = _direct(x, offs)
     extra = () if token_align is _NO_ALIGN else (token_align,)
     out = (impl if direct else op)(x, scale_mode, elem_dtype, blocked, offs, backend or "", scale_block, *extra,

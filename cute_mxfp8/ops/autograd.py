@@ -1,6 +1,6 @@
 """Autograd functions that run a Linear, a grouped GEMM and a whole SwiGLU MLP in MXFP8.
 
-Every GEMM operand is quantized along that GEMM's contraction dim (``design.md`` section 3):
+Every GEMM operand is quantized along that GEMM's contraction dim (the MLP data flow):
 
 * Linear ``y = x·Wᵀ``: forward x rowwise along K, W rowwise along K; dgrad ``dx = dy·W`` with dy rowwise along N
   and W colwise along N; wgrad ``dW = dyᵀ·x`` with dy and x colwise along the tokens.
@@ -560,7 +560,7 @@ def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None, *, we
 
 def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor | None = None,
                      config=None) -> Tensor:
-    """``w2(silu(w1(x)) * w3(x))`` as one MXFP8 autograd function (``design.md`` section 3).
+    """``w2(silu(w1(x)) * w3(x))`` as one MXFP8 autograd function (the data flow of this module's docstring).
 
     Args:
         x: (..., D) bf16/fp32 (2-D (M, D) sorted by expert when ``offs`` is given).

@@ -5,7 +5,7 @@ A backend is a name, an availability check per device and a table ``op name -> c
 * ``reference`` — pure torch, every device, the oracle (this package's :mod:`cute_mxfp8.ops.reference`).
 * ``sm90`` / ``sm100`` — CuTe DSL kernels, registered by later modules when their kernels exist.
 
-Selection for one op call (``design.md`` section 4): an explicit request (the op's ``backend`` argument, else the
+Selection for one op call: an explicit request (the op's ``backend`` argument, else the
 ``CUTE_MXFP8_BACKEND`` environment variable) must be able to run that op on that device, otherwise
 :class:`BackendUnavailableError` is raised with the reason — never a silent fallback.  With no request, the
 highest-priority backend that is available on the device *and* implements the op is used.

@@ -33,7 +33,7 @@ def check_blocks_2d(blocks_2d, scale_block: int, offs=None, token_align: int = 0
     """``blocks_2d`` (a bool) is a weight layout of the fast mode: 128 x 128 tiles sharing a scale, so it needs
     ``scale_block=128`` and no token groups."""
     if type(blocks_2d) is not bool:
-        raise ValueError(f"blocks_2d must be a bool, got {blocks_2d!r}")
+        raise TypeError(f"blocks_2d must be a bool, got {type(blocks_2d).__name__}")
     if blocks_2d and (scale_block != 128 or offs is not None or token_align):
         raise ValueError(f"blocks_2d=True (128 x 128 weight blocks) needs scale_block=128 and no offs / token_align, "
                          f"got scale_block={scale_block!r}, offs {'given' if offs is not None else 'None'}, "
@@ -42,7 +42,9 @@ def check_blocks_2d(blocks_2d, scale_block: int, offs=None, token_align: int = 0
 
 def check_b_blocks_2d(b_blocks_2d, scale_block: int) -> None:
     """A GEMM's ``b_blocks_2d`` (a bool) states B's 128 x 128 blocks: only with ``scale_block=128``."""
-    if type(b_blocks_2d) is not bool or (b_blocks_2d and scale_block != 128):
+    if type(b_blocks_2d) is not bool:
+        raise TypeError(f"b_blocks_2d must be a bool, got {type(b_blocks_2d).__name__}")
+    if b_blocks_2d and scale_block != 128:
         raise ValueError(f"b_blocks_2d (a bool) states that b was quantized with scale_block=128, blocks_2d=True; it "
                          f"needs scale_block=128, got b_blocks_2d={b_blocks_2d!r} with scale_block={scale_block!r}")
 
@@ -230,7 +232,7 @@ def check_grouped_mm(a, a_scales, b, b_scales, offs, out_dtype):
 def check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, split_halves=False):
     check_out_dtype(out_dtype)
     if type(split_halves) is not bool:
-        raise ValueError(f"split_halves must be a bool, got {split_halves!r}")
+        raise TypeError(f"split_halves must be a bool, got {type(split_halves).__name__}")
     check_same_device(a, a_scales, b, b_scales, offs)
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"grouped_mm_wgrad (2d-2d) takes a (N, M) and b (K, M) token-major operands, got "
