@@ -362,14 +362,23 @@ class TileQuantKernel(MXCastParams):
             runs = main + (cute.size(gx, mode=[1, 1]) + TAIL_ROWS - 1) // TAIL_ROWS
         items = runs * ctiles
         stride = cute.arch.grid_dim()[0]
-        fetch = (gx, gy, offs, tile_starts, staging, atom, kv, e, items, ctiles, main, wk, wr, warp, lane, rg, cg)
-        self._prefetch(fetch, cta, 0)
+        fetch = (gx, gy, offs, tile_starts, staging, atom, kv, e, main, wk, wr, warp, lane, rg, cg)
+        # item w is (run, column tile) = divmod(w, ctiles), stepped by the stride without dividing per item
+        step_run = stride // ctiles
+        step_bk = stride - step_run * ctiles
+        run = cta // ctiles
+        bk = cta - run * ctiles
+        self._prefetch(fetch, run, bk, 0)
         parity = cutlass.Int32(0)
         for w in cutlass.range(cta, items, stride):
-            self._prefetch(fetch, w + stride, 1 - parity)  # (that buffer was read in the previous item)
+            nrun = run + step_run
+            nbk = bk + step_bk
+            if nbk >= ctiles:
+                nbk = nbk - ctiles
+                nrun = nrun + 1
+            self._prefetch(fetch, nrun, nbk, 1 - parity)  # (that buffer was read in the previous item)
             cute.arch.cp_async_wait_group(1)  # this lane's tiles of item w are in buffer parity
-            run = w // ctiles
-            cb = (w - run * ctiles) * WARPS + wk
+            cb = bk * WARPS + wk
             amaxes = (cute.make_tensor(rows_s.iterator + parity * cute.size(rows_l), rows_l),
                       cute.make_tensor(cols_s.iterator + parity * cute.size(cols_l), cols_l), wk, wr)
             args = (gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, lane, rg, cg,
@@ -382,25 +391,26 @@ class TileQuantKernel(MXCastParams):
             else:
                 self._resident_run(args, run, cb * COL_LANES < kv, (staging, warp, parity))
             parity = 1 - parity
+            run = nrun
+            bk = nbk
 
     @cute.jit
-    def _prefetch(self, fetch, w, buf):
-        """cp.async the lane's input tiles of item ``w`` (when it is a run with data for this warp) into its buffer
-        ``buf``, as one commit group (possibly empty)."""
-        gx, gy, offs, tile_starts, staging, atom, kv, e, items, ctiles, main, wk, wr, warp, lane, rg, cg = fetch
-        if w < items:
-            run = w // ctiles
-            cb = (w - run * ctiles) * WARPS + wk
-            if run < main and cb * COL_LANES < kv:
-                r0, end, _ = self._locate(gx, offs, tile_starts, run * RUN + wr)
-                if r0 < end:
-                    rl = r0 + rg * LANE_ROWS
-                    ops = self._operands(gx, gy, cb * COL_LANES + cg, kv)
-                    for k in cutlass.range_constexpr(len(ops)):
-                        for i in cutlass.range_constexpr(LANE_ROWS):  # rows past the end: row end - 1 (zeroed later)
-                            src = ops[k][0][(None, (e, cutlass.min(rl + i, end - 1), ops[k][1]))]
-                            cute.copy(atom, cute.make_tensor(src.iterator, cute.make_layout(VEC)),
-                                      staging[(None, lane, i, k, warp, buf)])
+    def _prefetch(self, fetch, run, bk, buf):
+        """cp.async the lane's input tiles of item (``run``, column tile ``bk``), when it is one of the groups' runs
+        (not the tail's, nor past the items) with data for this warp, into its buffer ``buf``, as one commit group
+        (possibly empty)."""
+        gx, gy, offs, tile_starts, staging, atom, kv, e, main, wk, wr, warp, lane, rg, cg = fetch
+        cb = bk * WARPS + wk
+        if run < main and cb * COL_LANES < kv:
+            r0, end, _ = self._locate(gx, offs, tile_starts, run * RUN + wr)
+            if r0 < end:
+                rl = r0 + rg * LANE_ROWS
+                ops = self._operands(gx, gy, cb * COL_LANES + cg, kv)
+                for k in cutlass.range_constexpr(len(ops)):
+                    for i in cutlass.range_constexpr(LANE_ROWS):  # rows past the end: row end - 1 (zeroed later)
+                        src = ops[k][0][(None, (e, cutlass.min(rl + i, end - 1), ops[k][1]))]
+                        cute.copy(atom, cute.make_tensor(src.iterator, cute.make_layout(VEC)),
+                                  staging[(None, lane, i, k, warp, buf)])
         cute.arch.cp_async_commit_group()
 
     @cute.jit
@@ -422,22 +432,35 @@ class TileQuantKernel(MXCastParams):
             cols_s[lane, wk, wr, o] = cutlass.Int32(0)
         rl = r0 + rg * LANE_ROWS
         tiles = [cute.make_rmem_tensor((LANE_ROWS, VEC), cutlass.Float32) for _ in range(nout)]
+        # the staged backward parks du in the lane's buffer (its inputs are read by then) and holds only dg in
+        # registers, reloading du for each of its two steps: 32 registers fewer across the barrier
+        park = (staged[0], lane, staged[1], staged[2]) if staged is not None and nout == 2 else None
         if active:
             if r0 < end:
-                if cutlass.const_expr(staged is None):
+                if cutlass.const_expr(park is not None):
+                    self._staged_dg_du(tiles[0], park)
+                elif cutlass.const_expr(staged is None):
                     got = self._input_tiles(gx, gy, e, rl, end, r0 + BLOCK <= end, cv, kv)
                 else:
                     got = self._staged_tiles(staged[0], lane, staged[1], staged[2])
                 for o in cutlass.range_constexpr(nout):
-                    tiles[o].store(got[o].load())
+                    if cutlass.const_expr(park is not None):
+                        if cutlass.const_expr(o == 1):
+                            self._unpark(tiles[1], park)
+                    else:
+                        tiles[o].store(got[o].load())
                     pos = _Pos(e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, parts[o])
                     self._emit(tiles[o], pos, cv + o * kv, gq, s, gqt, st, ghp, "amax")
         cute.arch.barrier()  # every warp's amax parts are in shared memory
         if active:
             if r0 < end:
                 for o in cutlass.range_constexpr(nout):
+                    t = tiles[o]
+                    if cutlass.const_expr(park is not None and o == 1):  # into dg's registers, cast by now
+                        t = tiles[0]
+                        self._unpark(t, park)
                     pos = _Pos(e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, parts[o])
-                    self._emit(tiles[o], pos, cv + o * kv, gq, s, gqt, st, ghp, "apply")
+                    self._emit(t, pos, cv + o * kv, gq, s, gqt, st, ghp, "apply")
             elif cutlass.const_expr(self.pad_groups):  # past its group's tokens: as _block
                 self._pad_block(gqt, st, e, r0, lane, rg, cg, end, tile0, vb, vblocks, cv, kv, ca, "apply", parts)
 
@@ -642,6 +665,38 @@ class TileQuantKernel(MXCastParams):
             for i in cutlass.range_constexpr(LANE_ROWS):
                 loaded[k][(i, None)].store(staging[(None, lane, i, k, warp, buf)].load().to(cutlass.Float32))
         return self._prologue(loaded)
+
+    @cute.jit
+    def _staged_dg_du(self, dg: cute.Tensor, park):
+        """The backward's prologue from the lane's buffer, a row at a time: dg into ``dg``, du (fp32) parked over
+        the row's dh and gate slots (4 + 4 bf16: the 16 bytes of its 4 values), which it has just read."""
+        staging, lane, warp, buf = park
+        for i in cutlass.range_constexpr(LANE_ROWS):
+            row = [staging[(None, lane, i, k, warp, buf)].load().to(cutlass.Float32) for k in range(3)]
+            g, u = swiglu_bwd(row[0], row[1], row[2])
+            dg[(i, None)].store(g)
+            du = cute.make_rmem_tensor((VEC,), cutlass.Float32)
+            du.store(u)
+            for h in cutlass.range_constexpr(2):
+                slot = self._park_slot(park, i, h)
+                slot[0] = du[2 * h]
+                slot[1] = du[2 * h + 1]
+
+    @cute.jit
+    def _unpark(self, du: cute.Tensor, park):
+        """du's tile, parked by :meth:`_staged_dg_du`, back into registers."""
+        for i in cutlass.range_constexpr(LANE_ROWS):
+            for h in cutlass.range_constexpr(2):
+                slot = self._park_slot(park, i, h)
+                du[i, 2 * h] = slot[0]
+                du[i, 2 * h + 1] = slot[1]
+
+    @cute.jit
+    def _park_slot(self, park, i: cutlass.Constexpr[int], h: cutlass.Constexpr[int]) -> cute.Tensor:
+        """Two fp32 words over the lane's 4 bf16 of operand ``h`` (dh, gate) at row ``i`` (8-byte aligned)."""
+        staging, lane, warp, buf = park
+        return cute.make_tensor(cute.recast_ptr(staging[(None, lane, i, h, warp, buf)].iterator,
+                                                dtype=cutlass.Float32), cute.make_layout(2))
 
     @cute.jit
     def _prologue(self, loaded: list) -> list:
@@ -980,6 +1035,15 @@ class SwiGLUQuantKernel(TileQuantKernel):
     the ops check).  A form that stashes the run's inputs in shared memory instead (2 CTAs per SM, the prologue
     recomputed for the cast) measured 0-7 % faster forward but 1.4-3.4x slower backward (dense and padded
     grouped), and the plain casts in that form no faster than their walk (``docs/sm90_gemm.md``).
+
+    ``persistent_ctas`` (> 0, the resident form; :meth:`_resident_loop`): that many CTAs (one per SM) walk the
+    (run, 128-column tile) items, and while one item is reduced and cast each lane's tiles of the CTA's next item
+    are already in flight: cp.async into a lane-private buffer in shared memory (two buffers, 8 x 4 elements per
+    operand and lane; no barrier: a lane reads back only what it copied), the amax slots in two sets by the item's
+    parity (one barrier per item).  The backward parks du in the lane's buffer over its dh and gate slots (read by
+    then) and holds only dg across the barrier.  Shared memory: 64 KB of buffers forward, 96 KB backward, plus
+    twice the amax slots.  sm_90a: the dense builds fit in 128 registers without local memory; the grouped ones
+    spill (the group lookup per item), so the ops run them one CTA per run.
 
     Dense calls run the staged loop (:attr:`ROW_TILES` row blocks per CTA, 160-220 registers; on the H200 it was
     4-6 points of copy bandwidth faster forward and 1-2 backward than one block per CTA, bf16, 2026-11-30).
