@@ -34,6 +34,7 @@ def _bytes(outs) -> int:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", nargs="*", default=None, help="the cases whose names contain one of these words")
     args = ap.parse_args()
     dev = torch.device("cuda")
     copy_gbps = device_copy_gbps(dev)
@@ -41,7 +42,8 @@ def main():
     print(f"bf16 copy: {copy_gbps:.0f} GB/s")
     try:
         for case in CASES:
-            report["cases"][case[0]] = _case(dev, *case)
+            if not args.only or any(word in case[0] for word in args.only):
+                report["cases"][case[0]] = _case(dev, *case)
     finally:
         cute_kernels.SWIGLU_ONE_PASS[torch.bfloat16] = True
         cute_kernels.SWIGLU_PERSISTENT.update(PERSISTENT)
