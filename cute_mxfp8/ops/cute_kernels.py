@@ -224,10 +224,11 @@ def _keep_run(dtype: torch.dtype, scale_block: int, phase: str, grouped: bool) -
 # casts; fp32 inputs: the resident build compiles without spills but was not measured, so they keep two)
 SWIGLU_ONE_PASS = {torch.bfloat16: True, torch.float32: False}
 # that one launch as a persistent loop on SM90 (one CTA per SM, each lane prefetching its next run's input into
-# shared memory while the current run is cast), by (direction, token groups).  H200, 2026-12-03, kernel time: the
-# dense forward takes 7-21 % less (M=16384 I=14336: 0.592-0.657 -> 0.550 ms; M=8192 I=8192: 0.175-0.194 ->
-# 0.154); the backward (dense 1.17-1.33x the time) and the grouped builds (1.04-1.30x) spill at 128 registers, so
-# they stay one CTA per run (tools/fast_mode_swiglu.py)
+# shared memory while the current run is cast), by (direction, token groups).  H200, 2026-12-03, kernel time over
+# four runs: the dense forward takes 7-21 % less (M=16384 I=14336: 0.592-0.658 -> 0.550-0.572 ms; M=8192 I=8192:
+# 0.175-0.194 -> 0.154-0.166); the dense backward takes 1.16x the time even without local memory (1.077 -> 1.248,
+# 0.314 -> 0.365: it is compute-bound), and the grouped builds spill (1.04-1.30x), so those stay one CTA per run
+# (tools/fast_mode_swiglu.py)
 SWIGLU_PERSISTENT = {("fwd", False): True, ("fwd", True): False, ("bwd", False): False, ("bwd", True): False}
 
 
