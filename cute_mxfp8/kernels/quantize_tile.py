@@ -338,10 +338,11 @@ class TileQuantKernel(MXCastParams):
         """``persistent_ctas``: the resident form's items (run, 128-column tile), column tile fastest, runs past the
         groups' last (the tail's, with token groups) last, walked by CTA ``cta`` with a stride of the grid.  While
         an item is reduced and cast, each lane's input tiles of the CTA's next item are already on their way:
-        cp.async into a lane-private buffer in shared memory (8 x 4 elements per operand and lane; no barrier:
-        each lane reads back only what it copied), issued once the lane has read the current item's tiles from it.
-        The amax slots alternate between two sets by the item's parity, so a warp that runs ahead writes the next
-        item's slots while a slower one still reads this item's: the one barrier per item is all the loop needs."""
+        cp.async into the lane's slots of the other of two shared-memory buffers (8 x 4 elements per operand and
+        lane; no barrier: each lane reads back only what it copied), issued at the start of the item, so the buffer
+        it fills was read in the previous item.  The amax slots alternate between two sets by the item's parity, so
+        a warp that runs ahead writes the next item's slots while a slower one still reads this item's: the one
+        barrier per item is all the loop needs."""
         alloc = cutlass.memory.SmemAllocator()
         nout = self._outputs()
         rows_l = cute.make_layout((RUN * BLOCK, WARPS, nout))
@@ -419,8 +420,9 @@ class TileQuantKernel(MXCastParams):
         tiles (h, or dg and du) in registers; it stores its 128-block amax parts (rows: one slot per row and
         column warp; columns: one per column and row warp, per output; zeros where it has no data), the CTA meets
         once, and it casts the kept tiles with the amaxes of the 4 slots of each row and of each column.
-        ``staged`` (:meth:`_resident_loop`): (buffer, warp, prefetch arguments, next item): the tiles come from the
-        lane's buffer, and once they are read the next item's are prefetched into it."""
+        ``staged`` (:meth:`_resident_loop`): (buffers, warp, buffer index): the tiles come from the lane's slots of
+        that buffer; the backward then parks du there (:meth:`_staged_dg_du`) and reloads it for its amax and its
+        casts, so only dg stays in registers across the barrier."""
         gx, gy, gq, s, gqt, st, ghp, offs, tile_starts, ra, ca, vblocks, kv, e, lane, rg, cg, cv, amaxes = args
         rows_s, cols_s, wk, wr = amaxes
         vb = run * RUN + wr
