@@ -227,8 +227,9 @@ class TileQuantKernel(MXCastParams):
         return RUN if self.one_pass else 1
 
     def _smem_bytes(self, dtype) -> int:
-        """Dynamic shared memory per CTA: the one-pass 128-block cast's row amaxes (4 x 32 rows x 4 warps, int32),
-        or the staged loop's cp.async buffers (``row_tiles > 1``: two tiles per operand per warp), else none."""
+        """Dynamic shared memory per CTA: the one-pass 128-block cast's row amaxes (4 x 32 rows x 4 warps, int32;
+        the resident form also the column amaxes, per output; persistent: two sets and two prefetch buffers), or
+        the staged loop's cp.async buffers (``row_tiles > 1``: two tiles per operand per warp), else none."""
         if self.resident:  # per output: the row amaxes as above, and the column amaxes (32 x 4 warps x 4 blocks)
             if self.persistent_ctas:  # two sets (by the parity of the CTA's item) and the lanes' two buffers
                 return (4 * RUN * BLOCK * WARPS * 4 * self._outputs()
