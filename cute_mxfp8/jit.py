@@ -234,8 +234,8 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
     ``pad_groups``: qt in the 128-aligned group layout, as :func:`compile_quant`'s.  ``scale_block=128`` with
     ``phase="cast"``: the one-launch *resident* form (512-thread CTAs holding a 128-row run in registers; the
     trailing amax arguments are placeholders); its backward needs I % 128 == 0 (not checked here: the ops run the
-    two-launch form otherwise).  ``persistent_ctas`` (> 0, with the resident form): that many CTAs walk its runs,
-    prefetching the next run's input into shared memory while the current one is cast (one per SM).
+    two-launch form otherwise).  ``persistent_ctas`` (> 0, with the resident form and bf16 inputs): that many CTAs
+    walk its runs, prefetching the next run's input into shared memory while the current one is cast (one per SM).
     """
     h13_dtype = in_dtype if h13_dtype is None else h13_dtype
     for name, value in (("in_dtype", in_dtype), ("h13_dtype", h13_dtype)):
@@ -245,8 +245,10 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
         raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
     if direction == "fwd" and h13_dtype != in_dtype:
         raise ValueError("h13_dtype is the backward's: the forward's input is h13 itself (in_dtype)")
-    if persistent_ctas and h13_dtype != in_dtype:
-        raise ValueError("persistent_ctas prefetches every input in one dtype: h13_dtype must be in_dtype")
+    if persistent_ctas and (in_dtype != "bfloat16" or h13_dtype != in_dtype):
+        raise ValueError(f"persistent_ctas prefetches bf16 inputs (two buffers of fp32 tiles would take more shared "
+                         f"memory than an SM has): in_dtype and h13_dtype must be 'bfloat16', got {in_dtype!r}, "
+                         f"{h13_dtype!r}")
     cutlass, cute = _cutlass()
 
     from .kernels.quantize_tile import SwiGLUQuantKernel

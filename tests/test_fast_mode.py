@@ -670,12 +670,22 @@ def test_the_persistent_swiglu_cast_prefetches_into_shared_memory(direction, gro
     staging = 2 * 16 * 32 * 8 * 4 * 2 * nops  # 2 buffers x 16 warps x 32 lanes x 8 x 4 bf16 x operands
     assert fn.launch_smem == (staging + 2 * (8192 if direction == "bwd" else 4096),)
     (res,) = sass_facts.cubin_resources(fn.__cubin__).values()
-    assert (res["local_frame"] == 0) == (not grouped)
+    if not grouped:  # (the grouped builds spill today; the ops do not run them)
+        assert res["local_frame"] == 0
     assert CK.SWIGLU_PERSISTENT == {("fwd", False): True, ("fwd", True): False, ("bwd", False): False,
                                     ("bwd", True): False}
     with pytest.raises(ValueError, match="persistent_ctas"):
         compile_swiglu_quant(direction, "bfloat16", "e4m3", "rceil", True, "sm_90a", True, grouped, False, 128,
                              "apply", None, grouped, persistent_ctas=132)
+    with pytest.raises(ValueError, match="bf16 inputs"):  # fp32 buffers would not fit in an SM's shared memory
+        compile_swiglu_quant(direction, "float32", "e4m3", "rceil", True, "sm_90a", True, grouped, False, 128,
+                             "cast", None, grouped, persistent_ctas=132)
+    from cute_mxfp8.kernels.quantize_tile import SwiGLUQuantKernel
+
+    for bad, err in ((True, TypeError), ("132", TypeError), (-1, ValueError)):
+        with pytest.raises(err, match="persistent_ctas must be"):
+            SwiGLUQuantKernel(direction == "fwd" and "swiglu" or "dswiglu", "e4m3", "rceil", True,
+                              scale_block=128, persistent_ctas=bad)
 
 
 @pytest.mark.gpu

@@ -412,7 +412,7 @@ def test_amax_to_e8m0_rceil_unit_max_is_ceil_pow2(bits):
 # ---------------------------------------------------------------------------------------------------------
 
 def blocked_offset(r, c, cols):
-    """design.md section 2 formula."""
+    """The blocked layout's offset formula (cuBLAS block-scaling docs; :mod:`cute_mxfp8.formats`)."""
     tile = (r // 128) * math.ceil(cols / 4) + c // 4
     return tile * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
 

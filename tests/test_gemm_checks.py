@@ -1,4 +1,4 @@
-"""The SM100 GEMM's architecture-independent parts run on the H200 (``kernels/gemm_checks.py``, design.md 5):
+"""The SM100 GEMM's architecture-independent parts run on the H200 (``kernels/gemm_checks.py``, docs/sm100_gemm.md):
 
 * the fused epilogues: the device code the GEMM calls on its ``tcgen05.ld`` fragments, fed from a global fp32
   accumulator, must give exactly what the standalone fused SwiGLU kernels give (same ``mx_math`` functions) for

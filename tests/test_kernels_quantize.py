@@ -82,7 +82,8 @@ def _f32(bits: int) -> float:
 
 
 def _special_rows(k: int) -> torch.Tensor:
-    """Rows of design.md / cases section A, each repeated across the row's blocks."""
+    """Rows of the MX special-value case table (zeros, NaN / Inf, saturation, subnormals), each repeated across the
+    row's blocks."""
     rows = [[0.0] * 32, [2.0 ** -126] * 32, [float("inf")] + [1.0] * 31, [float("nan")] * 32, [448.0] * 32,
             [480.0] * 32, [2.0 ** -149] + [1.0] * 31, [-2.0 ** -149] + [1.0] * 31, [_f32(0x40600001)] * 32,
             [_f32(0x43FFFFFF)] * 32, [500.0] + [1.0] * 31, [-0.0] * 32, [-float("inf")] + [0.0] * 31,

@@ -309,3 +309,31 @@ def test_grouped_experts_pickled_before_validate_counts_still_run(rng):
     with pytest.raises(TypeError, match="validate_counts must be a bool"):
         MXFP8GroupedExperts(64, 64, 2, validate_counts=1)
     assert "validate_counts" not in MXFP8GroupedExperts(64, 64, 2, validate_counts=True).state_dict()
+
+
+def test_entry_points_name_the_fix_for_wrong_argument_types():
+    """A model that is not an nn.Module, a filter_fn that is not callable and non-int layer dims raise TypeError
+    naming the argument (they crashed inside: AttributeError, 'int' object is not callable, torch.empty)."""
+    from cute_mxfp8 import MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, convert_to_mxfp8, quantize_weights_
+
+    with pytest.raises(TypeError, match="convert_to_mxfp8 takes the model"):
+        convert_to_mxfp8("model")
+    with pytest.raises(TypeError, match="quantize_weights_ takes the model"):
+        quantize_weights_(3)
+    lin = nn.Linear(64, 64)
+    with pytest.raises(TypeError, match="filter_fn must be None or a callable"):
+        convert_to_mxfp8(lin, filter_fn=3)
+    with pytest.raises(TypeError, match="filter_fn must be None or a callable"):
+        quantize_weights_(lin, filter_fn=3)
+    with pytest.raises(TypeError, match="dim must be an int"):
+        MXFP8GroupedExperts(128.0, 64, 4)
+    with pytest.raises(TypeError, match="num_experts must be an int"):
+        MXFP8GroupedExperts(128, 64, 4.0)
+    with pytest.raises(ValueError, match="num_experts must be >= 0"):
+        MXFP8GroupedExperts(128, 64, -1)
+    with pytest.raises(TypeError, match="in_features must be an int"):
+        MXFP8Linear(64.0, 64)
+    with pytest.raises(TypeError, match="hidden_dim must be an int"):
+        MXFP8SwiGLUMLP(64, True)
+    np = pytest.importorskip("numpy")
+    assert MXFP8Linear(np.int64(64), 32).in_features == 64  # (numpy ints are ints)

@@ -1,5 +1,5 @@
 """The custom ops: opcheck, fakes equal real outputs (shape, dtype, strides), values equal the formats reference,
-grouped semantics (design.md section 2, cases section F), bad input, and backend selection."""
+grouped semantics (the grouped layouts of :mod:`cute_mxfp8.formats`), bad input, and backend selection."""
 
 from __future__ import annotations
 

@@ -155,10 +155,13 @@ FAMILIES = [
       for d, pad in (("fwd", True), ("fwd", False), ("bwd", True), ("bwd", False))),
     # ... and the dense forward's one launch as the SM90 ops run it (ops.cute_kernels.SWIGLU_PERSISTENT): persistent
     # CTAs (the H200's 132) prefetching the next run into shared memory
-    Family("swiglu_quant_fwd_fast_mode_cast_persistent",
-           functools.partial(jit.compile_swiglu_quant, scale_block=128, phase="cast", persistent_ctas=132),
-           {"direction": ["fwd"], "in_dtype": ["bfloat16"], "elem": ["e4m3"], "scale_mode": MODES, "blocked": [True]},
-           archs=("sm_90a",)),
+    # (every element dtype, scale layout and mode, with and without the high-precision output: at 120-128 registers)
+    *(Family(f"swiglu_quant_fwd_fast_mode_cast_persistent{'_hp' if hp else ''}",
+             functools.partial(jit.compile_swiglu_quant, scale_block=128, phase="cast", persistent_ctas=132,
+                               emit_hp=hp),
+             {"direction": ["fwd"], "in_dtype": ["bfloat16"], "elem": ELEMS, "scale_mode": MODES, **_BLOCKED},
+             archs=("sm_90a",))
+      for hp in (False, True)),
     *(Family(f"swiglu_quant_{d}_grouped_padded_fast_mode_apply",
              functools.partial(jit.compile_swiglu_quant, grouped=True, scale_block=128, phase="apply",
                                pad_groups=True),  # (dh and the saved h13 in one dtype)

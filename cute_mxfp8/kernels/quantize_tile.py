@@ -1044,8 +1044,9 @@ class SwiGLUQuantKernel(TileQuantKernel):
     are already in flight: cp.async into a lane-private buffer in shared memory (two buffers, 8 x 4 elements per
     operand and lane; no barrier: a lane reads back only what it copied), the amax slots in two sets by the item's
     parity (one barrier per item).  The backward parks du in the lane's buffer over its dh and gate slots (read by
-    then) and holds only dg across the barrier.  Shared memory: 64 KB of buffers forward, 96 KB backward, plus
-    twice the amax slots.  sm_90a: the dense builds fit in 128 registers without local memory; the grouped ones
+    then) and holds only dg across the barrier.  Shared memory for bf16 inputs: two buffers of 64 KB forward, of
+    96 KB backward, plus twice the amax slots (136 / 208 KB; fp32 inputs would need twice the buffers, more than an
+    SM has: ``jit.compile_swiglu_quant`` refuses them).  sm_90a: the dense builds fit in 128 registers without local memory; the grouped ones
     spill (the group lookup per item).  On the H200 the dense forward took 7-21 % less kernel time than one CTA per
     run; the dense backward 1.16x more (it is compute-bound: the prefetch hides no load time, the park costs
     shared-memory traffic), the grouped builds 1.04-1.30x more, so the ops run only the dense forward this way
@@ -1074,10 +1075,14 @@ class SwiGLUQuantKernel(TileQuantKernel):
         # plain casts' one-pass walk reloads the run from L2, which measured 1.6-2.4x slower than two launches
         # here: a SwiGLU CTA's run is 64-192 KB of input)
         self.resident = self.one_pass
-        if type(persistent_ctas) is not int or persistent_ctas < 0 or (persistent_ctas and not self.resident):
-            raise ValueError(f"persistent_ctas (an int >= 0: the resident form's CTAs per expert, one per SM; 0 = one "
-                             f"CTA per run) needs scale_block=128 with phase='cast', got {persistent_ctas!r} with "
-                             f"scale_block={scale_block!r}, phase={phase!r}")
+        if type(persistent_ctas) is not int:
+            raise TypeError(f"persistent_ctas must be an int (the resident form's CTAs per expert, one per SM; 0 = "
+                            f"one CTA per run), got {type(persistent_ctas).__name__}")
+        if persistent_ctas < 0:
+            raise ValueError(f"persistent_ctas must be >= 0 (0 = one CTA per run), got {persistent_ctas}")
+        if persistent_ctas and not self.resident:
+            raise ValueError(f"persistent_ctas > 0 is the resident one-launch form's: it needs scale_block=128 with "
+                             f"phase='cast', got scale_block={scale_block!r}, phase={phase!r}")
         self.persistent_ctas = persistent_ctas
 
     @cute.jit

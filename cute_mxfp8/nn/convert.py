@@ -119,6 +119,16 @@ _FFN_NAMES = (("w1", "w2", "w3"), ("gate_proj", "down_proj", "up_proj"))
 _EXPERTS_NAMES = (("w1", "w2", "w3"), ("w1_EFD", "w2_EDF", "w3_EFD"))
 
 
+def _check_model_and_filter(fn: str, model, filter_fn) -> None:
+    """TypeError naming the fix for a ``model`` that is not an ``nn.Module`` or a ``filter_fn`` that is not
+    callable (both entry points take them)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{fn} takes the model (an nn.Module) to convert in place, got {type(model).__name__}")
+    if filter_fn is not None and not callable(filter_fn):
+        raise TypeError(f"{fn}: filter_fn must be None or a callable (module, fully qualified name) -> bool, got "
+                        f"{type(filter_fn).__name__}")
+
+
 def _plain_linear(m: nn.Module) -> bool:
     """An ``nn.Linear`` or a subclass that keeps ``nn.Linear.forward`` (e.g. torchtitan's ``Linear``)."""
     return isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward
@@ -279,8 +289,10 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
         forward is not the SwiGLU math, unknown experts layouts) and ``nn.Linear`` subclasses with their own
         forward are listed in ``report.skipped`` and logged.
     Raises:
-        TypeError: ``config`` is not an :class:`MXFP8Config`.
+        TypeError: ``model`` is not an ``nn.Module``, ``filter_fn`` not callable, or ``config`` not an
+        :class:`MXFP8Config`.
     """
+    _check_model_and_filter("convert_to_mxfp8", model, filter_fn)
     cfg = resolve_config(config)
     report = ConversionReport()
     if isinstance(model, _MXFP8_TYPES):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import numbers
 import operator
 
 import torch
@@ -34,6 +35,9 @@ __all__ = ["MXFP8Linear", "MXFP8SwiGLUMLP", "MXFP8GroupedExperts", "device_offse
 
 
 def _require_dims(cls_name: str, **dims: int) -> None:
+    for name, value in dims.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{cls_name}: {name} must be an int, got {value!r}")
     reason = mxfp8_dims_reason(**dims)
     if reason is not None:
         raise ValueError(f"{cls_name}: {reason}; keep this layer in high precision")
@@ -154,6 +158,10 @@ class MXFP8GroupedExperts(nn.Module):
             raise ValueError(f"names must be three distinct parameter names (w1, w2, w3), got {names}")
         self.names = tuple(names)
         kw = dict(device=device, dtype=dtype)
+        if isinstance(num_experts, bool) or not isinstance(num_experts, numbers.Integral):
+            raise TypeError(f"{type(self).__name__}: num_experts must be an int, got {num_experts!r}")
+        if num_experts < 0:
+            raise ValueError(f"{type(self).__name__}: num_experts must be >= 0, got {num_experts}")
         self.num_experts = num_experts
         shapes = ((num_experts, hidden_dim, dim), (num_experts, dim, hidden_dim), (num_experts, hidden_dim, dim))
         for n, shape in zip(self.names, shapes):

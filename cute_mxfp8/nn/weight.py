@@ -223,7 +223,8 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
     Returns:
         The fully qualified names of the wrapped parameters.
     Raises:
-        TypeError: ``config`` is not an MXFP8Config.
+        TypeError: ``model`` is not an ``nn.Module``, ``filter_fn`` not callable, or ``config`` not an
+        MXFP8Config.
         ValueError: the model's parameters are already sharded (DTensors): wrap before ``fully_shard``.
 
     The model's ``state_dict()`` keeps plain tensors (a state-dict hook unwraps them), so checkpoints interchange
@@ -233,6 +234,12 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
     their config) as they are.  With ``config.fsdp_mxfp8_all_gather`` (:mod:`cute_mxfp8.nn.fsdp`), a weight that
     some other module also holds (an embedding tied to the output Linear) keeps the high-precision all-gather.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"quantize_weights_ takes the model (an nn.Module) whose weights it wraps in place, got "
+                        f"{type(model).__name__}")
+    if filter_fn is not None and not callable(filter_fn):
+        raise TypeError(f"quantize_weights_: filter_fn must be None or a callable (module, parameter name, "
+                        f"parameter) -> bool, got {type(filter_fn).__name__}")
     config = resolve_config(config)
     choose = filter_fn or _default_filter
     for name, param in model.named_parameters():

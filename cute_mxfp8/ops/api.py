@@ -152,8 +152,8 @@ def quantize_rowwise(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.
         scale_block: 32 (MXFP8, OCP MX v1.0) or 128, the Hopper fast mode's shared scales: every run of 4 blocks
             along the scaled dim takes the largest of their 4 scales (:func:`cute_mxfp8.formats.quantize_mxfp8`);
             same layouts, the 4 stored scales equal.  Here and in the other casts the kernels take one launch
-            for it (each CTA reduces a 128-row run's amaxes, then reloads it from L2 and casts); the SwiGLU
-            casts take two (an amax pass, then the cast).
+            for it (each CTA reduces a 128-row run's amaxes, then casts it, kept in registers or reloaded from
+            L2); so do the SwiGLU casts of bf16 inputs (fp32 inputs: an amax pass, then the cast).
         blocks_2d: with ``scale_block=128`` and no ``offs``, for weights: every 128 x 128 tile of the last two
             dims shares one scale (:func:`cute_mxfp8.formats.quantize_mxfp8`'s ``blocks_2d``; the fast mode's
             ``hopper_weight_blocks="128x128"``), so the rowwise and colwise casts hold the same elements and the
