@@ -28,6 +28,7 @@ from .. import formats as F
 from ..jit import SM100_TARGET, compile_quant, compile_swiglu_quant
 from ..swiglu import pack_gate_up
 from . import gemm_sm90, gemm_sm100
+from .gemm_common import sm_count as _sm_count
 from .backends import Backend, register_backend
 from .gate_up import GATE_UP_DIRECTIONS, pack_gate_up_casts
 from .gemm_common import offs_limits
@@ -230,11 +231,6 @@ SWIGLU_ONE_PASS = {torch.bfloat16: True, torch.float32: False}
 # 0.314 -> 0.365: it is compute-bound), and the grouped builds spill (1.04-1.30x), so those stay one CTA per run
 # (tools/fast_mode_swiglu.py)
 SWIGLU_PERSISTENT = {("fwd", False): True, ("fwd", True): False, ("bwd", False): False, ("bwd", True): False}
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _launch_swiglu(build, args: tuple, device: torch.device, shape: tuple, offs, scale_block: int,

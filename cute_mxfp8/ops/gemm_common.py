@@ -4,11 +4,18 @@ bias input."""
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
 
 from .shapes import colwise_shapes, rowwise_shapes
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """The SMs of ``device``'s GPU: the CTAs of the persistent kernels' grids (one per SM)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 MAX_ELEMENTS = 2**31 - 1  # the kernels' coordinates and scale offsets are 32-bit
 MAX_GROUPS = 65536  # the device-side binary searches over offs take at most 17 steps

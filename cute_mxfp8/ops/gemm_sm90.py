@@ -30,7 +30,7 @@ import torch
 from ..swiglu import GATE_UP_TILE
 from ..jit import compile_gemm_sm90
 from .gemm_common import (MAX_ELEMENTS, mm_with_bias, offs_limits, operand_limits, run_grouped_mm,
-                          run_mm_dswiglu_quant, run_mm_swiglu_quant, schedule_m)
+                          run_mm_dswiglu_quant, run_mm_swiglu_quant, schedule_m, sm_count as _sm_count)
 from .token_layout import run_wgrad, split_halves as _split_halves, wgrad_limits
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
@@ -54,11 +54,6 @@ ALIGN = 16  # the 2d-2d kernel's token alignment of group starts (TMA; it masks 
 def _placeholders(device: torch.device):
     """(offs, sched) arguments of a dense launch (read by no thread)."""
     return torch.zeros(1, dtype=torch.int32, device=device), torch.zeros(2, 1, dtype=torch.int32, device=device)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _device(a: torch.Tensor) -> torch.device:
