@@ -707,3 +707,51 @@ def test_every_op_of_a_training_step_runs_on_the_kernel_backend(backend, kind, m
     fused = B._BACKENDS[backend].fuses_grouped_mlp if kind == "experts" else B._BACKENDS[backend].fuses_mlp
     if kind in ("mlp", "experts") and fused:
         assert {"mm_swiglu_quant", "mm_dswiglu_quant"} <= {op for op, _ in chosen}
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("cfg", [dict(), dict(wgrad_with_hp=True), dict(hopper_block_k=128)])
+def test_swiglu_mlp_frozen_subsets_get_the_same_gradients(grouped, cfg, rng):
+    """Every non-empty subset of (x, w1, w2, w3) needing a gradient gets exactly the gradients the full backward
+    gives (the backward skips dh, dx and dW13 when only w2 trains, and each wgrad whose weight is frozen), and the
+    others none; with only w2 training, w2 is not saved (an in-place change of it is then allowed, as in bf16
+    autograd, where dh is not computed either)."""
+    import itertools
+
+    from cute_mxfp8 import MXFP8Config
+    from cute_mxfp8.ops import mxfp8_swiglu_mlp
+
+    config = MXFP8Config(backend="reference", **cfg)
+    e, d, i, m = (3, 64, 128, 200) if grouped else (1, 64, 128, 96)
+    shape = (e,) if grouped else ()
+    x = torch.randn(m, d, generator=rng)
+    w1, w3 = (torch.randn(*shape, i, d, generator=rng) * 0.1 for _ in range(2))
+    w2 = torch.randn(*shape, d, i, generator=rng) * 0.1
+    offs = torch.tensor([50, 120, 200], dtype=torch.int32) if grouped else None
+    dy = torch.randn(m, d, generator=rng)
+
+    def grads(which):
+        leaves = {n: t.detach().clone().requires_grad_(n in which) for n, t in
+                  (("x", x), ("w1", w1), ("w2", w2), ("w3", w3))}
+        y = mxfp8_swiglu_mlp(leaves["x"], leaves["w1"], leaves["w2"], leaves["w3"], offs, config)
+        y.backward(dy)
+        return {n: t.grad for n, t in leaves.items()}, leaves, y
+
+    full, _, _ = grads({"x", "w1", "w2", "w3"})
+    for k in range(1, 4):
+        for which in itertools.combinations(("x", "w1", "w2", "w3"), k):
+            got, _, _ = grads(set(which))
+            for n in ("x", "w1", "w2", "w3"):
+                if n in which:
+                    assert torch.equal(got[n], full[n]), (which, n)
+                else:
+                    assert got[n] is None
+    # only w2 trains: w2 is not saved, so changing it in place before the backward is allowed (bf16 autograd
+    # does not save it either: h needs no gradient)
+    leaves = {n: t.detach().clone().requires_grad_(n == "w2") for n, t in (("x", x), ("w1", w1), ("w2", w2),
+                                                                           ("w3", w3))}
+    y = mxfp8_swiglu_mlp(leaves["x"], leaves["w1"], leaves["w2"], leaves["w3"], offs, config)
+    with torch.no_grad():
+        leaves["w2"].mul_(2)
+    y.backward(dy)
+    assert torch.equal(leaves["w2"].grad, full["w2"])

@@ -277,7 +277,7 @@ class _LinearFn(torch.autograd.Function):
     def backward(ctx, dy):
         _first_order_only("mxfp8_linear")
         (x_col, x_col_s), (x_hp, weight) = _kept(ctx, "mxfp8_linear")
-        x_saved = _rows(x_hp) if x_col is None else x_col
+        x_saved = x_col if x_col is not None else (None if x_hp is None else _rows(x_hp))  # (for dW13 only)
         del x_hp, x_col
         scale_mode, elem_dtype, gdt, hp, backend, sb, w2d = ctx.cfg
         x_shape, x_dtype, w_dtype, b_dtype = ctx.meta
@@ -365,7 +365,12 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         ta = _token_align(offs, sb)  # 128 in the fast mode's grouped MLP (never fused: fused is 32-blocks only)
         if ta:  # offsets made safe on the device (the grouped module's): their schedules in one or a few launches
             prime_fast_schedules(offs, x2.shape[0], _schedule_arch(x2.device, backend))
-        x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp, sb, ta)
+        # what the backward computes: dh (the w2 dgrad and the dSwiGLU) for any gradient of x, w1 or w3; dW13 for
+        # w1 or w3; dW2 for w2 (a frozen subset skips the others' casts, GEMMs and saved tensors)
+        need_w13 = ctx.needs_input_grad[1] or ctx.needs_input_grad[3]
+        need_dh = ctx.needs_input_grad[0] or need_w13
+        x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs,
+                                                need_w13 and not wgrad_with_hp, sb, ta)
         if fused:  # GEMM1 with the SwiGLU + dual-quant epilogue (32-blocks only: fused is off when sb is 128)
             h13, h_row, h_row_s, h_col, h_col_s, h_hp = api.mm_swiglu_quant(
                 x_row, x_row_s, w13_row, w13_row_s, gate_up_tile=tile, emit_hp=wgrad_with_hp, out_dtype=x.dtype,
@@ -380,11 +385,14 @@ class _SwiGLUMLPFn(torch.autograd.Function):
             del acc
         y = _gemm(h_row, h_row_s, w2_row, w2_row_s, offs, x.dtype, backend, sb, w2d)
         # the input x (wgrad_with_hp; itself, not its rows view, for torch's in-place check) and offs are saved;
-        # the rest this forward made
-        # (w2 for its dgrad cast: the backward's w2 dgrad runs for any gradient but w2's own, so it is always saved)
-        _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s, h13, h_hp if wgrad_with_hp else h_col, h_col_s,
+        # the rest this forward made, each only where the backward reads it (w2 for its dgrad cast and h13 for the
+        # dSwiGLU where dh is computed; h for dW2, x for dW13)
+        need_w2 = ctx.needs_input_grad[2]
+        _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s, h13 if need_dh else None,
+                    (h_hp if wgrad_with_hp else h_col) if need_w2 else None, h_col_s if need_w2 else None,
                     w13_col, w13_col_s),
-              (x if wgrad_with_hp else None, offs, *((w1, w3) if keep_w13 else (None, None)), w2))
+              (x if wgrad_with_hp and need_w13 else None, offs, *((w1, w3) if keep_w13 else (None, None)),
+               w2 if need_dh else None))
         ctx.cfg = (scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, tile, sb, w2d)
         ctx.meta = (x.shape, x.dtype, w1.dtype, w2.dtype)
         return _output(y, x.shape)
@@ -396,24 +404,29 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         _first_order_only("mxfp8_swiglu_mlp")
         (x_col, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s), (x_hp, offs, w1, w3, w2) = _kept(
             ctx, "mxfp8_swiglu_mlp")
-        x_saved = _rows(x_hp) if x_col is None else x_col
+        x_saved = x_col if x_col is not None else (None if x_hp is None else _rows(x_hp))  # (for dW13 only)
         del x_hp, x_col
         scale_mode, elem_dtype, gdt, hp, backend, tile, sb, w2d = ctx.cfg
         x_shape, x_dtype, w13_dtype, w2_dtype = ctx.meta
         dy2 = _rows(dy)
-        need_w = any(ctx.needs_input_grad[1:4])
+        need_w13 = ctx.needs_input_grad[1] or ctx.needs_input_grad[3]
+        need_w2 = ctx.needs_input_grad[2]
+        need_dh = ctx.needs_input_grad[0] or need_w13  # (as the forward decided what to keep)
+        need_w = need_w13 or need_w2
         ta = _token_align(offs, sb)
-        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, offs, need_w and not hp, sb, ta)
+        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, offs, need_w2 and not hp, sb, ta)
         # The order keeps the backward's peak low: each operand is dropped once its last GEMM is queued (the
         # tensors _keep left on ctx are freed then; saved ones live until the backward returns).  The w2 wgrad
         # first frees dy's and h's colwise casts before the dSwiGLU, where h13, dh and both dh13 casts are alive.
         dw1 = dw2 = dw3 = None
         wg_offs = _wgrad_offs(offs, ta) if need_w else None
-        if need_w:
+        if need_w2:
             dw2 = _hp_wgrad(dy2, h_saved, offs) if hp else _wgrad(dy_col, dy_col_s, h_saved, h_col_s, wg_offs,
                                                                  backend, sb, w2_dtype)
             dw2 = dw2.to(w2_dtype)
         del dy_col, dy_col_s, h_saved, h_col_s
+        if not need_dh:  # only w2 trains: no dh, dx or dW13
+            return None, None, dw2, None, None, None, None, None, None, None, None, None, None
         qg = dict(scale_mode=scale_mode, elem_dtype=gdt, emit_hp=hp, backend=backend)
         w2_col, w2_col_s = _weight_dgrad(None, w2, scale_mode, elem_dtype, backend, sb, w2d)
         del w2
@@ -440,7 +453,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
                                                           blocks_2d=w2d, direction="colwise")
             dx = _gemm(dh13_row, dh13_row_s, w13_col, w13_col_s, offs, x_dtype, backend, sb, w2d).reshape(x_shape)
         del dh13_row, dh13_row_s, w13_col, w13_col_s, w1, w3  # (M, 2I) and W13: freed before the w13 wgrad's output
-        if need_w:
+        if need_w13:
             if hp:
                 dw13 = _hp_wgrad(dh13_hp, x_saved, offs)
             else:
