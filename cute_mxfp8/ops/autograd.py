@@ -277,7 +277,7 @@ class _LinearFn(torch.autograd.Function):
     def backward(ctx, dy):
         _first_order_only("mxfp8_linear")
         (x_col, x_col_s), (x_hp, weight) = _kept(ctx, "mxfp8_linear")
-        x_saved = x_col if x_col is not None else (None if x_hp is None else _rows(x_hp))  # (for dW13 only)
+        x_saved = _rows(x_hp) if x_col is None else x_col
         del x_hp, x_col
         scale_mode, elem_dtype, gdt, hp, backend, sb, w2d = ctx.cfg
         x_shape, x_dtype, w_dtype, b_dtype = ctx.meta
