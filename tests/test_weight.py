@@ -36,8 +36,8 @@ class _Experts(nn.Module):
         return gmm(h, self.w2_EDF).type_as(x)
 
 
-def _mlp(gen):
-    m = nn.Sequential(nn.Linear(64, 160), nn.GELU(), nn.Linear(160, 96, bias=False))
+def _mlp(gen, act=nn.GELU):
+    m = nn.Sequential(nn.Linear(64, 160), act(), nn.Linear(160, 96, bias=False))
     for p in m.parameters():
         nn.init.normal_(p, std=0.1, generator=gen)
     return m
@@ -195,7 +195,9 @@ def test_checkpoints_copies_and_errors(rng, tmp_path):
 
 @pytest.mark.slow
 def test_torch_compile_fullgraph_matches_eager(rng):
-    model = _mlp(rng)
+    # ReLU, not GELU: inductor's fused GELU differs from eager's by an ulp on most elements, and an ulp at a
+    # rounding boundary moves a second-layer input's MXFP8 byte (CI seed 412241259 did); ReLU is exact in both
+    model = _mlp(rng, act=nn.ReLU)
     experts = _Experts(gen=rng)
     quantize_weights_(model)
     quantize_weights_(experts)

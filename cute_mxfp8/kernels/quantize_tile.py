@@ -447,11 +447,10 @@ class TileQuantKernel(MXCastParams):
                 else:
                     got = self._staged_tiles(staged[0], lane, staged[1], staged[2])
                 for o in cutlass.range_constexpr(nout):
-                    if cutlass.const_expr(park is not None):
-                        if cutlass.const_expr(o == 1):
-                            self._unpark(tiles[1], park)
-                    else:
+                    if cutlass.const_expr(park is None):
                         tiles[o].store(got[o].load())
+                    elif cutlass.const_expr(o == 1):  # (dg is in tiles[0] already)
+                        self._unpark(tiles[1], park)
                     pos = _Pos(e, r0, rl, lane, rg, cg, end, tile0, vb, vblocks, ra, ca, parts[o])
                     self._emit(tiles[o], pos, cv + o * kv, gq, s, gqt, st, ghp, "amax")
         cute.arch.barrier()  # every warp's amax parts are in shared memory
@@ -1046,8 +1045,8 @@ class SwiGLUQuantKernel(TileQuantKernel):
     parity (one barrier per item).  The backward parks du in the lane's buffer over its dh and gate slots (read by
     then) and holds only dg across the barrier.  Shared memory for bf16 inputs: two buffers of 64 KB forward, of
     96 KB backward, plus twice the amax slots (136 / 208 KB; fp32 inputs would need twice the buffers, more than an
-    SM has: ``jit.compile_swiglu_quant`` refuses them).  sm_90a: the dense builds fit in 128 registers without local memory; the grouped ones
-    spill (the group lookup per item).  On the H200 the dense forward took 7-21 % less kernel time than one CTA per
+    SM has: ``jit.compile_swiglu_quant`` refuses them).  sm_90a: the dense builds fit in 128 registers without
+    local memory; the grouped ones spill (the group lookup per item).  On the H200 the dense forward took 7-21 % less kernel time than one CTA per
     run; the dense backward 1.16x more (it is compute-bound: the prefetch hides no load time, the park costs
     shared-memory traffic), the grouped builds 1.04-1.30x more, so the ops run only the dense forward this way
     (``ops.cute_kernels.SWIGLU_PERSISTENT``).

@@ -119,13 +119,13 @@ _FFN_NAMES = (("w1", "w2", "w3"), ("gate_proj", "down_proj", "up_proj"))
 _EXPERTS_NAMES = (("w1", "w2", "w3"), ("w1_EFD", "w2_EDF", "w3_EFD"))
 
 
-def _check_model_and_filter(fn: str, model, filter_fn) -> None:
+def check_model_and_filter(fn: str, what: str, model, filter_fn, signature: str) -> None:
     """TypeError naming the fix for a ``model`` that is not an ``nn.Module`` or a ``filter_fn`` that is not
-    callable (both entry points take them)."""
+    callable (``convert_to_mxfp8`` and ``quantize_weights_`` take both; ``signature`` is their filter's)."""
     if not isinstance(model, nn.Module):
-        raise TypeError(f"{fn} takes the model (an nn.Module) to convert in place, got {type(model).__name__}")
+        raise TypeError(f"{fn} takes the model (an nn.Module) {what}, got {type(model).__name__}")
     if filter_fn is not None and not callable(filter_fn):
-        raise TypeError(f"{fn}: filter_fn must be None or a callable (module, fully qualified name) -> bool, got "
+        raise TypeError(f"{fn}: filter_fn must be None or a callable {signature} -> bool, got "
                         f"{type(filter_fn).__name__}")
 
 
@@ -292,7 +292,8 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
         TypeError: ``model`` is not an ``nn.Module``, ``filter_fn`` not callable, or ``config`` not an
         :class:`MXFP8Config`.
     """
-    _check_model_and_filter("convert_to_mxfp8", model, filter_fn)
+    check_model_and_filter("convert_to_mxfp8", "to convert in place", model, filter_fn, "(module, fully qualified "
+                           "name)")
     cfg = resolve_config(config)
     report = ConversionReport()
     if isinstance(model, _MXFP8_TYPES):

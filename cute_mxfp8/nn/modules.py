@@ -34,10 +34,15 @@ __all__ = ["MXFP8Linear", "MXFP8SwiGLUMLP", "MXFP8GroupedExperts", "device_offse
            "offsets_from_counts"]
 
 
+def _require_int(cls_name: str, name: str, value) -> None:
+    """TypeError naming the argument when a layer size is not an int (numpy ints are; bools are not)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{cls_name}: {name} must be an int, got {value!r}")
+
+
 def _require_dims(cls_name: str, **dims: int) -> None:
     for name, value in dims.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{cls_name}: {name} must be an int, got {value!r}")
+        _require_int(cls_name, name, value)
     reason = mxfp8_dims_reason(**dims)
     if reason is not None:
         raise ValueError(f"{cls_name}: {reason}; keep this layer in high precision")
@@ -158,8 +163,7 @@ class MXFP8GroupedExperts(nn.Module):
             raise ValueError(f"names must be three distinct parameter names (w1, w2, w3), got {names}")
         self.names = tuple(names)
         kw = dict(device=device, dtype=dtype)
-        if isinstance(num_experts, bool) or not isinstance(num_experts, numbers.Integral):
-            raise TypeError(f"{type(self).__name__}: num_experts must be an int, got {num_experts!r}")
+        _require_int(type(self).__name__, "num_experts", num_experts)
         if num_experts < 0:
             raise ValueError(f"{type(self).__name__}: num_experts must be >= 0, got {num_experts}")
         self.num_experts = num_experts

@@ -34,6 +34,7 @@ from ..config import MXFP8Config, resolve_config
 from ..ops.autograd import mxfp8_grouped_mm, mxfp8_linear
 from ..ops.shapes import mxfp8_dims_reason
 from . import fsdp
+from .convert import check_model_and_filter
 from .redirect import match_call
 
 __all__ = ["MXFP8TrainingWeight", "quantize_weights_"]
@@ -234,12 +235,8 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
     their config) as they are.  With ``config.fsdp_mxfp8_all_gather`` (:mod:`cute_mxfp8.nn.fsdp`), a weight that
     some other module also holds (an embedding tied to the output Linear) keeps the high-precision all-gather.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"quantize_weights_ takes the model (an nn.Module) whose weights it wraps in place, got "
-                        f"{type(model).__name__}")
-    if filter_fn is not None and not callable(filter_fn):
-        raise TypeError(f"quantize_weights_: filter_fn must be None or a callable (module, parameter name, "
-                        f"parameter) -> bool, got {type(filter_fn).__name__}")
+    check_model_and_filter("quantize_weights_", "whose weights it wraps in place", model, filter_fn,
+                           "(module, parameter name, parameter)")
     config = resolve_config(config)
     choose = filter_fn or _default_filter
     for name, param in model.named_parameters():

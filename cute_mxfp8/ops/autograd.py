@@ -368,6 +368,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         # what the backward computes: dh (the w2 dgrad and the dSwiGLU) for any gradient of x, w1 or w3; dW13 for
         # w1 or w3; dW2 for w2 (a frozen subset skips the others' casts, GEMMs and saved tensors)
         need_w13 = ctx.needs_input_grad[1] or ctx.needs_input_grad[3]
+        need_w2 = ctx.needs_input_grad[2]
         need_dh = ctx.needs_input_grad[0] or need_w13
         x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs,
                                                 need_w13 and not wgrad_with_hp, sb, ta)
@@ -387,7 +388,6 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         # the input x (wgrad_with_hp; itself, not its rows view, for torch's in-place check) and offs are saved;
         # the rest this forward made, each only where the backward reads it (w2 for its dgrad cast and h13 for the
         # dSwiGLU where dh is computed; h for dW2, x for dW13)
-        need_w2 = ctx.needs_input_grad[2]
         _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s, h13 if need_dh else None,
                     (h_hp if wgrad_with_hp else h_col) if need_w2 else None, h_col_s if need_w2 else None,
                     w13_col, w13_col_s),
