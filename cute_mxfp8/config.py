@@ -20,7 +20,9 @@ class MXFP8Config:
             ``torch.float8_e5m2`` trades precision for range).
         wgrad_with_hp: compute weight gradients in high precision from saved bf16/fp32 tensors instead of
             MXFP8 (costs memory for the saved activations; the two other GEMMs stay MXFP8).
-        backend: force one backend (``"reference"``, ``"sm90"``, ``"sm100"``); None chooses by device.
+        backend: force one backend (``"reference"``, ``"sm90"``, ``"sm100"``, or one added with
+            ``ops.register_backend``); None chooses by device.  The MXFP8 layers, ``convert_to_mxfp8`` and
+            ``quantize_weights_`` refuse an unregistered name when they are made (ValueError).
         fused_epilogues: how the SwiGLU MLP runs GEMM1 and the w2 dgrad GEMM: True, with their SwiGLU /
             dSwiGLU + dual-quant epilogues fused into the GEMM (``ops.mm_swiglu_quant`` / ``mm_dswiglu_quant``,
             W13 in the interleaved gate/up layout; needs I % 64 == 0, raises ValueError otherwise; with ``offs``

@@ -250,3 +250,51 @@ def test_plan_cache_keys_never_hide_argument_errors():
         ops.quantize_rowwise(x, scale_mode=["rceil"])
     with pytest.raises(TypeError, match="blocked"):
         ops.quantize_rowwise(x, blocked=1)
+
+
+def test_data_assignment_and_dtype_conversions(rng, caplog):
+    """``w.data = t`` replaces the wrapped tensor (it was ignored: the wrapper kept computing with the old one);
+    ``model.half()`` on a wrapped model raises instead of leaving a wrapper that says float16 around a bf16
+    tensor; ``model.to(torch.bfloat16)`` / ``.float()`` convert the inner tensor.  ``quantize_weights_`` leaves an
+    fp16 model's weights plain and logs them, like ``convert_to_mxfp8``; a filter that picks one raises."""
+    model = _mlp(rng).to(torch.bfloat16)
+    quantize_weights_(model)
+    w = model[0].weight
+    new = torch.randn(160, 64, generator=rng)  # fp32: the dtype may change between the two weight dtypes
+    w.data = new
+    assert type(w) is MXFP8TrainingWeight and w.inner is new and w.dtype == torch.float32
+    assert torch.equal(w * 1, new) and type(w.data) is MXFP8TrainingWeight
+    with pytest.raises(TypeError, match=r"model.to\(torch.bfloat16\)"):
+        model.half()
+    assert model[0].weight.inner.dtype == model[0].weight.dtype  # never the float16 wrapper around bf16
+    with pytest.raises(TypeError, match="float64"):
+        w.data = new.double()
+    model.to(torch.bfloat16)
+    for lin in (model[0], model[2]):
+        assert type(lin.weight) is MXFP8TrainingWeight and lin.weight.inner.dtype == torch.bfloat16
+    model.float()
+    assert model[2].weight.inner.dtype == torch.float32
+    x = torch.randn(5, 64, generator=rng)
+    assert model(x).dtype == torch.float32
+
+    half = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64)).half()
+    with caplog.at_level("INFO", logger="cute_mxfp8"):
+        assert quantize_weights_(half) == []
+    assert "left 0.weight in high precision: a torch.float16 weight" in caplog.text
+    assert type(half[0].weight) is nn.Parameter
+    with pytest.raises(TypeError, match=r"filter_fn chose 1.weight, a torch.float16 parameter"):
+        quantize_weights_(half, filter_fn=lambda mod, name, p: mod is half[1] and name == "weight")
+
+
+def test_unknown_backend_is_refused_when_the_layers_are_made():
+    from cute_mxfp8 import MXFP8GroupedExperts, MXFP8SwiGLUMLP, convert_to_mxfp8
+
+    bogus = MXFP8Config(backend="sm91")
+    for make in (lambda: MXFP8Linear(64, 64, config=bogus), lambda: MXFP8SwiGLUMLP(64, 128, config=bogus),
+                 lambda: MXFP8GroupedExperts(64, 128, 2, config=bogus),
+                 lambda: MXFP8TrainingWeight(torch.zeros(64, 64), bogus),
+                 lambda: convert_to_mxfp8(nn.Sequential(nn.Linear(64, 64)), config=bogus),
+                 lambda: quantize_weights_(nn.Sequential(nn.Linear(64, 64)), bogus)):
+        with pytest.raises(ValueError, match=r"backend='sm91'\) names no registered backend; use one of \["):
+            make()
+    assert type(MXFP8Linear(64, 64, config=MXFP8Config(backend="reference")).config) is MXFP8Config

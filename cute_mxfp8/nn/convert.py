@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import MXFP8Config, resolve_config
+from ..config import MXFP8Config
 from ..ops.shapes import fast_mode_hidden_reason
-from .modules import MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, mxfp8_dims_reason
+from .modules import MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, layer_config, mxfp8_dims_reason
 
 __all__ = ["ConversionReport", "convert_to_mxfp8"]
 
@@ -208,7 +208,7 @@ def _skip(report: ConversionReport, fqn: str, why: str) -> None:
     logger.info("cute_mxfp8: left %s in high precision: %s", fqn or "<root>", why)
 
 
-_WEIGHT_DTYPES = (torch.bfloat16, torch.float32)
+WEIGHT_DTYPES = (torch.bfloat16, torch.float32)
 HF_EXPERTS = "MXFP8 experts forward (transformers)"
 
 
@@ -252,7 +252,7 @@ def _why_not(m: nn.Module, dims: dict[str, int]) -> str | None:
     why = mxfp8_dims_reason(**dims)
     if why is not None:
         return why
-    bad = sorted({str(p.dtype) for p in m.parameters() if p.dtype not in _WEIGHT_DTYPES})
+    bad = sorted({str(p.dtype) for p in m.parameters() if p.dtype not in WEIGHT_DTYPES})
     if bad:
         return f"parameters in {', '.join(bad)}: MXFP8 layers take bfloat16 or float32 weights"
     return None
@@ -291,10 +291,11 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``, ``filter_fn`` not callable, or ``config`` not an
         :class:`MXFP8Config`.
+        ValueError: ``config.backend`` names no registered backend.
     """
     check_model_and_filter("convert_to_mxfp8", "to convert in place", model, filter_fn, "(module, fully qualified "
                            "name)")
-    cfg = resolve_config(config)
+    cfg = layer_config(config, "convert_to_mxfp8")
     report = ConversionReport()
     if isinstance(model, _MXFP8_TYPES):
         return report

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from ..config import MXFP8Config, resolve_config
 from ..ops.autograd import mxfp8_linear, mxfp8_swiglu_mlp, swiglu_mlp_from_counts
+from ..ops.backends import registered_backends
 from ..ops.group_meta import known_host_copy, mark_safe
 from ..ops.shapes import fast_mode_hidden_reason, mxfp8_dims_reason
 
@@ -32,6 +33,18 @@ _INT32_MAX = 2**31 - 1
 
 __all__ = ["MXFP8Linear", "MXFP8SwiGLUMLP", "MXFP8GroupedExperts", "device_offsets_from_counts", "mxfp8_dims_reason",
            "offsets_from_counts"]
+
+
+def layer_config(config, who: str) -> MXFP8Config:
+    """``config`` (None: the default :class:`MXFP8Config`) for the layers ``who`` builds or wraps, with its
+    ``backend`` checked against the registered backends now rather than at the first forward.  TypeError for a
+    non-config, ValueError naming the registered backends for an unknown name (a custom backend must be
+    registered with :func:`cute_mxfp8.ops.register_backend` before the layers that request it are made)."""
+    config = resolve_config(config)
+    if config.backend is not None and config.backend not in registered_backends():
+        raise ValueError(f"{who}: MXFP8Config(backend={config.backend!r}) names no registered backend; use one of "
+                         f"{registered_backends()} or None (chosen per device)")
+    return config
 
 
 def _require_int(cls_name: str, name: str, value) -> None:
@@ -65,7 +78,7 @@ class MXFP8Linear(nn.Linear):
                  config: MXFP8Config | None = None):
         _require_dims(type(self).__name__, in_features=in_features, out_features=out_features)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        self.config = resolve_config(config)
+        self.config = layer_config(config, type(self).__name__)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, config: MXFP8Config | None = None) -> "MXFP8Linear":
@@ -109,7 +122,7 @@ class MXFP8SwiGLUMLP(nn.Module):
         self.add_module(gate, nn.Linear(dim, hidden_dim, **kw))
         self.add_module(down, nn.Linear(hidden_dim, dim, **kw))
         self.add_module(up, nn.Linear(dim, hidden_dim, **kw))
-        self.config = resolve_config(config)
+        self.config = layer_config(config, type(self).__name__)
         _require_fast_mode_hidden(type(self).__name__, self.config, hidden_dim)
 
     @classmethod
@@ -170,7 +183,7 @@ class MXFP8GroupedExperts(nn.Module):
         shapes = ((num_experts, hidden_dim, dim), (num_experts, dim, hidden_dim), (num_experts, hidden_dim, dim))
         for n, shape in zip(self.names, shapes):
             self.register_parameter(n, nn.Parameter(torch.empty(shape, **kw)))
-        self.config = resolve_config(config)
+        self.config = layer_config(config, type(self).__name__)
         _require_fast_mode_hidden(type(self).__name__, self.config, hidden_dim)
         if self._weights()[0].device.type != "meta":
             self.reset_parameters()

@@ -30,11 +30,12 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-from ..config import MXFP8Config, resolve_config
+from ..config import MXFP8Config
 from ..ops.autograd import mxfp8_grouped_mm, mxfp8_linear
 from ..ops.shapes import mxfp8_dims_reason
 from . import fsdp
-from .convert import check_model_and_filter
+from .convert import WEIGHT_DTYPES, check_model_and_filter, logger
+from .modules import layer_config
 from .redirect import match_call
 
 __all__ = ["MXFP8TrainingWeight", "quantize_weights_"]
@@ -93,14 +94,14 @@ class MXFP8TrainingWeight(Tensor):
     def __new__(cls, inner: Tensor, config: MXFP8Config | None = None, requires_grad: bool | None = None):
         if not isinstance(inner, Tensor) or isinstance(inner, MXFP8TrainingWeight):
             raise TypeError(f"MXFP8TrainingWeight wraps a plain tensor, got {type(inner).__name__}")
-        if inner.dtype not in (torch.bfloat16, torch.float32):
+        if inner.dtype not in WEIGHT_DTYPES:
             raise TypeError(f"MXFP8TrainingWeight wraps a bfloat16 or float32 weight, got {inner.dtype}")
         rg = inner.requires_grad if requires_grad is None else requires_grad
         out = Tensor._make_wrapper_subclass(cls, inner.shape, strides=inner.stride(),
                                             storage_offset=inner.storage_offset(), dtype=inner.dtype,
                                             device=inner.device, layout=inner.layout, requires_grad=rg)
         out._inner = inner.detach() if inner.requires_grad else inner
-        out.config = resolve_config(config)
+        out.config = layer_config(config, cls.__name__)
         return out
 
     def __init__(self, inner, config=None, requires_grad=None):
@@ -109,6 +110,25 @@ class MXFP8TrainingWeight(Tensor):
     @property
     def inner(self) -> Tensor:
         return self._inner
+
+    @property
+    def data(self) -> Tensor:
+        return Tensor.data.__get__(self, type(self))  # a detached wrapper, as for any tensor
+
+    @data.setter
+    def data(self, value: Tensor) -> None:
+        """``w.data = t`` (what ``Module._apply`` does when a conversion returns a plain tensor): ``t`` (a plain
+        bf16/fp32 tensor, or a wrapper's) becomes the inner tensor; any other dtype raises TypeError, so
+        ``model.half()`` on a model with wrapped weights fails rather than leaving a wrapper that says float16
+        around a bf16 tensor."""
+        inner = value._inner if isinstance(value, MXFP8TrainingWeight) else value
+        if not isinstance(inner, Tensor) or inner.dtype not in WEIGHT_DTYPES:
+            got = inner.dtype if isinstance(inner, Tensor) else type(inner).__name__
+            raise TypeError(f"MXFP8TrainingWeight: the weight's data must stay bfloat16 or float32, got {got} (e.g. "
+                            "model.half() on a model with MXFP8 weights): use model.to(torch.bfloat16) instead, or "
+                            "quantize_weights_ a model that holds plain weights")
+        Tensor.data.__set__(self, MXFP8TrainingWeight(inner, self.config, requires_grad=False))  # shape, dtype, ...
+        self._inner = inner.detach() if inner.requires_grad else inner
 
     def __repr__(self):
         return f"MXFP8TrainingWeight({self._inner!r}, config={self.config})"
@@ -141,7 +161,7 @@ class MXFP8TrainingWeight(Tensor):
             return args[0]
         if func in _KEEP_WRAPPED:  # a copy to another dtype (fp16, fp64, integers) comes back plain
             return tree_map_only(Tensor, lambda t: cls(t, config, requires_grad=False)
-                                 if t.dtype in (torch.bfloat16, torch.float32) else t, out)
+                                 if t.dtype in WEIGHT_DTYPES else t, out)
         return out
 
     # ---- torch.compile ------------------------------------------------------------------------------------
@@ -160,7 +180,7 @@ class MXFP8TrainingWeight(Tensor):
         """FSDP2 hook: all-gather this shard's inner tensor (cast to the mixed-precision param dtype, if any)."""
         inner = self._inner
         param_dtype = getattr(mp_policy, "param_dtype", None)
-        if param_dtype is not None and param_dtype not in (torch.bfloat16, torch.float32):
+        if param_dtype is not None and param_dtype not in WEIGHT_DTYPES:
             raise ValueError(f"cute_mxfp8: MixedPrecisionPolicy(param_dtype={param_dtype}) for an MXFP8 weight: the "
                              "MXFP8 layers take bfloat16 or float32 weights; use param_dtype=torch.bfloat16")
         if param_dtype is not None and inner.dtype != param_dtype:
@@ -224,9 +244,11 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
     Returns:
         The fully qualified names of the wrapped parameters.
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``, ``filter_fn`` not callable, or ``config`` not an
-        MXFP8Config.
-        ValueError: the model's parameters are already sharded (DTensors): wrap before ``fully_shard``.
+        TypeError: ``model`` is not an ``nn.Module``, ``filter_fn`` not callable, ``config`` not an
+        MXFP8Config, or ``filter_fn`` chose a parameter that is not bfloat16 / float32 (the default filter
+        leaves such weights plain and logs them, as ``convert_to_mxfp8`` does).
+        ValueError: the model's parameters are already sharded (DTensors): wrap before ``fully_shard``; or
+        ``config.backend`` names no registered backend.
 
     The model's ``state_dict()`` keeps plain tensors (a state-dict hook unwraps them), so checkpoints interchange
     with the unconverted model; ``load_state_dict`` copies into the wrapped weights in place (with ``assign=True``
@@ -237,7 +259,7 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
     """
     check_model_and_filter("quantize_weights_", "whose weights it wraps in place", model, filter_fn,
                            "(module, parameter name, parameter)")
-    config = resolve_config(config)
+    config = layer_config(config, "quantize_weights_")
     choose = filter_fn or _default_filter
     for name, param in model.named_parameters():
         if type(param).__name__ == "DTensor" or hasattr(param, "_local_tensor"):
@@ -253,6 +275,14 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
         param = entries[0][3]
         if isinstance(param, MXFP8TrainingWeight) or not any(choose(m, n, p) for _, m, n, p in entries):
             continue
+        if param.dtype not in WEIGHT_DTYPES:
+            fqn = ", ".join(f"{m}.{n}" if m else n for m, _, n, _ in entries)
+            if filter_fn is None:  # as convert_to_mxfp8 does with such layers: left as they are, and logged
+                logger.info("cute_mxfp8: left %s in high precision: a %s weight (MXFP8 weights are bfloat16 or "
+                            "float32)", fqn, param.dtype)
+                continue
+            raise TypeError(f"quantize_weights_: filter_fn chose {fqn}, a {param.dtype} parameter; MXFP8 weights "
+                            "are bfloat16 or float32: convert the model first (model.to(torch.bfloat16))")
         cfg = config
         if cfg.fsdp_mxfp8_all_gather and not all(_gathers_mxfp8(m, n, p) for _, m, n, p in entries):
             cfg = dataclasses.replace(cfg, fsdp_mxfp8_all_gather=False)  # e.g. tied to an embedding
