@@ -762,3 +762,50 @@ def test_swiglu_mlp_frozen_subsets_get_the_same_gradients(device, grouped, cfg, 
         leaves["w2"].mul_(2)
     y.backward(dy)
     assert torch.equal(leaves["w2"].grad, full["w2"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["linear", "experts", "mlp", "mlp_grouped", "mlp_fast"])
+def test_casts_only_what_a_gradient_reads(kind, device, monkeypatch, rng):
+    """Under ``torch.no_grad`` the forward makes no colwise cast (x's for the wgrad, W13's for the dgrad) and gives
+    the same bits as with grad; with x frozen the backward casts dy colwise only (its rowwise cast feeds dx), and
+    in the MLP with only w2 training, too.  CPU: the reference backend, fp32; CUDA: the automatic one, bf16."""
+    from cute_mxfp8.ops import api
+
+    calls = []
+    for name in ("quantize_rowwise", "quantize_colwise", "quantize_dual", "quantize_gate_up"):
+        def spy(*args, real=getattr(api, name), name=name, **kw):
+            calls.append(name if name != "quantize_gate_up" else f"gate_up {kw.get('direction')}")
+            return real(*args, **kw)
+
+        monkeypatch.setattr(api, name, spy)
+    cfg = MXFP8Config(backend="reference" if device == "cpu" else None, hopper_block_k=128 if kind == "mlp_fast"
+                      else 32)
+    dt = torch.float32 if device == "cpu" else torch.bfloat16
+    grouped = kind in ("experts", "mlp_grouped", "mlp_fast")
+    e = (E,) if grouped else ()
+    x = torch.randn(200, D, generator=rng).to(device, dt)
+    offs = torch.tensor([50, 60, 200], dtype=torch.int32, device=device) if grouped else None
+    ws = [(torch.randn(*e, I, D, generator=rng) / 8).to(device, dt),
+          (torch.randn(*e, D, I, generator=rng) / 8).to(device, dt),
+          (torch.randn(*e, I, D, generator=rng) / 8).to(device, dt)]
+
+    def run(x, trains):
+        w = [t.clone().requires_grad_(n in trains) for n, t in zip(("w1", "w2", "w3"), ws)]
+        if kind == "linear":
+            return mxfp8_linear(x, w[0], config=cfg)
+        if kind == "experts":
+            return mxfp8_grouped_mm(x, w[0], offs, config=cfg)
+        return mxfp8_swiglu_mlp(x, *w, offs, config=cfg)
+
+    with_grad = run(x.clone().requires_grad_(), {"w1", "w2", "w3"})
+    calls.clear()
+    with torch.no_grad():
+        y = run(x.clone().requires_grad_(), {"w1", "w2", "w3"})
+    _assert_bits(y, with_grad.detach())
+    assert calls and not {"quantize_colwise", "quantize_dual", "gate_up colwise", "gate_up dual"} & set(calls), calls
+
+    y = run(x, {"w1"} if kind in ("linear", "experts") else {"w2"})
+    calls.clear()
+    y.backward(torch.randn_like(y))
+    assert calls == ["quantize_colwise"], calls  # dy's colwise cast for the one wgrad

@@ -192,13 +192,17 @@ def _rows(t: Tensor) -> Tensor:
     return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
 
 
-def _quant(x, dtype, scale_mode, backend, offs, need_col, scale_block, token_align=0):
-    """Rowwise (and, if ``need_col``, colwise, in the padded group layout of ``token_align``) quantization:
-    returns (row, row_s, col, col_s)."""
+def _quant(x, dtype, scale_mode, backend, offs, need_col, scale_block, token_align=0, need_row=True):
+    """Rowwise (if ``need_row``) and colwise (if ``need_col``, in the padded group layout of ``token_align``)
+    quantization: returns (row, row_s, col, col_s), None for a cast not made."""
     kw = dict(scale_mode=scale_mode, elem_dtype=dtype, offs=offs, backend=backend, scale_block=scale_block)
-    if need_col:
+    if need_col and need_row:
         return api.quantize_dual(x, token_align=token_align, **kw)
-    return (*api.quantize_rowwise(x, **kw), None, None)
+    if need_col:
+        return (None, None, *api.quantize_colwise(x, token_align=token_align, **kw))
+    if need_row:
+        return (*api.quantize_rowwise(x, **kw), None, None)
+    return None, None, None, None
 
 
 def _token_align(offs, scale_block: int) -> int:
@@ -245,19 +249,29 @@ def _weight_dgrad(operands, weight, scale_mode, elem_dtype, backend, scale_block
                                 scale_block=scale_block, blocks_2d=blocks_2d)
 
 
-def _dgrad_weight(ctx, weight, operands):
+def _dgrad_weight(need_dx: bool, weight, operands):
     """The weight to save for its dgrad cast in the backward (:func:`_weight_dgrad`): where the input's gradient
     is computed and no ``operands`` supply the colwise operand; else None."""
-    return weight if operands is None and ctx.needs_input_grad[0] else None
+    return weight if operands is None and need_dx else None
+
+
+def _needs(ctx, grad: bool) -> tuple[bool, ...]:
+    """A forward's ``ctx.needs_input_grad``, all False when its call builds no graph: ``grad`` is
+    ``torch.is_grad_enabled()`` where the Function was applied (inside ``forward`` grad mode is always off, and
+    ``needs_input_grad`` says only which inputs require grad), so under ``torch.no_grad`` / ``inference_mode`` the
+    forward makes and keeps nothing for a backward (no colwise casts of the wgrad operands)."""
+    return tuple(grad and g for g in ctx.needs_input_grad)
 
 
 class _LinearFn(torch.autograd.Function):
     @staticmethod
     @_no_autocast
     def forward(ctx, x, weight, bias, operands, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend,
-                sb, w2d):
+                sb, w2d, grad):
         x2 = _rows(x)
-        x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, None, not wgrad_with_hp, sb)
+        need_dx, need_w = _needs(ctx, grad)[:2]  # (x colwise, or x itself, only for the wgrad)
+        x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, None,
+                                                need_w and not wgrad_with_hp, sb)
         w_row, w_row_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend, sb, w2d)
         # the bias joins the fp32 accumulator inside the GEMM op: one rounding to x.dtype, as F.linear
         y = api.mm(x_row, x_row_s, w_row, w_row_s, out_dtype=x.dtype, bias=bias, backend=backend, scale_block=sb,
@@ -265,7 +279,7 @@ class _LinearFn(torch.autograd.Function):
         # x itself, not its (rows, K) view, so an in-place change of x gets torch's version-counter error; the
         # weight for its dgrad cast (only where dx is computed; an in-place change of it is refused, as bf16's)
         _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s),
-              (x if wgrad_with_hp else None, _dgrad_weight(ctx, weight, operands)))
+              (x if wgrad_with_hp and need_w else None, _dgrad_weight(need_dx, weight, operands)))
         ctx.operands = operands
         ctx.cfg = (scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, sb, w2d)
         ctx.meta = (x.shape, x.dtype, weight.dtype, bias is not None and bias.dtype)
@@ -277,13 +291,14 @@ class _LinearFn(torch.autograd.Function):
     def backward(ctx, dy):
         _first_order_only("mxfp8_linear")
         (x_col, x_col_s), (x_hp, weight) = _kept(ctx, "mxfp8_linear")
-        x_saved = _rows(x_hp) if x_col is None else x_col
+        x_saved = x_col if x_col is not None else (None if x_hp is None else _rows(x_hp))  # (for dW only)
         del x_hp, x_col
         scale_mode, elem_dtype, gdt, hp, backend, sb, w2d = ctx.cfg
         x_shape, x_dtype, w_dtype, b_dtype = ctx.meta
         dy2 = _rows(dy)
         need_w = ctx.needs_input_grad[1]
-        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, None, need_w and not hp, sb)
+        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, None, need_w and not hp, sb,
+                                                    need_row=ctx.needs_input_grad[0])  # (rowwise: for dx)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             w_col, w_col_s = _weight_dgrad(ctx.operands, weight, scale_mode, elem_dtype, backend, sb, w2d)
@@ -297,20 +312,21 @@ class _LinearFn(torch.autograd.Function):
             dw = dw.to(w_dtype)
         if b_dtype is not False and ctx.needs_input_grad[2]:
             db = dy2.float().contiguous().sum(0).to(b_dtype)  # one summation order whatever dy's layout
-        return dx, dw, db, None, None, None, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None, None, None, None
 
 
 class _GroupedMMFn(torch.autograd.Function):
     @staticmethod
     @_no_autocast
     def forward(ctx, x, weight, offs, operands, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend,
-                sb, w2d):
-        x_row, x_row_s, x_col, x_col_s = _quant(x, elem_dtype, scale_mode, backend, offs, not wgrad_with_hp, sb,
-                                                _token_align(offs, sb))
+                sb, w2d, grad):
+        need_dx, need_w = _needs(ctx, grad)[:2]
+        x_row, x_row_s, x_col, x_col_s = _quant(x, elem_dtype, scale_mode, backend, offs,
+                                                need_w and not wgrad_with_hp, sb, _token_align(offs, sb))
         w_row, w_row_s = _weight_forward(weight, operands, scale_mode, elem_dtype, backend, sb, w2d)
         y = _gemm(x_row, x_row_s, w_row, w_row_s, offs, x.dtype, backend, sb, w2d)
         _keep(ctx, (None if wgrad_with_hp else x_col, x_col_s),
-              (x if wgrad_with_hp else None, offs, _dgrad_weight(ctx, weight, operands)))
+              (x if wgrad_with_hp and need_w else None, offs, _dgrad_weight(need_dx, weight, operands)))
         ctx.operands = operands
         ctx.cfg = (scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, sb, w2d)
         ctx.meta = (x.dtype, weight.dtype)
@@ -328,7 +344,8 @@ class _GroupedMMFn(torch.autograd.Function):
         x_dtype, w_dtype = ctx.meta
         need_w = ctx.needs_input_grad[1]
         ta = _token_align(offs, sb)
-        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy, gdt, scale_mode, backend, offs, need_w and not hp, sb, ta)
+        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy, gdt, scale_mode, backend, offs, need_w and not hp, sb, ta,
+                                                    need_row=ctx.needs_input_grad[0])  # (rowwise: for dx)
         dx = dw = None
         if ctx.needs_input_grad[0]:
             w_col, w_col_s = _weight_dgrad(ctx.operands, weight, scale_mode, elem_dtype, backend, sb, w2d)
@@ -339,15 +356,16 @@ class _GroupedMMFn(torch.autograd.Function):
             dw = _hp_wgrad(dy, x_saved, offs) if hp else _wgrad(dy_col, dy_col_s, x_saved, x_col_s,
                                                                 _wgrad_offs(offs, ta), backend, sb, w_dtype)
             dw = dw.to(w_dtype)
-        return dx, dw, None, None, None, None, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None, None, None, None, None
 
 
 class _SwiGLUMLPFn(torch.autograd.Function):
     @staticmethod
     @_no_autocast
     def forward(ctx, x, w1, w2, w3, offs, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, sb, w2d,
-                fused):
+                fused, grad):
         x2 = _rows(x)
+        needs = _needs(ctx, grad)
         qw = dict(scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend)
         tile = GATE_UP_TILE if fused else None  # the fused epilogues want W13 (and so h13, dh13) interleaved
         # the weights first: their casts do not need the token groups, whose first host read (the counts, or
@@ -356,9 +374,9 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         # (_w13_dgrad_in_backward), so no (2I, D) fp8 copy of the weights is held from the forward to the backward
         late = _w13_dgrad_in_backward(sb, tile)
         w13 = api.quantize_gate_up(w1, w3, gate_up_tile=tile or 0, scale_block=sb, blocks_2d=w2d,
-                                   direction="rowwise" if late else "dual", **qw)
+                                   direction="rowwise" if late or not needs[0] else "dual", **qw)
         (w13_row, w13_row_s), (w13_col, w13_col_s) = w13[:2], (w13[2:] or (None, None))
-        keep_w13 = late and ctx.needs_input_grad[0]  # w1 and w3 for that cast: only where dx is computed
+        keep_w13 = late and needs[0]  # w1 and w3 for that cast: only where dx is computed
         w2_row, w2_row_s = _weight_forward(w2, None, scale_mode, elem_dtype, backend, sb, w2d)  # (colwise: backward)
         if callable(offs):  # the grouped module's offsets, made from counts read on the host
             offs = offs()
@@ -367,9 +385,9 @@ class _SwiGLUMLPFn(torch.autograd.Function):
             prime_fast_schedules(offs, x2.shape[0], _schedule_arch(x2.device, backend))
         # what the backward computes: dh (the w2 dgrad and the dSwiGLU) for any gradient of x, w1 or w3; dW13 for
         # w1 or w3; dW2 for w2 (a frozen subset skips the others' casts, GEMMs and saved tensors)
-        need_w13 = ctx.needs_input_grad[1] or ctx.needs_input_grad[3]
-        need_w2 = ctx.needs_input_grad[2]
-        need_dh = ctx.needs_input_grad[0] or need_w13
+        need_w13 = needs[1] or needs[3]
+        need_w2 = needs[2]
+        need_dh = needs[0] or need_w13
         x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs,
                                                 need_w13 and not wgrad_with_hp, sb, ta)
         if fused:  # GEMM1 with the SwiGLU + dual-quant epilogue (32-blocks only: fused is off when sb is 128)
@@ -414,7 +432,9 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         need_dh = ctx.needs_input_grad[0] or need_w13  # (as the forward decided what to keep)
         need_w = need_w13 or need_w2
         ta = _token_align(offs, sb)
-        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, offs, need_w2 and not hp, sb, ta)
+        # dy rowwise feeds the w2 dgrad (needed for dh), colwise the w2 wgrad
+        dy_row, dy_row_s, dy_col, dy_col_s = _quant(dy2, gdt, scale_mode, backend, offs, need_w2 and not hp, sb, ta,
+                                                    need_row=need_dh)
         # The order keeps the backward's peak low: each operand is dropped once its last GEMM is queued (the
         # tensors _keep left on ctx are freed then; saved ones live until the backward returns).  The w2 wgrad
         # first frees dy's and h's colwise casts before the dSwiGLU, where h13, dh and both dh13 casts are alive.
@@ -426,7 +446,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
             dw2 = dw2.to(w2_dtype)
         del dy_col, dy_col_s, h_saved, h_col_s
         if not need_dh:  # only w2 trains: no dh, dx or dW13
-            return None, None, dw2, None, None, None, None, None, None, None, None, None, None
+            return None, None, dw2, None, None, None, None, None, None, None, None, None, None, None
         qg = dict(scale_mode=scale_mode, elem_dtype=gdt, emit_hp=hp, backend=backend)
         w2_col, w2_col_s = _weight_dgrad(None, w2, scale_mode, elem_dtype, backend, sb, w2d)
         del w2
@@ -465,7 +485,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
                 dw1, dw3 = dw13[0], dw13[1]
             else:
                 dw1, dw3 = (t.to(w13_dtype) for t in split_gate_up(dw13, dim=-2, tile=tile))
-        return dx, dw1, dw2, dw3, None, None, None, None, None, None, None, None, None
+        return dx, dw1, dw2, dw3, None, None, None, None, None, None, None, None, None, None
 
 
 def _cfg_args(config, device):
@@ -548,7 +568,8 @@ def mxfp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, config=N
     _check_dims32(**{"in_features K": k, "out_features N": n})
     if bias is not None:
         _check_weight("bias", bias, (n,))
-    return _LinearFn.apply(autocast_input(x), weight, bias, weight_operands, *_cfg_args(config, x.device))
+    return _LinearFn.apply(autocast_input(x), weight, bias, weight_operands, *_cfg_args(config, x.device),
+                           torch.is_grad_enabled())
 
 
 def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None, *, weight_operands=None) -> Tensor:
@@ -568,7 +589,8 @@ def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None, *, we
     _check_weight("weight", weight, tuple(weight.shape))
     _check_input(x, weight.shape[2], rank2=True)
     _check_dims32(K=weight.shape[2], N=weight.shape[1])
-    return _GroupedMMFn.apply(autocast_input(x), weight, offs, weight_operands, *_cfg_args(config, x.device))
+    return _GroupedMMFn.apply(autocast_input(x), weight, offs, weight_operands, *_cfg_args(config, x.device),
+                              torch.is_grad_enabled())
 
 
 def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor | None = None,
@@ -619,4 +641,4 @@ def _swiglu_mlp(x, w1, w2, w3, offs, config):
         raise ValueError(f"{reason}: pad w1 and w3 EACH (and w2's columns) to a multiple of 128, or use "
                          f"hopper_block_k=32")
     return _SwiGLUMLPFn.apply(autocast_input(x), w1, w2, w3, offs, *cfg,
-                              fused_epilogues_enabled(config, x.device, i, grouped))
+                              fused_epilogues_enabled(config, x.device, i, grouped), torch.is_grad_enabled())
