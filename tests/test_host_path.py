@@ -3,6 +3,8 @@ MXFP8 SwiGLU MLP forward + backward.  Host *time* is a benchmark (``bench quanti
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -123,13 +125,13 @@ def test_mlp_forward_backward_captures_into_cuda_graphs(rng):
         assert torch.equal(g, want)
 
 
-def _experts_pair(block: int, rng):
+def _experts_pair(block: int, rng, **config):
     """Two grouped-experts modules with the same weights: CUDA counts kept on the device (the default) and
     checked on the host (``validate_counts=True``)."""
     from cute_mxfp8 import MXFP8Config, MXFP8GroupedExperts
 
     torch.manual_seed(int(torch.randint(0, 2**31, (1,), generator=rng)))
-    kw = dict(device="cuda", dtype=torch.bfloat16, config=MXFP8Config(hopper_block_k=block))
+    kw = dict(device="cuda", dtype=torch.bfloat16, config=MXFP8Config(hopper_block_k=block, **config))
     fast = MXFP8GroupedExperts(256, 256, 4, **kw)
     checked = MXFP8GroupedExperts(256, 256, 4, validate_counts=True, **kw)
     checked.load_state_dict(fast.state_dict())
@@ -172,6 +174,52 @@ def test_grouped_experts_step_never_syncs_and_equals_the_checked_path(block, rng
     want = _step(checked, x, torch.tensor([0, 600, 0, 300], device="cuda"), dy)
     for g, w in zip(got, want):
         assert torch.equal(g, w)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("mode", ["wgrad_with_hp", "frozen_experts", "no_grad"])
+def test_grouped_rowwise_only_casts_never_sync(mode, rng):
+    """The 32-block grouped casts that are rowwise only (x's and dy's with ``wgrad_with_hp``, x's with frozen
+    experts or under ``torch.no_grad``) read nothing back either (their offsets were made on the device: the dual
+    tile kernel casts the rows past the groups) and give the host-checked path's bits.  (``wgrad_with_hp``'s
+    backward still reads the offsets for its per-group fp32 wgrads: only its forward is checked for syncs.)"""
+    fast, checked = _experts_pair(32, rng, wgrad_with_hp=mode == "wgrad_with_hp")
+    for mod in (fast, checked):
+        mod.requires_grad_(mode != "frozen_experts")
+    x = torch.randn(900, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(900, 256, device="cuda", dtype=torch.bfloat16)
+    counts = torch.tensor([70, 0, 129, 300], device="cuda")
+
+    def step(mod, checked_part=None):
+        x.grad = None
+        mod.zero_grad(set_to_none=True)
+        with torch.no_grad() if mode == "no_grad" else contextlib.nullcontext():
+            with checked_part or contextlib.nullcontext():
+                y = mod(x, counts)
+                if mode == "frozen_experts":
+                    y.backward(dy)
+            if mode == "wgrad_with_hp":
+                y.backward(dy)
+        return [t for t in (y.detach(), x.grad, *[p.grad for p in mod.parameters()]) if t is not None]
+
+    want = step(checked)
+    step(fast)  # first call: kernels compiled
+    torch.cuda.synchronize()
+    got = step(fast, _no_syncs())
+    assert len(got) == len(want) == {"wgrad_with_hp": 5, "frozen_experts": 2, "no_grad": 1}[mode]
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+@contextlib.contextmanager
+def _no_syncs():
+    """CUDA sync debug mode "error": any synchronizing call inside raises."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
 
 
 @pytest.mark.gpu

@@ -32,7 +32,7 @@ from .gemm_common import sm_count as _sm_count
 from .backends import Backend, register_backend
 from .gate_up import GATE_UP_DIRECTIONS, pack_gate_up_casts
 from .gemm_common import offs_limits
-from .group_meta import check_offsets, derived_tensors, validated_end
+from .group_meta import check_offsets, derived_tensors, host_copy, validated_end
 from .shapes import colwise_shapes, padded_tokens, rowwise_shapes
 
 _ELEM = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
@@ -307,6 +307,11 @@ def _ops(arch: str) -> dict:
             rows_past_groups(x, scale_mode, elem_dtype, q, s, 0, True, scale_block)
         elif grouped and scale_block == 128:  # the tile kernel's tail CTAs cast the rows past offs[-1]
             tile("rowwise", x, scale_mode, elem_dtype, True, q, s, None, None, offs, 128)
+        elif grouped and host_copy(offs) is None:  # offsets made on the device (no host copy): reading offs[-1]
+            # would wait for the GPU; the dual tile kernel's tail CTAs cast the rows past the groups themselves (the
+            # same rowwise bytes), its colwise output is dropped: 1 more byte written per element, no sync
+            qt, st = _outputs(colwise_shapes, x, elem_dtype, True, offs.shape[0])
+            tile("dual", x, scale_mode, elem_dtype, True, q, s, qt, st, offs, 32)
         elif grouped:  # this kernel leaves the rows past offs[-1] to a second launch: it needs offs[-1] on the host
             end = validated_end(offs, x.shape[0])
             if end > 0:
