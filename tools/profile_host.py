@@ -4,7 +4,7 @@ python tools/profile_host.py [--calls N] [--out DIR]: prints the per-call host t
 reports, a cProfile of the documented wrapper (top functions by own time), and whether the dense MXFP8 SwiGLU MLP
 forward + backward captures into CUDA graphs (torch.cuda.make_graphed_callables), with eager vs replay times.
 ``--grouped``: instead, the grouped experts step's wall / host / kernel time, launches and longest kernels (fast
-mode, plain MXFP8, bf16) and where its host time goes (:func:`grouped_step`; ``--weight-blocks 128x128`` for the
+mode, plain MXFP8, bf16), where the GPU idles between its kernels (:func:`step_gaps`) and where its host time goes (:func:`grouped_step`; ``--weight-blocks 128x128`` for the
 fast mode's 128 x 128 weight blocks)."""
 
 from __future__ import annotations
@@ -334,6 +334,40 @@ def cprofiled(step, steps: int) -> str:
     return out.getvalue()
 
 
+def idle_gaps(kernels: list[tuple[str, float, float]], top: int = 12) -> dict:
+    """Where the GPU idles between kernels: ``kernels`` as (name, start us, end us) on one device timeline (any
+    order; overlapping kernels merge).  Returns the total idle us, the number of gaps, and the ``top`` longest as
+    [us, kernel before, kernel after] (names cut to 60 characters)."""
+    gaps, busy_until, last = [], None, None
+    for name, start, end in sorted(kernels, key=lambda k: k[1]):
+        if busy_until is not None and start > busy_until:
+            gaps.append([start - busy_until, last[:60], name[:60]])
+        if busy_until is None or end > busy_until:
+            busy_until, last = end, name
+    gaps.sort(key=lambda g: -g[0])
+    return {"idle_us": sum(g[0] for g in gaps), "gaps": len(gaps), "longest": gaps[:top]}
+
+
+def step_gaps(step, dev, steps: int = 5) -> dict:
+    """:func:`idle_gaps` of ``steps`` steps queued back to back (no sync between them, as do_bench runs them,
+    without its L2 flush), per step: is the wall-minus-kernel time a few long waits (the GPU waiting for the
+    host: a sync, a slow host stretch) or many short launch gaps?"""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize(dev)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize(dev)
+    kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start]
+    out = idle_gaps(kernels)
+    out["idle_us_per_step"] = out["idle_us"] / steps
+    return out
+
+
 def grouped_step(steps: int, weight_blocks: str = "1x128", plain: bool = True) -> dict:
     """One fwd + bwd step of the bench's grouped experts (T=32768 D=2048 I=1536 E=8, bf16) in the fast mode, in
     plain MXFP8 and as bf16 ``torch._grouped_mm``: do_bench wall ms; host ms, the median time the host takes to
@@ -364,6 +398,8 @@ def grouped_step(steps: int, weight_blocks: str = "1x128", plain: bool = True) -
             report[label] = {"wall_ms": wall, "host_ms": host_ms,
                              "kernel_ms": sum(r[2] for r in kernels),
                              "launches": sum(r[1] for r in kernels), "top_kernels": kernels[:15]}
+            report[label]["gaps"] = step_gaps(step, dev)
+            print(label, "GPU idle between kernels:", json.dumps(report[label]["gaps"]))
             report[label]["memory"] = live_at_peak(step, dev)
             print(label, "memory", json.dumps(report[label]["memory"]))
             if label != "bf16":
@@ -385,7 +421,7 @@ def grouped_step(steps: int, weight_blocks: str = "1x128", plain: bool = True) -
                     print("    cpu", [round(v, 3) if isinstance(v, float) else v for v in row])
             print(label, {k: round(v, 3) for k, v in report[label].items()
                           if k not in ("frames", "top_kernels", "cpu_ops", "cprofile", "memory", "per_op_us",
-                                       "split_us", "timeline")})
+                                       "split_us", "timeline", "gaps")})
             for row in kernels[:15]:
                 print("   ", row)
     return report
