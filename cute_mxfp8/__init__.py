@@ -19,3 +19,8 @@ from .nn import (  # noqa: F401
 )
 
 __version__ = "0.1.0"
+
+# what ``from cute_mxfp8 import *`` brings (not the ``nn`` subpackage, which would shadow ``torch.nn``)
+__all__ = ["ConversionReport", "MXFP8Config", "MXFP8GroupedExperts", "MXFP8Linear", "MXFP8SwiGLUMLP",
+           "MXFP8TrainingWeight", "convert_to_mxfp8", "dequantize_mxfp8", "formats", "quantize_mxfp8",
+           "quantize_weights_"]

@@ -231,3 +231,42 @@ def test_autocast_output_dtype(rng):
 def test_bad_arguments_name_the_argument(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mlp", [False, True])
+def test_grouped_wgrad_with_hp_compiles_fullgraph(mlp, rng):
+    """The grouped high-precision wgrad (``wgrad_with_hp=True``) traces under ``torch.compile(fullgraph=True)``
+    (it read ``offs`` on the host: a data-dependent guard) and matches eager (CPU, reference backend)."""
+    from compile_checks import assert_compile_matches_eager
+
+    cfg = MXFP8Config(wgrad_with_hp=True)
+    offs = torch.tensor([16, 16, 50], dtype=torch.int32)  # an empty group, rows past offs[-1]
+
+    class Experts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1 = torch.nn.Parameter(torch.randn(3, 96, 128, generator=rng) / 10)
+            if mlp:
+                self.w2 = torch.nn.Parameter(torch.randn(3, 128, 96, generator=rng) / 10)
+                self.w3 = torch.nn.Parameter(torch.randn(3, 96, 128, generator=rng) / 10)
+
+        def forward(self, x, offs):
+            if mlp:
+                return mxfp8_swiglu_mlp(x, self.w1, self.w2, self.w3, offs, cfg)
+            return mxfp8_grouped_mm(x, self.w1, offs, cfg)
+
+    assert_compile_matches_eager(Experts(), (torch.randn(64, 128, generator=rng), offs), backend="aot_eager")
+
+
+def test_hp_grouped_wgrad_op(rng):
+    """``cute_mxfp8::hp_grouped_wgrad``: per-group fp32 aᵀ·b (an empty group and the rows past offs[-1] give and
+    take nothing), exact fake (opcheck)."""
+    from torch.library import opcheck
+
+    a, b = torch.randn(70, 96, generator=rng), torch.randn(70, 64, generator=rng)
+    offs = torch.tensor([10, 10, 61], dtype=torch.int32)
+    got = torch.ops.cute_mxfp8.hp_grouped_wgrad(a, b, offs)
+    want = torch.stack([a[:10].t() @ b[:10], torch.zeros(96, 64), a[10:61].t() @ b[10:61]])
+    assert got.shape == (3, 96, 64) and torch.equal(got, want)
+    opcheck(torch.ops.cute_mxfp8.hp_grouped_wgrad.default, (a, b, offs))

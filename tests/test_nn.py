@@ -337,3 +337,54 @@ def test_entry_points_name_the_fix_for_wrong_argument_types():
         MXFP8SwiGLUMLP(64, True)
     np = pytest.importorskip("numpy")
     assert MXFP8Linear(np.int64(64), 32).in_features == 64  # (numpy ints are ints)
+
+
+def test_from_module_refuses_what_it_would_drop():
+    """``from_module`` takes over only the three weights: a bias, another parameter or mismatched shapes would be
+    dropped or fail later, so they raise (ValueError naming the fix); non-Linear children and non-bf16/fp32
+    weights too.  ``from cute_mxfp8 import *`` does not shadow torch's ``nn``."""
+    class FF(nn.Module):
+        def __init__(self, bias=False, up=128, extra=False):
+            super().__init__()
+            self.w1, self.w3 = nn.Linear(64, 128, bias=bias), nn.Linear(64, up, bias=False)
+            self.w2 = nn.Linear(128, 64, bias=False)
+            if extra:
+                self.norm = nn.LayerNorm(128)
+
+        def forward(self, x):
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    assert MXFP8SwiGLUMLP.from_module(FF()).w1.weight.shape == (128, 64)
+    with pytest.raises(ValueError, match="Linears have biases"):
+        MXFP8SwiGLUMLP.from_module(FF(bias=True))
+    with pytest.raises(ValueError, match=r"must be \(I, D\) / \(I, D\) / \(D, I\)"):
+        MXFP8SwiGLUMLP.from_module(FF(up=96))
+    with pytest.raises(ValueError, match=r"has parameters besides the Linears .*'norm.weight'"):
+        MXFP8SwiGLUMLP.from_module(FF(extra=True))
+    with pytest.raises(ValueError, match="weights in torch.float16"):
+        MXFP8SwiGLUMLP.from_module(FF().half())
+    with pytest.raises(TypeError, match="needs nn.Linear children"):
+        MXFP8SwiGLUMLP.from_module(nn.Sequential(nn.Linear(64, 128)))
+    with pytest.raises(ValueError, match="names must be three distinct"):
+        MXFP8SwiGLUMLP(64, 128, names="abc")
+    with pytest.raises(TypeError, match="takes an nn.Linear, got Conv1d"):
+        MXFP8Linear.from_linear(nn.Conv1d(64, 64, 1))
+    with pytest.raises(ValueError, match="weights in torch.float16"):
+        MXFP8Linear(64, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match="weights in torch.float16"):
+        MXFP8Linear.from_linear(nn.Linear(64, 64).half())
+
+    experts = nn.Module()
+    for n, shape in (("w1", (2, 128, 64)), ("w2", (2, 64, 128)), ("w3", (2, 128, 64)), ("b1", (2, 128))):
+        experts.register_parameter(n, nn.Parameter(torch.zeros(shape)))
+    with pytest.raises(ValueError, match=r"besides the expert weights .*'b1'"):
+        MXFP8GroupedExperts.from_module(experts)
+    del experts.b1
+    assert MXFP8GroupedExperts.from_module(experts).w2 is experts.w2
+    experts.w3 = nn.Parameter(torch.zeros(2, 96, 64))
+    with pytest.raises(ValueError, match=r"\(E, I, D\) / \(E, D, I\) / \(E, I, D\)"):
+        MXFP8GroupedExperts.from_module(experts)
+
+    scope = {}
+    exec("from cute_mxfp8 import *", scope)
+    assert "nn" not in scope and scope["MXFP8Linear"] is MXFP8Linear

@@ -298,3 +298,17 @@ def test_unknown_backend_is_refused_when_the_layers_are_made():
         with pytest.raises(ValueError, match=r"backend='sm91'\) names no registered backend; use one of \["):
             make()
     assert type(MXFP8Linear(64, 64, config=MXFP8Config(backend="reference")).config) is MXFP8Config
+
+
+def test_numpy_and_lists_of_a_wrapped_weight(rng):
+    """``.numpy()``, ``np.asarray`` and ``.tolist()`` (TensorBoard histograms, wandb) read the inner tensor
+    (torch refuses them for tensor subclasses); ``.numpy()`` of one that requires grad raises as torch's does."""
+    import numpy as np
+
+    w = nn.Parameter(MXFP8TrainingWeight(torch.randn(64, 32, generator=rng)))
+    assert np.array_equal(w.detach().numpy(), w.inner.numpy()) and np.asarray(w.detach()).shape == (64, 32)
+    assert w.tolist() == w.inner.tolist()
+    with pytest.raises(RuntimeError, match="requires grad"):
+        w.numpy()
+    with pytest.raises(TypeError, match="must be set to a tensor"):
+        w.data = 3

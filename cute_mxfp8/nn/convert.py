@@ -38,7 +38,8 @@ from torch import nn
 
 from ..config import MXFP8Config
 from ..ops.shapes import fast_mode_hidden_reason
-from .modules import MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, layer_config, mxfp8_dims_reason
+from .modules import (WEIGHT_DTYPES, MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, layer_config,
+                      mxfp8_dims_reason)
 
 __all__ = ["ConversionReport", "convert_to_mxfp8"]
 
@@ -208,7 +209,6 @@ def _skip(report: ConversionReport, fqn: str, why: str) -> None:
     logger.info("cute_mxfp8: left %s in high precision: %s", fqn or "<root>", why)
 
 
-WEIGHT_DTYPES = (torch.bfloat16, torch.float32)
 HF_EXPERTS = "MXFP8 experts forward (transformers)"
 
 

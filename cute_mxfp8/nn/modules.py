@@ -47,6 +47,34 @@ def layer_config(config, who: str) -> MXFP8Config:
     return config
 
 
+WEIGHT_DTYPES = (torch.bfloat16, torch.float32)  # the MXFP8 layers' weight (and activation) dtypes
+
+
+def _require_weight_dtype(cls_name: str, *weights: Tensor) -> None:
+    bad = sorted({str(w.dtype) for w in weights if w.dtype not in WEIGHT_DTYPES})
+    if bad:
+        raise ValueError(f"{cls_name}: weights in {', '.join(bad)}; MXFP8 layers take bfloat16 or float32 weights "
+                         "(make the layer in bfloat16 or float32, or keep it in high precision)")
+
+
+def _require_only(cls_name: str, module: nn.Module, names, what: str) -> None:
+    """ValueError where ``module`` holds parameters besides those under ``names`` (``from_module`` would drop
+    them: a wrong output, silently)."""
+    extra = [n for n, _ in module.named_parameters() if n.split(".")[0] not in names]
+    if extra:
+        raise ValueError(f"{cls_name}.from_module: {type(module).__name__} has parameters besides {what}: {extra}; "
+                         f"its forward is not the MXFP8 layer's (convert_to_mxfp8 converts only what matches; keep "
+                         f"the rest in high precision)")
+
+
+def _require_names(cls_name: str, names, kind: str) -> None:
+    """``names``: a tuple or list of three distinct str (the (gate / w1, down / w2, up / w3) names)."""
+    if (not isinstance(names, (tuple, list)) or len(names) != 3 or not all(isinstance(n, str) for n in names)
+            or len(set(names)) != 3):
+        raise ValueError(f"{cls_name}: names must be three distinct {kind} names (w1, w2, w3 roles), got "
+                         f"{names!r}")
+
+
 def _require_int(cls_name: str, name: str, value) -> None:
     """TypeError naming the argument when a layer size is not an int (numpy ints are; bools are not)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -78,11 +106,16 @@ class MXFP8Linear(nn.Linear):
                  config: MXFP8Config | None = None):
         _require_dims(type(self).__name__, in_features=in_features, out_features=out_features)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        _require_weight_dtype(type(self).__name__, self.weight)
         self.config = layer_config(config, type(self).__name__)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, config: MXFP8Config | None = None) -> "MXFP8Linear":
-        """A new MXFP8Linear that shares ``linear``'s parameters (no copy, no re-initialization)."""
+        """A new MXFP8Linear that shares ``linear``'s parameters (no copy, no re-initialization).  TypeError for
+        a non-Linear, ValueError for dims not multiples of 32 or weights not bfloat16 / float32."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"{cls.__name__}.from_linear takes an nn.Linear, got {type(linear).__name__}")
+        _require_weight_dtype(cls.__name__, linear.weight)
         new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta",
                   config=config)
         new.weight = linear.weight
@@ -114,8 +147,7 @@ class MXFP8SwiGLUMLP(nn.Module):
                  names: tuple[str, str, str] = ("w1", "w2", "w3")):
         super().__init__()
         _require_dims(type(self).__name__, dim=dim, hidden_dim=hidden_dim)
-        if len(set(names)) != 3:
-            raise ValueError(f"names must be three distinct child names (gate, down, up), got {names}")
+        _require_names(type(self).__name__, names, "child")
         self.names = tuple(names)
         kw = dict(bias=False, device=device, dtype=dtype)
         gate, down, up = self.names
@@ -129,8 +161,27 @@ class MXFP8SwiGLUMLP(nn.Module):
     def from_module(cls, ffn: nn.Module, config: MXFP8Config | None = None,
                     names: tuple[str, str, str] = ("w1", "w2", "w3")) -> "MXFP8SwiGLUMLP":
         """Take over the (gate, down, up) Linears named ``names`` of a SwiGLU FFN (shared, not copied; the
-        Linears keep their own class, e.g. a framework's ``nn.Linear`` subclass, and init hooks)."""
-        gate, down, up = (getattr(ffn, n) for n in names)
+        Linears keep their own class, e.g. a framework's ``nn.Linear`` subclass, and init hooks).  The FFN must
+        compute ``down(silu(gate(x)) * up(x))`` with nothing else: TypeError where a child named in ``names`` is
+        no ``nn.Linear``; ValueError for biased Linears, mismatched shapes, weights not bfloat16 / float32, or
+        parameters outside the three Linears (each would be dropped silently; ``convert_to_mxfp8`` converts such
+        FFNs' Linears one by one)."""
+        _require_names(cls.__name__, names, "child")
+        linears = [getattr(ffn, n, None) for n in names]
+        if not all(isinstance(lin, nn.Linear) for lin in linears):
+            raise TypeError(f"{cls.__name__}.from_module: {type(ffn).__name__} needs nn.Linear children named "
+                            f"{tuple(names)}, got {[type(lin).__name__ for lin in linears]}")
+        gate, down, up = linears
+        if any(lin.bias is not None for lin in linears):
+            raise ValueError(f"{cls.__name__}.from_module: {type(ffn).__name__}'s Linears have biases, which the "
+                             "MXFP8 SwiGLU MLP does not add; convert them one by one (convert_to_mxfp8 does)")
+        i, d = gate.weight.shape
+        if tuple(up.weight.shape) != (i, d) or tuple(down.weight.shape) != (d, i):
+            raise ValueError(f"{cls.__name__}.from_module: gate / up / down weights must be (I, D) / (I, D) / (D, I), "
+                             f"got {tuple(gate.weight.shape)} / {tuple(up.weight.shape)} / "
+                             f"{tuple(down.weight.shape)}")
+        _require_weight_dtype(cls.__name__, gate.weight, down.weight, up.weight)
+        _require_only(cls.__name__, ffn, names, f"the Linears {tuple(names)}")
         new = cls(gate.in_features, gate.out_features, device="meta", config=config, names=names)
         new._modules.clear()  # the FFN's own child order, so the state dict lists its keys as before
         for n in ffn._modules:
@@ -172,8 +223,7 @@ class MXFP8GroupedExperts(nn.Module):
             raise TypeError(f"validate_counts must be a bool, got {validate_counts!r}")
         self.validate_counts = validate_counts
         _require_dims(type(self).__name__, dim=dim, hidden_dim=hidden_dim)
-        if len(set(names)) != 3:
-            raise ValueError(f"names must be three distinct parameter names (w1, w2, w3), got {names}")
+        _require_names(type(self).__name__, names, "parameter")
         self.names = tuple(names)
         kw = dict(device=device, dtype=dtype)
         _require_int(type(self).__name__, "num_experts", num_experts)
@@ -200,9 +250,19 @@ class MXFP8GroupedExperts(nn.Module):
                     names: tuple[str, str, str] = ("w1", "w2", "w3"),
                     validate_counts: bool = False) -> "MXFP8GroupedExperts":
         """Take over the (w1, w2, w3) parameters named ``names`` of a grouped-experts module (shared, not
-        copied)."""
-        weights = [getattr(experts, n) for n in names]
+        copied).  ValueError where they are not (E, I, D) / (E, D, I) / (E, I, D) bfloat16 / float32 tensors or
+        the module holds other parameters (they would be dropped silently)."""
+        _require_names(cls.__name__, names, "parameter")
+        weights = [getattr(experts, n, None) for n in names]
+        if not all(isinstance(w, Tensor) and w.dim() == 3 for w in weights):
+            raise ValueError(f"{cls.__name__}.from_module: {type(experts).__name__} needs 3-D parameters named "
+                             f"{tuple(names)}, got {[getattr(w, 'shape', type(w).__name__) for w in weights]}")
         e, i, d = weights[0].shape
+        if tuple(weights[1].shape) != (e, d, i) or tuple(weights[2].shape) != (e, i, d):
+            raise ValueError(f"{cls.__name__}.from_module: w1 / w2 / w3 must be (E, I, D) / (E, D, I) / (E, I, D), "
+                             f"got {[tuple(w.shape) for w in weights]}")
+        _require_weight_dtype(cls.__name__, *weights)
+        _require_only(cls.__name__, experts, names, f"the expert weights {tuple(names)}")
         new = cls(d, i, e, device="meta", config=config, names=names, validate_counts=validate_counts)
         new._parameters.clear()  # the module's own parameter order (state dict key order)
         for n in experts._parameters:

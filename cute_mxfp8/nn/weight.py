@@ -34,8 +34,8 @@ from ..config import MXFP8Config
 from ..ops.autograd import mxfp8_grouped_mm, mxfp8_linear
 from ..ops.shapes import mxfp8_dims_reason
 from . import fsdp
-from .convert import WEIGHT_DTYPES, check_model_and_filter, logger
-from .modules import layer_config
+from .convert import check_model_and_filter, logger
+from .modules import WEIGHT_DTYPES, layer_config
 from .redirect import match_call
 
 __all__ = ["MXFP8TrainingWeight", "quantize_weights_"]
@@ -51,6 +51,8 @@ _KEEP_WRAPPED = {
     aten.empty_like.default, aten.new_zeros.default, aten.new_empty.default, aten.new_empty_strided.default,
     aten._pin_memory.default, aten.contiguous.default,
 }
+# host views of the values (numpy arrays, Python lists), taken of the inner tensor
+_HOST_VIEWS = {Tensor.numpy, Tensor.tolist, Tensor.__array__}
 # in-place ops: applied to the inner tensor, the wrapper itself returned
 _INPLACE_RETURN_SELF = {aten.copy_.default, aten.zero_.default, aten.fill_.Scalar, aten.uniform_.default,
                         aten.normal_.default}
@@ -121,11 +123,14 @@ class MXFP8TrainingWeight(Tensor):
         bf16/fp32 tensor, or a wrapper's) becomes the inner tensor; any other dtype raises TypeError, so
         ``model.half()`` on a model with wrapped weights fails rather than leaving a wrapper that says float16
         around a bf16 tensor."""
-        inner = value._inner if isinstance(value, MXFP8TrainingWeight) else value
-        if not isinstance(inner, Tensor) or inner.dtype not in WEIGHT_DTYPES:
-            got = inner.dtype if isinstance(inner, Tensor) else type(inner).__name__
+        inner = value._inner if isinstance(value, MXFP8TrainingWeight) else value  # (this wrapper's config stays)
+        if not isinstance(inner, Tensor):
+            raise TypeError(f"MXFP8TrainingWeight: .data must be set to a tensor, got {type(inner).__name__}")
+        if inner.dtype not in WEIGHT_DTYPES:
+            got = inner.dtype
             raise TypeError(f"MXFP8TrainingWeight: the weight's data must stay bfloat16 or float32, got {got} (e.g. "
-                            "model.half() on a model with MXFP8 weights): use model.to(torch.bfloat16) instead, or "
+                            "model.half() on a model with MXFP8 weights, which then stops here with the modules "
+                            "before this weight already converted): use model.to(torch.bfloat16) instead, or "
                             "quantize_weights_ a model that holds plain weights")
         Tensor.data.__set__(self, MXFP8TrainingWeight(inner, self.config, requires_grad=False))  # shape, dtype, ...
         self._inner = inner.detach() if inner.requires_grad else inner
@@ -137,6 +142,10 @@ class MXFP8TrainingWeight(Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _HOST_VIEWS and isinstance(args[0], cls):  # numpy / lists: the plain tensor's (torch refuses
+            # them for subclasses; logging / hooks use them), with torch's refusal for a tensor that requires grad
+            inner = args[0]._inner.detach().requires_grad_(args[0].requires_grad and func is not Tensor.tolist)
+            return func(inner, *args[1:], **kwargs)
         call = match_call(cls, func, args, kwargs)
         if call is not None:
             kind, x, w, extra = call  # w: the (N, K) / (E, N, K) weight, still a wrapper

@@ -31,7 +31,6 @@ import torch
 from torch import Tensor
 
 from ..config import resolve_config
-from ..formats import group_bounds
 from ..swiglu import GATE_UP_TILE, split_gate_up
 from . import api
 from .amp import autocast_input, autocast_off
@@ -76,15 +75,12 @@ def _wgrad(a_col, a_s, b_col, b_s, offs, backend, scale_block, out_dtype, split_
 
 
 def _hp_wgrad(a: Tensor, b: Tensor, offs: Tensor | None) -> Tensor:
-    """fp32 ``aᵀ·b`` for (M, N) and (M, K) high-precision tensors, per token group when ``offs`` is given."""
+    """fp32 ``aᵀ·b`` for (M, N) and (M, K) high-precision tensors, per token group when ``offs`` is given (the
+    ``cute_mxfp8::hp_grouped_wgrad`` op: traced as one call under ``torch.compile``)."""
     a, b = a.float(), b.float()
     if offs is None:
         return a.t() @ b
-    out = a.new_zeros(offs.numel(), a.shape[1], b.shape[1])
-    for g, (start, end) in enumerate(group_bounds(offs)):
-        if end > start:
-            out[g] = a[start:end].t() @ b[start:end]
-    return out
+    return torch.ops.cute_mxfp8.hp_grouped_wgrad(a, b, offs)
 
 
 def _no_autocast(fn):
@@ -530,7 +526,9 @@ def _check_dims32(**dims: int) -> None:
 def _check_weight(name: str, w: Tensor, shape: tuple) -> None:
     if not isinstance(w, Tensor) or w.dtype not in (torch.bfloat16, torch.float32):
         got = w.dtype if isinstance(w, Tensor) else type(w).__name__
-        raise ValueError(f"{name} must be a bfloat16 or float32 tensor, got {got}")
+        raise ValueError(f"{name} must be a bfloat16 or float32 tensor, got {got}"
+                         + (" (a model converted to float16? use model.to(torch.bfloat16))"
+                            if got == torch.float16 else ""))
     if tuple(w.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(w.shape)}, expected {tuple(shape)}")
 

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 from torch._prims_common import make_contiguous_strides_for
 
+from ..formats import group_bounds
 from . import shapes as S
 from .amp import autocast_off
 from .backends import get_impl
@@ -268,6 +269,26 @@ _grouped_mm_wgrad = torch.library.custom_op(f"{_NS}::grouped_mm_wgrad", grouped_
 def _(a, a_scales, b, b_scales, offs, out_dtype, backend, scale_block=32, split_halves=False):
     S.check_scale_block(scale_block)
     return _empty(a, S.check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, split_halves), out_dtype)
+
+
+def hp_grouped_wgrad_impl(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
+    """fp32 ``a[g]ᵀ·b[g]`` per token group for fp32 (M, N) and (M, K) tensors -> (G, N, K): the high-precision
+    wgrad of ``wgrad_with_hp`` (no backend: torch matmuls per group, bounds read from ``offs`` on the host; rows
+    past ``offs[-1]`` belong to no group, an empty group's gradient is zero).  An op so that ``torch.compile``
+    traces it as one opaque call instead of guarding on ``offs``'s values."""
+    out = a.new_zeros(offs.numel(), a.shape[1], b.shape[1])
+    for g, (start, end) in enumerate(group_bounds(offs)):
+        if end > start:
+            out[g] = a[start:end].t() @ b[start:end]
+    return out
+
+
+_hp_grouped_wgrad = torch.library.custom_op(f"{_NS}::hp_grouped_wgrad", hp_grouped_wgrad_impl, mutates_args=())
+
+
+@_hp_grouped_wgrad.register_fake
+def _(a, b, offs):
+    return _empty(a, (offs.shape[0], a.shape[1], b.shape[1]), a.dtype)
 
 
 # ---- SwiGLU + dual quantization -------------------------------------------------------------------------
