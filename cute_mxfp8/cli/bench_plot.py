@@ -1,7 +1,7 @@
 """Bar chart of a ``bench`` result (the dict ``--json`` writes): GEMM TFLOP/s per shape and backend / baseline, and
 the MLP fwd+bwd step times bf16 vs MXFP8.  ``python -m cute_mxfp8.cli.bench_plot RESULT.json OUT.png``.
 
-Needs matplotlib (``pip install 'cute_mxfp8[plot]'``); without it :func:`plot` raises ``RuntimeError`` naming that
+Needs matplotlib (a dependency of the package); without it :func:`plot` raises ``RuntimeError`` naming the
 install."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def plot(result: dict, path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise RuntimeError("the bench chart needs matplotlib: pip install 'cute_mxfp8[plot]'") from e
+        raise RuntimeError("the bench chart needs matplotlib: pip install matplotlib") from e
     gemms = {op: [r for r in result.get("rows", []) if r.get("op") == op and r.get("tflops")] for op in _GEMM_PANELS}
     steps = result.get("mlp_steps", [])
     panels = [op for op, rows in gemms.items() if rows] + (["mlp"] if steps else [])

@@ -102,9 +102,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p_bench.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON to PATH")
     p_bench.add_argument("--device", default=None, help="device to bench on (default: cuda if available, else cpu)")
     p_bench.add_argument("--plot", metavar="PNG", default=None,
-                         help="also draw the GEMM TFLOP/s and MLP step times as a bar chart (needs matplotlib: "
-                              "pip install 'cute_mxfp8[plot]'); `python -m cute_mxfp8.cli.bench_plot JSON PNG` "
-                              "draws one from a saved --json")
+                         help="also draw the GEMM TFLOP/s and MLP step times as a bar chart (matplotlib, installed with "
+                              "the package); `python -m cute_mxfp8.cli.bench_plot JSON PNG` draws one from a saved "
+                              "--json")
     p_bench.add_argument("--profile", metavar="N", type=_non_negative, default=0,
                          help="mlp group on CUDA: also print the N GPU kernels that take the most time in each "
                               "MXFP8 step (torch.profiler)")
