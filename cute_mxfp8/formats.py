@@ -223,7 +223,7 @@ def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
     Raises:
         ValueError: unsupported dtype, scale mode, element dtype or scale block, ``x.shape[dim]`` not a multiple
         of 32, or ``blocks_2d`` without ``scale_block=128``, on a 1-D tensor or along a leading dim.
-        TypeError: ``blocks_2d`` not a bool.
+        TypeError: ``x`` not a tensor, or ``blocks_2d`` not a bool.
     """
     check_scale_block(scale_block)
     if type(blocks_2d) is not bool:
@@ -233,6 +233,8 @@ def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
                          f"got blocks_2d={blocks_2d!r} with scale_block={scale_block!r}")
     _check_scale_mode(scale_mode)
     _check_elem_dtype(elem_dtype)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"quantize_mxfp8 takes a torch.Tensor, got {type(x).__name__}: wrap it with torch.tensor")
     if x.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"quantize_mxfp8 takes bfloat16 or float32 input, got {x.dtype}; cast it first")
     if x.dim() == 0:
@@ -266,6 +268,9 @@ def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, *, dim: int = -1,
     ``data`` is e4m3/e5m2 of any shape, ``scales`` (plain layout, e8m0 or uint8) has ``data``'s shape with
     ``data.shape[dim] // 32`` along ``dim``.  Returns ``out_dtype`` (fp32 default) of ``data``'s shape.
     """
+    for name, t in (("data", data), ("scales", scales)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"dequantize_mxfp8: {name} must be a torch.Tensor, got {type(t).__name__}")
     if data.dtype not in ELEM_DTYPES:
         raise ValueError(f"data must be float8_e4m3fn or float8_e5m2, got {data.dtype}")
     if data.dim() == 0:

@@ -781,6 +781,13 @@ def test_error_bad_input_dtype(dtype):
         quantize_mxfp8(torch.ones(2, 32).to(dtype))
 
 
+def test_error_not_a_tensor():
+    with pytest.raises(TypeError, match="takes a torch.Tensor, got list"):
+        quantize_mxfp8([[1.0] * 32])
+    with pytest.raises(TypeError, match="data must be a torch.Tensor"):
+        dequantize_mxfp8([[0] * 32], torch.zeros(1, 1, dtype=torch.uint8))
+
+
 @pytest.mark.parametrize("mode", ["round", "", "ceil", "even", None])
 def test_error_bad_scale_mode(mode):
     with pytest.raises(ValueError):
