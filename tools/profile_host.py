@@ -352,15 +352,9 @@ def step_gaps(step, dev, steps: int = 5) -> dict:
     """:func:`idle_gaps` of ``steps`` steps queued back to back (no sync between them, as do_bench runs them,
     without its L2 flush), per step: is the wall-minus-kernel time a few long waits (the GPU waiting for the
     host: a sync, a slow host stretch) or many short launch gaps?"""
-    from torch.profiler import ProfilerActivity, profile
+    from cute_mxfp8.cli.bench_mlp import profiled_steps
 
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize(dev)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize(dev)
+    prof = profiled_steps(step, dev, steps, warmup=3)
     kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
                if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start]
     out = idle_gaps(kernels)

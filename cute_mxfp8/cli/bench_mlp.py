@@ -66,17 +66,25 @@ def _peak_mib(fn, x, dy, dev, params) -> float | None:
     return (torch.cuda.max_memory_allocated(dev) - base) / 2**20
 
 
-def kernel_breakdown(step, device: torch.device, top: int, steps: int = 3) -> list[list]:
-    """The ``top`` GPU kernels of ``step`` by time, from ``torch.profiler`` over ``steps`` steps after a warm-up:
-    rows [kernel name (cut to 90 characters), launches per step, ms per step, % of the kernels' time]."""
+def profiled_steps(step, device: torch.device, steps: int, warmup: int = 1):
+    """``torch.profiler`` (CUDA activity) over ``steps`` calls of ``step`` queued back to back, after ``warmup``
+    calls and a synchronize; returns the profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    step()
+    for _ in range(warmup):
+        step()
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize(device)
+    return prof
+
+
+def kernel_breakdown(step, device: torch.device, top: int, steps: int = 3) -> list[list]:
+    """The ``top`` GPU kernels of ``step`` by time, from ``torch.profiler`` over ``steps`` steps after a warm-up:
+    rows [kernel name (cut to 90 characters), launches per step, ms per step, % of the kernels' time]."""
+    prof = profiled_steps(step, device, steps)
     kernels = [e for e in prof.key_averages() if e.device_time_total > 0]
     total = sum(e.device_time_total for e in kernels) or 1.0
     kernels.sort(key=lambda e: -e.device_time_total)
