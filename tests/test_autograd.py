@@ -270,3 +270,10 @@ def test_hp_grouped_wgrad_op(rng):
     want = torch.stack([a[:10].t() @ b[:10], torch.zeros(96, 64), a[10:61].t() @ b[10:61]])
     assert got.shape == (3, 96, 64) and torch.equal(got, want)
     opcheck(torch.ops.cute_mxfp8.hp_grouped_wgrad.default, (a, b, offs))
+    op = torch.ops.cute_mxfp8.hp_grouped_wgrad
+    for bad, match in ((torch.tensor([3, 80], dtype=torch.int32), "offs"), (torch.tensor([5, 3], dtype=torch.int32),
+                       "offs"), (offs.long(), "int32"), (offs.view(1, 3), "1-D")):
+        with pytest.raises(ValueError, match=match):
+            op(a, b, bad)
+    with pytest.raises(ValueError, match="fp32"):
+        op(a.bfloat16(), b, offs)

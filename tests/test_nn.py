@@ -357,7 +357,7 @@ def test_from_module_refuses_what_it_would_drop():
     assert MXFP8SwiGLUMLP.from_module(FF()).w1.weight.shape == (128, 64)
     with pytest.raises(ValueError, match="Linears have biases"):
         MXFP8SwiGLUMLP.from_module(FF(bias=True))
-    with pytest.raises(ValueError, match=r"must be \(I, D\) / \(I, D\) / \(D, I\)"):
+    with pytest.raises(ValueError, match=r"must be \(\.\.\., I, D\) / \(\.\.\., D, I\) / \(\.\.\., I, D\)"):
         MXFP8SwiGLUMLP.from_module(FF(up=96))
     with pytest.raises(ValueError, match=r"has parameters besides the Linears .*'norm.weight'"):
         MXFP8SwiGLUMLP.from_module(FF(extra=True))
@@ -382,8 +382,38 @@ def test_from_module_refuses_what_it_would_drop():
     del experts.b1
     assert MXFP8GroupedExperts.from_module(experts).w2 is experts.w2
     experts.w3 = nn.Parameter(torch.zeros(2, 96, 64))
-    with pytest.raises(ValueError, match=r"\(E, I, D\) / \(E, D, I\) / \(E, I, D\)"):
+    with pytest.raises(ValueError, match=r"must be \(\.\.\., I, D\) / \(\.\.\., D, I\)"):
         MXFP8GroupedExperts.from_module(experts)
+    del experts.w3
+    experts.register_buffer("w3", torch.zeros(2, 128, 64))  # a buffer is not taken over: refused
+    with pytest.raises(ValueError, match="needs 3-D parameters"):
+        MXFP8GroupedExperts.from_module(experts)
+
+    class Scaled(nn.Linear):  # its own forward: the swap would drop the scaling
+        def forward(self, x):
+            return 4 * super().forward(x)
+
+    odd = FF()
+    odd.w1 = Scaled(64, 128, bias=False)
+    with pytest.raises(ValueError, match="overrides nn.Linear.forward"):
+        MXFP8SwiGLUMLP.from_module(odd)
+    with pytest.raises(ValueError, match="overrides nn.Linear.forward"):
+        MXFP8Linear.from_linear(Scaled(64, 64))
+    lora = FF()
+    lora.w1.register_parameter("lora_A", nn.Parameter(torch.zeros(8, 64)))
+    with pytest.raises(ValueError, match=r"besides weight and bias \(lora_A"):
+        MXFP8SwiGLUMLP.from_module(lora)
+    mixed = FF()
+    mixed.w3.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="w1 .gate. is torch.float32 and w3 .up. torch.bfloat16"):
+        MXFP8SwiGLUMLP.from_module(mixed)
+    # convert_to_mxfp8: the mixed-dtype FFN's Linears one by one, the adapter Linear left plain, both reported
+    model = nn.Sequential(mixed, lora.w1)
+    report = convert_to_mxfp8(model)
+    assert type(model[0]) is FF and isinstance(model[0].w1, MXFP8Linear) and isinstance(model[0].w3, MXFP8Linear)
+    assert type(model[1]) is nn.Linear
+    why = dict(report.skipped)
+    assert "must share a dtype" in why["0"] and "lora_A" in why["1"]
 
     scope = {}
     exec("from cute_mxfp8 import *", scope)

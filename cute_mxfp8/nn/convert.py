@@ -38,8 +38,8 @@ from torch import nn
 
 from ..config import MXFP8Config
 from ..ops.shapes import fast_mode_hidden_reason
-from .modules import (WEIGHT_DTYPES, MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, layer_config,
-                      mxfp8_dims_reason)
+from .modules import (WEIGHT_DTYPES, MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, layer_config, linear_reason,
+                      mxfp8_dims_reason, swiglu_weights_reason)
 
 __all__ = ["ConversionReport", "convert_to_mxfp8"]
 
@@ -131,8 +131,9 @@ def check_model_and_filter(fn: str, what: str, model, filter_fn, signature: str)
 
 
 def _plain_linear(m: nn.Module) -> bool:
-    """An ``nn.Linear`` or a subclass that keeps ``nn.Linear.forward`` (e.g. torchtitan's ``Linear``)."""
-    return isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward
+    """An ``nn.Linear``, or a subclass that keeps ``nn.Linear.forward`` (e.g. torchtitan's ``Linear``), holding only
+    weight and bias."""
+    return isinstance(m, nn.Linear) and linear_reason(m) is None
 
 
 def _swiglu_ffn_dims(m: nn.Module) -> tuple[int, int, tuple[str, str, str]] | str | None:
@@ -215,8 +216,10 @@ HF_EXPERTS = "MXFP8 experts forward (transformers)"
 def _candidate(m: nn.Module, gen: torch.Generator) -> tuple[str, dict[str, int], object] | str | None:
     """``(kind, dims, names)`` if ``m`` is something this converter can replace, a reason string if it looks like
     an FFN or experts block but is not taken, else None."""
-    if _plain_linear(m):
-        return "MXFP8Linear", {"in_features": m.in_features, "out_features": m.out_features}, None
+    if isinstance(m, nn.Linear):
+        why = linear_reason(m)
+        return why if why is not None else ("MXFP8Linear", {"in_features": m.in_features,
+                                                            "out_features": m.out_features}, None)
     if _hf_experts(m):
         from ..integrations.transformers import experts_layout_reason
 
@@ -321,9 +324,6 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
         if not isinstance(found, tuple):
             if isinstance(found, str):
                 _skip(report, fqn, found)
-            elif isinstance(child, nn.Linear):
-                _skip(report, fqn, f"{type(child).__name__} overrides nn.Linear.forward; only Linears computing "
-                      "nn.Linear's forward are converted")
             _convert_children(child, fqn, cfg, filter_fn, report, gen)
             continue
         kind, dims, names = found
@@ -334,6 +334,13 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
         if why is not None:
             _skip(report, fqn, why)
             continue
+        if kind in ("MXFP8SwiGLUMLP", "MXFP8GroupedExperts"):
+            weights = [getattr(child, n) for n in names]
+            why = swiglu_weights_reason(*(w.weight if isinstance(w, nn.Linear) else w for w in weights))
+            if why is not None:  # e.g. w1 and w3 in two dtypes: an FFN's Linears still convert one by one
+                _skip(report, fqn, why)
+                _convert_children(child, fqn, cfg, filter_fn, report, gen)
+                continue
         if kind != "MXFP8Linear":
             why = fast_mode_hidden_reason(cfg.hopper_block_k, dims["hidden_dim"])
             if why is not None:  # the fast mode runs Linears of any multiple-of-32 shape

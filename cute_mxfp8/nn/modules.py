@@ -57,6 +57,35 @@ def _require_weight_dtype(cls_name: str, *weights: Tensor) -> None:
                          "(make the layer in bfloat16 or float32, or keep it in high precision)")
 
 
+def linear_reason(m: nn.Linear) -> str | None:
+    """Why the ``nn.Linear`` ``m`` cannot become an :class:`MXFP8Linear` sharing its parameters (None: it can): a
+    subclass with its own forward, or parameters besides weight and bias (adapters), which the swap would drop."""
+    if type(m).forward is not nn.Linear.forward:
+        return (f"{type(m).__name__} overrides nn.Linear.forward; only Linears computing nn.Linear's forward are "
+                "converted")
+    extra = [n for n, _ in m.named_parameters() if n not in ("weight", "bias")]
+    if extra:
+        return (f"{type(m).__name__} holds parameters besides weight and bias ({', '.join(extra)}: e.g. adapters), "
+                "which an MXFP8Linear would drop")
+    return None
+
+
+def swiglu_weights_reason(w1: Tensor, w2: Tensor, w3: Tensor) -> str | None:
+    """Why (w1, w2, w3) cannot be the weights of one MXFP8 SwiGLU MLP / grouped experts (None: they can): shapes
+    (..., I, D) / (..., D, I) / (..., I, D), bfloat16 / float32 weights, w1 and w3 in one dtype (W13 is cast as one
+    tensor)."""
+    *e, i, d = w1.shape
+    if tuple(w3.shape) != tuple(w1.shape) or tuple(w2.shape) != (*e, d, i):
+        return (f"w1 / w2 / w3 (gate / down / up) must be (..., I, D) / (..., D, I) / (..., I, D), got "
+                f"{tuple(w1.shape)} / {tuple(w2.shape)} / {tuple(w3.shape)}")
+    bad = sorted({str(w.dtype) for w in (w1, w2, w3) if w.dtype not in WEIGHT_DTYPES})
+    if bad:
+        return f"weights in {', '.join(bad)}: MXFP8 layers take bfloat16 or float32 weights"
+    if w1.dtype != w3.dtype:
+        return f"w1 (gate) is {w1.dtype} and w3 (up) {w3.dtype}: they are cast as one tensor, so must share a dtype"
+    return None
+
+
 def _require_only(cls_name: str, module: nn.Module, names, what: str) -> None:
     """ValueError where ``module`` holds parameters besides those under ``names`` (``from_module`` would drop
     them: a wrong output, silently)."""
@@ -112,9 +141,13 @@ class MXFP8Linear(nn.Linear):
     @classmethod
     def from_linear(cls, linear: nn.Linear, config: MXFP8Config | None = None) -> "MXFP8Linear":
         """A new MXFP8Linear that shares ``linear``'s parameters (no copy, no re-initialization).  TypeError for
-        a non-Linear, ValueError for dims not multiples of 32 or weights not bfloat16 / float32."""
+        a non-Linear; ValueError for dims not multiples of 32, weights not bfloat16 / float32, a subclass with its
+        own forward or parameters besides weight and bias (:func:`linear_reason`)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"{cls.__name__}.from_linear takes an nn.Linear, got {type(linear).__name__}")
+        why = linear_reason(linear)
+        if why is not None:
+            raise ValueError(f"{cls.__name__}.from_linear: {why}; keep it in high precision")
         _require_weight_dtype(cls.__name__, linear.weight)
         new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta",
                   config=config)
@@ -163,9 +196,9 @@ class MXFP8SwiGLUMLP(nn.Module):
         """Take over the (gate, down, up) Linears named ``names`` of a SwiGLU FFN (shared, not copied; the
         Linears keep their own class, e.g. a framework's ``nn.Linear`` subclass, and init hooks).  The FFN must
         compute ``down(silu(gate(x)) * up(x))`` with nothing else: TypeError where a child named in ``names`` is
-        no ``nn.Linear``; ValueError for biased Linears, mismatched shapes, weights not bfloat16 / float32, or
-        parameters outside the three Linears (each would be dropped silently; ``convert_to_mxfp8`` converts such
-        FFNs' Linears one by one)."""
+        no ``nn.Linear``; ValueError for biased Linears, Linears that are not plain (:func:`linear_reason`),
+        weights that cannot form one MLP (:func:`swiglu_weights_reason`), or parameters outside the three Linears
+        (each would be dropped or fail later; ``convert_to_mxfp8`` converts such FFNs' Linears one by one)."""
         _require_names(cls.__name__, names, "child")
         linears = [getattr(ffn, n, None) for n in names]
         if not all(isinstance(lin, nn.Linear) for lin in linears):
@@ -175,12 +208,10 @@ class MXFP8SwiGLUMLP(nn.Module):
         if any(lin.bias is not None for lin in linears):
             raise ValueError(f"{cls.__name__}.from_module: {type(ffn).__name__}'s Linears have biases, which the "
                              "MXFP8 SwiGLU MLP does not add; convert them one by one (convert_to_mxfp8 does)")
-        i, d = gate.weight.shape
-        if tuple(up.weight.shape) != (i, d) or tuple(down.weight.shape) != (d, i):
-            raise ValueError(f"{cls.__name__}.from_module: gate / up / down weights must be (I, D) / (I, D) / (D, I), "
-                             f"got {tuple(gate.weight.shape)} / {tuple(up.weight.shape)} / "
-                             f"{tuple(down.weight.shape)}")
-        _require_weight_dtype(cls.__name__, gate.weight, down.weight, up.weight)
+        why = next((r for r in map(linear_reason, linears) if r is not None), None) or swiglu_weights_reason(
+            gate.weight, down.weight, up.weight)
+        if why is not None:
+            raise ValueError(f"{cls.__name__}.from_module: {why}")
         _require_only(cls.__name__, ffn, names, f"the Linears {tuple(names)}")
         new = cls(gate.in_features, gate.out_features, device="meta", config=config, names=names)
         new._modules.clear()  # the FFN's own child order, so the state dict lists its keys as before
@@ -250,18 +281,17 @@ class MXFP8GroupedExperts(nn.Module):
                     names: tuple[str, str, str] = ("w1", "w2", "w3"),
                     validate_counts: bool = False) -> "MXFP8GroupedExperts":
         """Take over the (w1, w2, w3) parameters named ``names`` of a grouped-experts module (shared, not
-        copied).  ValueError where they are not (E, I, D) / (E, D, I) / (E, I, D) bfloat16 / float32 tensors or
-        the module holds other parameters (they would be dropped silently)."""
+        copied).  ValueError where they are not 3-D parameters that can form the experts
+        (:func:`swiglu_weights_reason`) or the module holds other parameters (they would be dropped silently)."""
         _require_names(cls.__name__, names, "parameter")
-        weights = [getattr(experts, n, None) for n in names]
+        weights = [experts._parameters.get(n) for n in names]  # parameters only: those are what it takes over
         if not all(isinstance(w, Tensor) and w.dim() == 3 for w in weights):
             raise ValueError(f"{cls.__name__}.from_module: {type(experts).__name__} needs 3-D parameters named "
                              f"{tuple(names)}, got {[getattr(w, 'shape', type(w).__name__) for w in weights]}")
+        why = swiglu_weights_reason(*weights)
+        if why is not None:
+            raise ValueError(f"{cls.__name__}.from_module: {why}")
         e, i, d = weights[0].shape
-        if tuple(weights[1].shape) != (e, d, i) or tuple(weights[2].shape) != (e, i, d):
-            raise ValueError(f"{cls.__name__}.from_module: w1 / w2 / w3 must be (E, I, D) / (E, D, I) / (E, I, D), "
-                             f"got {[tuple(w.shape) for w in weights]}")
-        _require_weight_dtype(cls.__name__, *weights)
         _require_only(cls.__name__, experts, names, f"the expert weights {tuple(names)}")
         new = cls(d, i, e, device="meta", config=config, names=names, validate_counts=validate_counts)
         new._parameters.clear()  # the module's own parameter order (state dict key order)

@@ -22,6 +22,7 @@ from . import shapes as S
 from .amp import autocast_off
 from .backends import get_impl
 from .gate_up import GATE_UP_DIRECTIONS
+from .group_meta import validated_end
 
 _E8M0 = torch.float8_e8m0fnu
 _NS = "cute_mxfp8"
@@ -275,7 +276,10 @@ def hp_grouped_wgrad_impl(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
     """fp32 ``a[g]ᵀ·b[g]`` per token group for fp32 (M, N) and (M, K) tensors -> (G, N, K): the high-precision
     wgrad of ``wgrad_with_hp`` (no backend: torch matmuls per group, bounds read from ``offs`` on the host; rows
     past ``offs[-1]`` belong to no group, an empty group's gradient is zero).  An op so that ``torch.compile``
-    traces it as one opaque call instead of guarding on ``offs``'s values."""
+    traces it as one opaque call instead of guarding on ``offs``'s values.  ValueError for inputs that are not
+    fp32 (M, N) / (M, K) on one device, or ``offs`` that is not valid int32 END offsets within M."""
+    _check_hp_grouped_wgrad(a, b, offs)
+    validated_end(offs, a.shape[0])
     out = a.new_zeros(offs.numel(), a.shape[1], b.shape[1])
     for g, (start, end) in enumerate(group_bounds(offs)):
         if end > start:
@@ -288,7 +292,17 @@ _hp_grouped_wgrad = torch.library.custom_op(f"{_NS}::hp_grouped_wgrad", hp_group
 
 @_hp_grouped_wgrad.register_fake
 def _(a, b, offs):
+    _check_hp_grouped_wgrad(a, b, offs)
     return _empty(a, (offs.shape[0], a.shape[1], b.shape[1]), a.dtype)
+
+
+def _check_hp_grouped_wgrad(a: Tensor, b: Tensor, offs: Tensor) -> None:
+    if (a.dtype != torch.float32 or b.dtype != torch.float32 or a.dim() != 2 or b.dim() != 2
+            or a.shape[0] != b.shape[0]):
+        raise ValueError(f"hp_grouped_wgrad takes fp32 (M, N) and (M, K) tensors, got {a.dtype} {tuple(a.shape)} and "
+                         f"{b.dtype} {tuple(b.shape)}")
+    S.check_same_device(a, b)
+    S.check_offs(offs, a.device)
 
 
 # ---- SwiGLU + dual quantization -------------------------------------------------------------------------
