@@ -4,8 +4,8 @@ python tools/profile_host.py [--calls N] [--out DIR]: prints the per-call host t
 reports, a cProfile of the documented wrapper (top functions by own time), and whether the dense MXFP8 SwiGLU MLP
 forward + backward captures into CUDA graphs (torch.cuda.make_graphed_callables), with eager vs replay times.
 ``--grouped``: instead, the grouped experts step's wall / host / kernel time, launches and longest kernels (fast
-mode, plain MXFP8, bf16), where the GPU idles between its kernels (:func:`step_gaps`) and where its host time goes (:func:`grouped_step`; ``--weight-blocks 128x128`` for the
-fast mode's 128 x 128 weight blocks)."""
+mode, plain MXFP8, bf16), where the GPU idles between its kernels (:func:`step_gaps`) and where its host time
+goes (:func:`grouped_step`; ``--weight-blocks 128x128`` for the fast mode's 128 x 128 weight blocks)."""
 
 from __future__ import annotations
 

@@ -38,8 +38,8 @@ from torch import nn
 
 from ..config import MXFP8Config
 from ..ops.shapes import fast_mode_hidden_reason
-from .modules import (WEIGHT_DTYPES, MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, layer_config, linear_reason,
-                      mxfp8_dims_reason, swiglu_weights_reason)
+from .modules import (MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, layer_config, linear_reason,
+                      mxfp8_dims_reason, swiglu_weights_reason, weight_dtype_reason)
 
 __all__ = ["ConversionReport", "convert_to_mxfp8"]
 
@@ -255,10 +255,7 @@ def _why_not(m: nn.Module, dims: dict[str, int]) -> str | None:
     why = mxfp8_dims_reason(**dims)
     if why is not None:
         return why
-    bad = sorted({str(p.dtype) for p in m.parameters() if p.dtype not in WEIGHT_DTYPES})
-    if bad:
-        return f"parameters in {', '.join(bad)}: MXFP8 layers take bfloat16 or float32 weights"
-    return None
+    return weight_dtype_reason(m.parameters(), "parameters")
 
 
 def _replacement(m: nn.Module, kind: str, names, cfg: MXFP8Config) -> nn.Module:

@@ -50,11 +50,16 @@ def layer_config(config, who: str) -> MXFP8Config:
 WEIGHT_DTYPES = (torch.bfloat16, torch.float32)  # the MXFP8 layers' weight (and activation) dtypes
 
 
-def _require_weight_dtype(cls_name: str, *weights: Tensor) -> None:
+def weight_dtype_reason(weights, what: str = "weights") -> str | None:
+    """Why ``weights`` (tensors) cannot be an MXFP8 layer's (None: all bfloat16 / float32); ``what`` names them."""
     bad = sorted({str(w.dtype) for w in weights if w.dtype not in WEIGHT_DTYPES})
-    if bad:
-        raise ValueError(f"{cls_name}: weights in {', '.join(bad)}; MXFP8 layers take bfloat16 or float32 weights "
-                         "(make the layer in bfloat16 or float32, or keep it in high precision)")
+    return f"{what} in {', '.join(bad)}: MXFP8 layers take bfloat16 or float32 weights" if bad else None
+
+
+def _require_weight_dtype(cls_name: str, *weights: Tensor) -> None:
+    why = weight_dtype_reason(weights)
+    if why is not None:
+        raise ValueError(f"{cls_name}: {why} (make the layer in bfloat16 or float32, or keep it in high precision)")
 
 
 def linear_reason(m: nn.Linear) -> str | None:
@@ -78,9 +83,9 @@ def swiglu_weights_reason(w1: Tensor, w2: Tensor, w3: Tensor) -> str | None:
     if tuple(w3.shape) != tuple(w1.shape) or tuple(w2.shape) != (*e, d, i):
         return (f"w1 / w2 / w3 (gate / down / up) must be (..., I, D) / (..., D, I) / (..., I, D), got "
                 f"{tuple(w1.shape)} / {tuple(w2.shape)} / {tuple(w3.shape)}")
-    bad = sorted({str(w.dtype) for w in (w1, w2, w3) if w.dtype not in WEIGHT_DTYPES})
-    if bad:
-        return f"weights in {', '.join(bad)}: MXFP8 layers take bfloat16 or float32 weights"
+    why = weight_dtype_reason((w1, w2, w3))
+    if why is not None:
+        return why
     if w1.dtype != w3.dtype:
         return f"w1 (gate) is {w1.dtype} and w3 (up) {w3.dtype}: they are cast as one tensor, so must share a dtype"
     return None

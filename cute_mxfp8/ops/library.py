@@ -17,11 +17,12 @@ import torch
 from torch import Tensor
 from torch._prims_common import make_contiguous_strides_for
 
+from ..formats import group_bounds
 from . import shapes as S
 from .amp import autocast_off
 from .backends import get_impl
 from .gate_up import GATE_UP_DIRECTIONS
-from .group_meta import host_list, validated_end
+from .group_meta import host_copy, validated_end
 
 _E8M0 = torch.float8_e8m0fnu
 _NS = "cute_mxfp8"
@@ -279,9 +280,9 @@ def hp_grouped_wgrad_impl(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
     fp32 (M, N) / (M, K) on one device, or ``offs`` that is not valid int32 END offsets within M."""
     _check_hp_grouped_wgrad(a, b, offs)
     validated_end(offs, a.shape[0])  # (one host read per offsets tensor, kept for the bounds below)
-    ends = host_list(offs) or offs.tolist()  # (uncached for inference tensors)
+    host = host_copy(offs)  # (None for inference tensors, which are not cached: read again)
     out = a.new_zeros(offs.numel(), a.shape[1], b.shape[1])
-    for g, (start, end) in enumerate(zip([0, *ends[:-1]], ends)):
+    for g, (start, end) in enumerate(group_bounds(offs if host is None else host)):
         if end > start:
             out[g] = a[start:end].t() @ b[start:end]
     return out
