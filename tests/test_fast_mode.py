@@ -496,6 +496,30 @@ def test_fast_mode_gate_up_cast_reads_w1_and_w3_and_matches_the_reference(shape,
     assert {a[0] for a in seen} == {"dual", "rowwise", "colwise"}
 
 
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("scale_block", [32, 128])
+def test_gate_up_past_32_bit_indexing_casts_only_the_asked_direction(scale_block, monkeypatch, rng):
+    """A W13 past the kernels' 32-bit indexing (forced here: ``_packed_limits`` always refuses) is cast one
+    projection at a time and packed: the reference's bytes, and a one-direction call runs that direction's casts
+    only (the MLP's forward needs W13 rowwise, its backward colwise)."""
+    from cute_mxfp8.ops import cute_kernels as CK
+
+    seen = []
+    real = CK.compile_quant
+    monkeypatch.setattr(CK, "compile_quant", lambda *a: seen.append(a[0]) or real(*a))
+    monkeypatch.setattr(CK, "_packed_limits", lambda *a: "forced")
+    w1 = torch.randn(2, 256, 160, generator=rng).to(torch.bfloat16)
+    w3 = _special(torch.randn(2, 256, 160, generator=rng) * torch.logspace(-6, 6, 160)).to(torch.bfloat16)
+    for blocked in (False, True):
+        kw = dict(blocked=blocked, scale_block=scale_block)
+        want = ops.quantize_gate_up(w1, w3, backend="reference", **kw)
+        for direction, pair in (("dual", want), ("rowwise", want[:2]), ("colwise", want[2:])):
+            seen.clear()
+            _equal(ops.quantize_gate_up(w1.cuda(), w3.cuda(), backend="sm90", direction=direction, **kw), pair)
+            assert seen and set(seen) == {direction}, (direction, seen)
+
+
 def test_the_gate_up_cast_build_reads_two_inputs_without_spilling():
     """``compile_quant(..., gate_up=True)``: each CTA loads from w1 or from w3 (two copies of the load code, one
     barrier), no local memory, the kept-run build too; ``gate_up`` is refused where no run is cast in one launch."""

@@ -362,17 +362,23 @@ def _ops(arch: str) -> dict:
         checks make every colwise block along 2I hold features of one projection (I and the tile are multiples of
         the scale block), and rowwise blocks run along D.  The packed path's one copy and one cast replaced two
         casts and the packing of their four outputs, ~3x the launches and ~3.5x the host time (H200).  A W13 past
-        the kernels' 32-bit indexing takes that older path (each projection fits; both directions are cast there
-        and the asked pair returned)."""
+        the kernels' 32-bit indexing takes that older path (each projection fits and is cast in the asked
+        direction only)."""
         run = _gate_up_launcher(arch, w1, scale_mode, elem_dtype, blocked, gate_up_tile, scale_block, blocks_2d,
                                 direction)
         if run is not None:  # no packed copy: the kernel reads w1 and w3
             return run(w1, w3)
         tile = gate_up_tile or None
-        if _packed_limits(w1, blocked) is not None:
-            casts = [quantize_dual(w, scale_mode, elem_dtype, False, None, scale_block, 0, blocks_2d)
-                     for w in (w1, w3)]
-            return pack_gate_up_casts(*casts, blocked, tile)[GATE_UP_DIRECTIONS[direction]]
+        if _packed_limits(w1, blocked) is not None:  # each projection cast in the asked direction only
+            def cast(w):
+                if direction == "rowwise":
+                    return (*quantize_rowwise(w, scale_mode, elem_dtype, False, None, scale_block, blocks_2d), None,
+                            None)
+                if direction == "colwise":
+                    return (None, None,
+                            *quantize_colwise(w, scale_mode, elem_dtype, False, None, scale_block, 0, blocks_2d))
+                return quantize_dual(w, scale_mode, elem_dtype, False, None, scale_block, 0, blocks_2d)
+            return pack_gate_up_casts(cast(w1), cast(w3), blocked, tile)[GATE_UP_DIRECTIONS[direction]]
         packed = pack_gate_up(w1, w3, dim=-2, tile=tile)
         if direction == "rowwise":
             return quantize_rowwise(packed, scale_mode, elem_dtype, blocked, None, scale_block, blocks_2d)
