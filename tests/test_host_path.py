@@ -335,3 +335,26 @@ def test_wrappers_name_bad_argument_types_and_meta_tensors_take_the_op(rng):
     cb, cb_s = ops.quantize_colwise(x, offs=offs)
     dw = ops.grouped_mm_wgrad(meta(ca), meta(ca_s), meta(cb), meta(cb_s), meta(offs))
     assert dw.device.type == "meta" and dw.shape == (2, 32, 96)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("scale_block", [32, 128])
+def test_grouped_dual_cast_zeroes_its_two_scale_buffers_in_one_launch(scale_block, rng):
+    """A grouped dual cast (x's and dy's in the grouped step; the SwiGLU casts' too) zero-fills the padding of its
+    two blocked scale buffers with one launch, then casts with one: two kernels, the reference's bytes, on buffers
+    the caching allocator hands back dirty (a 0xFF-filled block freed just before)."""
+    x = torch.randn(1000, 256, generator=rng).to("cuda", torch.bfloat16)
+    offs = torch.tensor([100, 100, 612, 900], dtype=torch.int32, device="cuda")
+    kw = dict(offs=offs, scale_block=scale_block, token_align=128 if scale_block == 128 else 0)
+    want = ops.quantize_dual(x.cpu(), backend="reference", **{**kw, "offs": offs.cpu()})
+    ops.quantize_dual(x, **kw)  # compiled
+    torch.cuda.synchronize()
+    torch.full((1 << 20,), 255, dtype=torch.uint8, device="cuda")  # freed at once: dirty memory for the outputs
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        got = ops.quantize_dual(x, **kw)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(kernels) == 2, kernels
+    for g, w in zip(_bytes(got), _bytes(want)):
+        assert torch.equal(g.cpu(), w)

@@ -131,6 +131,25 @@ def _outputs(shapes, x, elem_dtype, blocked, groups=None, shape=None):
     return torch.empty(dshape, dtype=elem_dtype, device=x.device), alloc(sshape, dtype=torch.uint8, device=x.device)
 
 
+def _dual_outputs(x, elem_dtype, blocked, groups, token_align: int = 0, shape=None) -> tuple:
+    """New (q, s, qt, st) of a dual cast (rowwise scales grouped only when ``blocked``: plain rowwise scales do not
+    depend on the groups), as two :func:`_outputs` calls make them, except that the scale buffers which must read
+    zero in their padding are zeroed by one ``torch._foreach_zero_`` launch instead of one fill each (a grouped
+    step makes four dual casts; each fill is a launch and a gap between kernels)."""
+    shape = tuple(x.shape) if shape is None else shape
+    specs = (_output_spec(rowwise_shapes, shape, blocked, groups if blocked else None),
+             _output_spec(_colwise_shapes(token_align), shape, blocked, groups))
+    outs, zero = [], []
+    for dshape, sshape, alloc in specs:
+        scales = torch.empty(sshape, dtype=torch.uint8, device=x.device)
+        outs += [torch.empty(dshape, dtype=elem_dtype, device=x.device), scales]
+        if alloc is torch.zeros and scales.numel():
+            zero.append(scales)
+    if zero:
+        torch._foreach_zero_(zero)
+    return tuple(outs)
+
+
 def _colwise_shapes(token_align: int):
     return functools.partial(colwise_shapes, token_align=token_align) if token_align else colwise_shapes
 
@@ -339,8 +358,7 @@ def _ops(arch: str) -> dict:
         g = None if offs is None else offs.shape[0]
         if offs is not None:
             check_offsets(offs, x.shape[0])
-        q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, g if blocked else None)
-        qt, st = _outputs(_colwise_shapes(token_align), x, elem_dtype, blocked, g)
+        q, s, qt, st = _dual_outputs(x, elem_dtype, blocked, g, token_align)
         if offs is None:
             if x.numel():
                 tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, None, scale_block, 0, blocks_2d)
@@ -512,8 +530,7 @@ def _swiglu_ops(arch: str) -> dict:
         g = None if offs is None else offs.shape[0]
         if offs is not None:
             check_offsets(offs, m)  # bad offsets raise ValueError (one host read, unless known to be safe)
-        q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, g if blocked else None, (m, width))
-        qt, st = _outputs(_colwise_shapes(token_align), x, elem_dtype, blocked, g, (m, width))
+        q, s, qt, st = _dual_outputs(x, elem_dtype, blocked, g, token_align, (m, width))
         hp = torch.empty((m, width) if emit_hp else (0,), dtype=x.dtype, device=dev)
         # I == 0: nothing to compute (and no grid to launch); no groups: every row is past them, all zeros; else
         # the kernel's tail CTAs zero the rows past offs[-1] (activation, data, plain scales)

@@ -136,7 +136,8 @@ def dual_outputs(like: torch.Tensor, m: int, n: int, elem_dtype, emit_hp: bool, 
     (qd, qsd), (qtd, qtsd) = rowwise_shapes((m, n), True, groups), colwise_shapes((m, n), True, groups)
     new = torch.empty if groups is None else torch.zeros
     q, qt = (new(d, dtype=elem_dtype, device=dev) for d in (qd, qtd))
-    qs, qts = (torch.zeros(d, dtype=torch.uint8, device=dev) for d in (qsd, qtsd))
+    qs, qts = (torch.empty(d, dtype=torch.uint8, device=dev) for d in (qsd, qtsd))
+    torch._foreach_zero_([qs, qts])  # one launch for both
     hp = new((m, n) if emit_hp else (0,), dtype=torch.float32, device=dev)
     return q, qs, qt, qts, hp
 
