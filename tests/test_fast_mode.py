@@ -826,11 +826,13 @@ def test_fast_mode_grouped_mm_op_is_bit_exact_on_integer_data(sizes, n, k, rng):
 @pytest.mark.gpu
 @sm90
 @pytest.mark.parametrize("sizes", [[0, 1, 127, 129, 300], [257], [0, 0], [64, 0, 70]], ids=str)
-@pytest.mark.parametrize("n,k", [(200, 136), (96, 384)])
+@pytest.mark.parametrize("n,k", [(200, 136), (96, 384), (256, 200), (128, 100)])
 def test_fast_mode_grouped_mm_wgrad_op_is_bit_exact_on_integer_data(sizes, n, k, rng):
     """2d-2d in the fast mode (the promote kernel on 128-aligned groups): K = each group's tokens in 128-blocks
     from its start, empty groups give zero, tokens past offs[-1] are ignored, N and K not multiples of the tile;
-    a NaN token of the last group leaves the other groups' dW finite."""
+    a NaN token of the last group leaves the other groups' dW finite.  bf16 outputs with K % 8 == 0 take the
+    TMA-stored build: every tile's boxes (N = 256: a box partly and boxes wholly past K), tiles whose rows cross
+    into the next group's stored per thread (N = 200); K = 100 the per-thread build."""
     t = sum(sizes) + 43
     offs = torch.tensor(sizes, dtype=torch.int32).cumsum(0).to(torch.int32)
     dy, x = _fast_integer_values((n, t), rng).t(), _fast_integer_values((k, t), rng).t()

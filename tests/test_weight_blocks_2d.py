@@ -278,6 +278,43 @@ def test_the_grouped_tma_store_build_stages_its_tile_without_spilling():
     assert count("FFMA") == count_d("FFMA") == 96 and count("QGMMA.64x192x32.F32.E4M3.E4M3") == 4
 
 
+def test_the_2d_2d_tma_store_build_stages_each_warpgroups_columns_without_spilling():
+    """The split-N 2d-2d (wgrad) build with ``tma_store``: each consumer thread writes its 96 bf16 as 48 32-bit
+    shared stores into the swizzled staging, the warpgroup's first warp stores its 3 boxes of 128 x 32 by TMA
+    (the 3 UTMASTG of the code); the per-thread stores stay for tiles whose rows are not all one group's (N % 128
+    != 0); the same mainloop (96 FMUL + 96 FFMA, 8 WGMMAs per stage), two more barriers, no local memory."""
+    from cute_mxfp8.cli.sass_facts import find_nvdisasm
+    from cute_mxfp8.jit import compile_gemm_sm90
+
+    if find_nvdisasm() is None:
+        pytest.skip('nvdisasm not installed (pip install -e ".[sass]")')
+    kw = dict(block_k=128, n_tile=192, grouping="k", split_halves=True)
+    direct = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, **kw)
+    staged = compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", "sm_90a", True, tma_store=True, **kw)
+    (res_d, count_d), (res, count) = _sass(direct), _sass(staged)
+    assert res["local_frame"] == 0 and count("LDL") == count("STL") == 0 and res["regs"] == res_d["regs"]
+    assert count("STS") == count_d("STS") + 48 and count("UTMASTG") == 3 and count_d("UTMASTG") == 0
+    assert count("STG") == count_d("STG") > 0 and count("STSM") == 0
+    assert count("FFMA") == count_d("FFMA") == 96 and count("FMUL") == count_d("FMUL") == 96
+    assert count("QGMMA.64x96x32.F32.E4M3.E4M3") == count_d("QGMMA.64x96x32.F32.E4M3.E4M3") == 8
+    assert count("BAR.SYNC") == count_d("BAR.SYNC") + 2
+    assert staged.launch_smem[0] <= 232448  # 4 stages of 40 KB + the 48 KB tile (the direct build: 5 stages)
+    for bad in (dict(block_k=128, grouping="k", out_dtype="float32"), dict(block_k=128, grouping="m"),
+                dict(block_k=128)):  # split N stages only the 2d-2d tile; a bf16 one
+        out = bad.pop("out_dtype", "bfloat16")
+        with pytest.raises(ValueError, match="tma_store"):
+            compile_gemm_sm90("e4m3", "e4m3", out, "promote", tma_store=True, **bad)
+
+
+def test_the_fast_wgrad_picks_the_tma_store_build_for_a_bf16_output_with_a_16_byte_row_pitch(monkeypatch):
+    from cute_mxfp8.ops import gemm_sm90 as G
+
+    assert G._wgrad_store(torch.bfloat16, 2048) == {"tma_store": True}
+    assert G._wgrad_store(torch.bfloat16, 132) == {} and G._wgrad_store(torch.float32, 2048) == {}
+    monkeypatch.setattr(G, "WGRAD_TMA_STORE", False)
+    assert G._wgrad_store(torch.bfloat16, 2048) == {}
+
+
 def test_ops_mm_picks_the_tma_store_build_for_a_bf16_output_with_a_16_byte_row_pitch():
     from cute_mxfp8.ops.gemm_sm90 import _tma_store
 

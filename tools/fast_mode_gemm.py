@@ -87,13 +87,46 @@ def grouped(only):
         a, b2.view(-1, d), a_s.view(torch.uint8), b2_s.view(torch.uint8).reshape(-1), d_direct, *sched)
     if only:
         fns = {name: fn for name, fn in fns.items() if _picked(name, only)}
-    row = {}
+    row = wgrad_store_ab(only)
     for name, fn in fns.items():
         try:
             row[name] = 2 * t * n * d / (_time_ms(fn, x.device, 2.0) * 1e-3) / 1e12
         except Exception as exc:  # noqa: BLE001 - a baseline this torch cannot run is reported, not fatal
             row[name] = f"{type(exc).__name__}: {str(exc)[:120]}"
     print("grouped", {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()})
+    return row
+
+
+def wgrad_store_ab(only) -> dict:
+    """The fast 2d-2d wgrad (bf16 out) with its TMA-stored tile vs per-thread stores
+    (``ops.gemm_sm90.WGRAD_TMA_STORE``), TFLOP/s, at the grouped step's two wgrads (T=32768 in 8 equal groups):
+    dW13 (8 x 3072 x 2048, split into dW1 / dW3 as the MLP asks) and dW2 (8 x 2048 x 1536); each checked equal to
+    the other epilogue first (the same fp32 accumulators, rounded once)."""
+    from cute_mxfp8.ops import gemm_sm90 as G
+
+    e, t = 8, 32768
+    offs = torch.arange(1, e + 1, device="cuda", dtype=torch.int32) * (t // e)
+    row = {}
+    for label, n, k, halves in (("dW13", 3072, 2048, True), ("dW2", 2048, 1536, False)):
+        (ga, ga_s), (gb, gb_s) = (ops.quantize_colwise(torch.randn(t, c, device="cuda"), offs=offs, scale_block=128)
+                                  for c in (n, k))
+
+        def run():
+            return ops.grouped_mm_wgrad(ga, ga_s, gb, gb_s, offs, backend="sm90", scale_block=128,
+                                        out_dtype=torch.bfloat16, split_halves=halves)
+        outs = {}
+        for staged in (True, False):
+            name = f"2d-2d sm90 fast mode {label} {'TMA store' if staged else 'per-thread stores'}"
+            if only and not _picked(name, only):
+                continue
+            G.WGRAD_TMA_STORE = staged
+            try:
+                outs[staged] = run()
+                row[name] = 2 * t * n * k / (_time_ms(run, ga.device, 2.0) * 1e-3) / 1e12
+            finally:
+                G.WGRAD_TMA_STORE = True
+        if len(outs) == 2:
+            row[f"{label} epilogues equal"] = bool(torch.equal(outs[True], outs[False]))
     return row
 
 

@@ -103,7 +103,9 @@ class MXGemmSm90:
     at 8192³ (a tile's store is a larger share of a short K loop; ``docs/sm90_gemm.md``).  2d-3d: a warpgroup's
     64 rows whose group ends inside them are copied from the staged tile element by element instead (the rows
     past the end are the next group's); +19 % at 32768 x 3072 x 2048 in 8 groups.  That build's setmaxnreg
-    budgets are 24 / 240 (:meth:`_regs`: at 40 / 232 ptxas spilled 4 words).
+    budgets are 24 / 240 (:meth:`_regs`: at 40 / 232 ptxas spilled 4 words).  2d-2d (split N, the wgrads):
+    each warpgroup stages its own columns, whole 128 x 32 boxes, with 32-bit shared stores and TMA-stores them
+    (:meth:`_store_tma_n`); a tile whose 128 rows are not all its group's (N % 128 != 0) stores per thread.
     ``pingpong`` (block_k=128, default on): the consumer warpgroups pass a WGMMA issue token round a ring (named
     barriers, :meth:`_token`): each issues a stage's WGMMAs only after the previous one issued its own, so the
     tensor core runs one warpgroup's MMAs while the others promote.  ``cluster_mn`` (:attr:`CLUSTERS`): CTAs per
@@ -127,7 +129,8 @@ class MXGemmSm90:
     issue token (``block_k=128`` only; ignored with 32); ``grouping`` ``"none"``, or ``"m"`` / ``"k"`` with
     ``block_k=128`` and no cluster; ``b_block_n`` 1 or (fast mode, not ``"k"``) 128; ``consumer_split`` ``"n"``
     or (``b_block_n=128``) ``"m"``; ``tma_store`` (bool) with ``consumer_split="m"``, ``grouping`` ``"none"`` or
-    ``"m"``, no cluster and ``out_dtype="bfloat16"`` (D's rows then need a 16-byte pitch: N % 8 == 0);
+    ``"m"``, or with ``consumer_split="n"`` and ``grouping="k"``, no cluster and ``out_dtype="bfloat16"`` (D's
+    rows then need a 16-byte pitch: N % 8 == 0);
     ``split_tail`` (bool) with ``block_k=128``, ``grouping="none"`` and no cluster.  Raises ValueError naming the
     argument for anything else.
     """
@@ -181,12 +184,14 @@ class MXGemmSm90:
                              f"scale per thread: affordable with one scalar per B block only), got "
                              f"{consumer_split!r} with b_block_n={b_block_n}")
         self.split_m = consumer_split == "m"
-        if type(tma_store) is not bool or (tma_store and (not self.split_m or grouping == "k"
-                                                          or out_dtype != "bfloat16" or cluster_mn != (1, 1))):
-            raise ValueError(f"tma_store (a bool) needs consumer_split='m', grouping 'none' or 'm', no cluster and "
-                             f"a bfloat16 output (the whole tile is staged in shared memory; TMA clips only at the "
-                             f"output's edges), got tma_store={tma_store!r} with consumer_split={consumer_split!r}, "
-                             f"grouping={grouping!r}, cluster_mn={cluster_mn}, out_dtype={out_dtype!r}")
+        staged_ok = grouping == "k" if consumer_split == "n" else grouping in ("none", "m")
+        if type(tma_store) is not bool or (tma_store and (not staged_ok or out_dtype != "bfloat16"
+                                                          or cluster_mn != (1, 1))):
+            raise ValueError(f"tma_store (a bool) needs consumer_split='m' with grouping 'none' or 'm', or "
+                             f"consumer_split='n' with grouping 'k', no cluster and a bfloat16 output (the whole tile "
+                             f"is staged in shared memory; TMA clips only at the output's edges), got "
+                             f"tma_store={tma_store!r} with consumer_split={consumer_split!r}, grouping={grouping!r}, "
+                             f"cluster_mn={cluster_mn}, out_dtype={out_dtype!r}")
         self.tma_store = tma_store
         if type(split_tail) is not bool or (split_tail and (block_k != 128 or grouping != "none"
                                                              or cluster_mn != (1, 1))):
@@ -230,9 +235,13 @@ class MXGemmSm90:
             subtiles = self.n_tile // self.EPI_COLS
             self.d_smem = sm90.make_smem_layout_epi(self.d_dtype, _ROW_MAJOR, (self.TILE_M, self.EPI_COLS),
                                                     subtiles)
-            self.epi_box = (self.TILE_M // self.consumers, self.EPI_COLS)
-            self.d_box = sm90.make_smem_layout_epi(self.d_dtype, _ROW_MAJOR, self.epi_box,
-                                                   self.consumers * subtiles)
+            if self.split_m:
+                self.epi_box = (self.TILE_M // self.consumers, self.EPI_COLS)
+                self.d_box = sm90.make_smem_layout_epi(self.d_dtype, _ROW_MAJOR, self.epi_box,
+                                                       self.consumers * subtiles)
+            else:  # split N (2d-2d): a warpgroup's columns are whole sub-tiles, each one 128 x 32 box
+                self.epi_box = (self.TILE_M, self.EPI_COLS)
+                self.d_box = self.d_smem
             epi_bytes = cute.size_in_bytes(self.d_dtype, self.d_smem) + 1024  # + its 1 KB alignment
         self.stages = min(8, (capacity - 4096 - dec_bytes - epi_bytes) // self.stage_bytes)
         self.a_smem = sm90.make_smem_layout_a(_K_MAJOR, self.tiler, self.a_dtype, self.stages)
@@ -398,7 +407,8 @@ class MXGemmSm90:
             if cutlass.const_expr(self.tma_store):
                 d_smem, d_box = d_layouts
                 epi = self._epilogue_setup(mma, st.sd.get_tensor(d_smem.outer, swizzle=d_smem.inner),
-                                           st.sd.get_tensor(d_box.outer, swizzle=d_box.inner), tma_d, gd, tidx - 128)
+                                           st.sd.get_tensor(d_box.outer, swizzle=d_box.inner), tma_d, gd, tidx - 128,
+                                           st.sd.data_ptr())
             if cutlass.const_expr(self.pingpong):
                 if wg == self.consumers:  # the issue token starts with warpgroup 1 (see consume)
                     cute.arch.barrier_arrive(barrier_id=self._token(0), number_of_threads=256)
@@ -560,6 +570,13 @@ class MXGemmSm90:
             r0 = work.d_row0 + wgi * 64
             if r0 < cute.size(d, mode=[0]):
                 self._store_tma(acc, epi, r0, bn, ct, (d, work.rows, cols))
+        elif cutlass.const_expr(self.tma_store and not self.split_m):
+            # 2d-2d: TMA boxes where the tile's 128 rows start on a box row and all are its group's (N % 128 == 0);
+            # otherwise the rows past the group's end are the next group's: per-thread stores
+            if work.d_row0 % self.TILE_M == 0 and work.d_row0 + self.TILE_M <= work.rows:
+                self._store_tma_n(acc, epi, work.d_row0 // self.TILE_M, bn, ct, rl, cols)
+            else:
+                self._store(acc, d, work.rows, cols, work.d_row0 + rl, c0 + 2 * (lane % 4))
         elif cutlass.const_expr(self.tma_store):
             self._store_tma(acc, epi, work.d_row0 // self.TILE_M, bn, ct)
         else:
@@ -605,12 +622,19 @@ class MXGemmSm90:
 
     @cute.jit
     def _epilogue_setup(self, mma: cute.TiledMma, sd: cute.Tensor, sd_box: cute.Tensor, tma_d: cute.CopyAtom,
-                        gd: cute.Tensor, ct: cutlass.Int32):
+                        gd: cute.Tensor, ct: cutlass.Int32, raw):
         """``tma_store``: consumer thread ``ct``'s view of the staged output tile: ``sd`` as ``n_tile / 32``
         sub-tiles of 128 x 32 (``hopper_helpers.make_smem_layout_epi``) that an ``stmatrix`` copy from its
         accumulator fragment writes (``get_smem_store_op``, tiled over the MMA's C layout), and the same memory
         ``sd_box`` as 64 x 32 boxes (sub-tile s, warpgroup w: box 2 s + w) with D's boxes (``gd``, D's TMA
         coordinate tensor) partitioned for the TMA store."""
+        if cutlass.const_expr(not self.split_m):  # split N (2d-2d): 32-bit stores into the staging, D's boxes
+            s_box, g_box = cpasync.tma_partition(tma_d, 0, cute.make_layout(1), cute.group_modes(sd_box, 0, 2),
+                                                 cute.group_modes(cute.local_tile(gd, self.epi_box, (None, None)), 0,
+                                                                  2))
+            words = cute.make_tensor(cute.recast_ptr(raw, dtype=cutlass.Uint32),  # (raw: the unswizzled pointer)
+                                     cute.make_layout(self.TILE_M * self.n_tile // 2))
+            return words, s_box, g_box, tma_d
         stsm = sm90.get_smem_store_op(_ROW_MAJOR, self.d_dtype, cutlass.Float32)  # stmatrix 8x8 x4 (bf16)
         r2s = cute.make_tiled_copy_S(stsm, cute.make_tiled_copy_C_atom(stsm, mma))
         thr = r2s.get_slice(ct)
@@ -681,6 +705,51 @@ class MXGemmSm90:
             for s in cutlass.range_constexpr(subtiles):
                 cute.copy(tma_d, s_box[(None, self.consumers * s + wgi)],
                           g_box[(None, self.consumers * bm + wgi, subtiles * bn + s)])
+            cute.arch.cp_async_bulk_commit_group()
+
+    @cute.jit
+    def _store_tma_n(self, acc: cute.Tensor, epi, bm: cutlass.Int32, bn: cutlass.Int32, ct: cutlass.Int32,
+                     rl: cutlass.Int32, cols: cutlass.Int32):
+        """``tma_store`` epilogue of the split-N build (2d-2d) for output tile (bm, bn) (``bm`` in 128-row boxes):
+        each consumer warpgroup owns the ``wg_cols / 32`` sub-tiles of its columns.  Its first warp waits until the
+        previous tile's stores have read them, the warpgroup writes its accumulator, converted to bf16, a column pair
+        per 32-bit store into them (the swizzled layout of :meth:`_configure`), then the first warp TMA-stores each 128 x 32
+        box with columns inside D and goes on: the stores drain while the next tile's mainloop runs.  Thread
+        element ``i`` is at (``rl`` + row offset, the warpgroup's first column + ``2 (lane % 4)`` + column offset)
+        (:meth:`_frag_offset`); ``rl`` the tile row of its element 0."""
+        words, s_box, g_box, tma_d = epi
+        wgi = ct // 128
+        lane = ct % 32
+        first = ct % 128 < 32  # the warpgroup's issuing warp
+        per_wg = self.wg_cols // self.EPI_COLS  # sub-tiles per warpgroup (wg_cols is a multiple of 32)
+        sub = self.TILE_M * self.EPI_COLS  # elements per sub-tile
+        # the staging's swizzle (make_smem_layout_epi, bf16 128 x 32: Swizzle<2,4,3> over row * 32 + column)
+        # XORs row bits 2-3 into bits 4-5 of the element offset, i.e. into column bit 4 and row bit 0.  Row bits
+        # 2-3 are the same for all of the thread's rows of one ``rs`` (mi adds 64 rows), so each of its bf16 pairs
+        # is at one of 4 per-thread bases (rs, column run below / above 16) plus a compile-time offset
+        bases = []
+        for rs in cutlass.range_constexpr(2):
+            row = rl + 8 * rs
+            x = (row >> 2) & 3
+            at = ((row * 32) ^ ((x >> 1) << 5)) + 2 * (lane % 4) + per_wg * sub * wgi
+            bases.append((at + ((x & 1) << 4), at - ((x & 1) << 4)))
+        if first:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)  # (the warpgroup's decode barrier id)
+        for mi in cutlass.range_constexpr(self.row_frags):
+            for rs in cutlass.range_constexpr(2):
+                for j in cutlass.range_constexpr(self.thr_cols // 2):  # the thread's 8-column runs
+                    run = (8 * j) % self.EPI_COLS  # the run's first column in its sub-tile
+                    at = bases[rs][0 if run < 16 else 1] + (8 * j) // self.EPI_COLS * sub + 2048 * mi + run
+                    words[at // 2] = pack_bf16x2(acc[self._frag_index(2 * j, mi, rs)],
+                                                 acc[self._frag_index(2 * j + 1, mi, rs)])
+        cute.arch.fence_proxy("async.shared", space="cta")  # the generic-proxy writes, seen by the TMA unit
+        cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)
+        if first:
+            for s in cutlass.range_constexpr(per_wg):
+                box = bn * (self.n_tile // self.EPI_COLS) + per_wg * wgi + s
+                if box * self.EPI_COLS < cols:  # (boxes past D's last column hold nothing of D)
+                    cute.copy(tma_d, s_box[(None, per_wg * wgi + s)], g_box[(None, bm, box)])
             cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit

@@ -147,6 +147,17 @@ def _tma_store(b_blocks_2d: bool, out_dtype: torch.dtype, n: int) -> dict:
     return {"tma_store": True} if staged else {}
 
 
+# the fast 2d-2d wgrad (split N) stages its output tile in shared memory and TMA-stores it (bf16 output with a
+# 16-byte row pitch), overlapping the next tile's mainloop; False: per-thread stores (tools/fast_mode_gemm.py times
+# both)
+WGRAD_TMA_STORE = True
+
+
+def _wgrad_store(out_dtype: torch.dtype, k: int) -> dict:
+    """The fast 2d-2d build's epilogue for a (G N, ``k``) output of ``out_dtype`` (:data:`WGRAD_TMA_STORE`)."""
+    return {"tma_store": True} if WGRAD_TMA_STORE and out_dtype == torch.bfloat16 and k % 8 == 0 else {}
+
+
 def _schedule_m(offs, t):
     """(safe offs, (2, G) schedule) of a 2d-3d launch over T = ``t`` rows, once per offsets tensor."""
     return schedule_m(offs, t, _TILE_M)
@@ -164,7 +175,8 @@ def grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, scale_block=32, 
     def build():
         if scale_block == 128:
             return compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "promote", grouping="k",
-                                     block_k=128, n_tile=FAST_N_TILE, split_halves=split_halves, **_persistent(a))
+                                     block_k=128, n_tile=FAST_N_TILE, split_halves=split_halves, **_persistent(a),
+                                     **_wgrad_store(out_dtype, b.shape[0]))
         return compile_gemm_sm90(_ELEM[a.dtype], _ELEM[b.dtype], _OUT[out_dtype], "dequant", grouping="k",
                                  **_persistent(a))
 
