@@ -723,24 +723,20 @@ class MXGemmSm90:
         first = ct % 128 < 32  # the warpgroup's issuing warp
         per_wg = self.wg_cols // self.EPI_COLS  # sub-tiles per warpgroup (wg_cols is a multiple of 32)
         sub = self.TILE_M * self.EPI_COLS  # elements per sub-tile
-        # the staging's swizzle (make_smem_layout_epi, bf16 128 x 32: Swizzle<2,4,3> over row * 32 + column)
-        # XORs row bits 2-3 into bits 4-5 of the element offset, i.e. into column bit 4 and row bit 0.  Row bits
-        # 2-3 are the same for all of the thread's rows of one ``rs`` (mi adds 64 rows), so each of its bf16 pairs
-        # is at one of 4 per-thread bases (rs, column run below / above 16) plus a compile-time offset
-        bases = []
-        for rs in cutlass.range_constexpr(2):
-            row = rl + 8 * rs
-            x = (row >> 2) & 3
-            at = ((row * 32) ^ ((x >> 1) << 5)) + 2 * (lane % 4) + per_wg * sub * wgi
-            bases.append((at + ((x & 1) << 4), at - ((x & 1) << 4)))
+        # the staging's swizzle (make_smem_layout_epi, bf16 128 x 32: TMA's 64-byte swizzle, Swizzle<2,4,3> on
+        # byte addresses) XORs byte bits 7-8 into bits 4-5: the 8-column run ``c // 8`` of row ``r`` is stored at
+        # run ``(c // 8) ^ ((r >> 1) & 3)``.  All of a thread's rows (``rl`` + 8 rs + 64 mi) share ``(r >> 1) & 3``,
+        # so its bf16 pairs lie at one base plus one of 4 run offsets plus compile-time offsets
+        x = (rl >> 1) & 3
+        base = rl * self.EPI_COLS + 2 * (lane % 4) + per_wg * sub * wgi
+        runs = [((r ^ x) << 3) for r in range(4)]
         if first:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
         cute.arch.barrier(barrier_id=1 + wgi, number_of_threads=128)  # (the warpgroup's decode barrier id)
         for mi in cutlass.range_constexpr(self.row_frags):
             for rs in cutlass.range_constexpr(2):
                 for j in cutlass.range_constexpr(self.thr_cols // 2):  # the thread's 8-column runs
-                    run = (8 * j) % self.EPI_COLS  # the run's first column in its sub-tile
-                    at = bases[rs][0 if run < 16 else 1] + (8 * j) // self.EPI_COLS * sub + 2048 * mi + run
+                    at = (base + runs[j % 4] + (8 * j) // self.EPI_COLS * sub + (64 * mi + 8 * rs) * self.EPI_COLS)
                     words[at // 2] = pack_bf16x2(acc[self._frag_index(2 * j, mi, rs)],
                                                  acc[self._frag_index(2 * j + 1, mi, rs)])
         cute.arch.fence_proxy("async.shared", space="cta")  # the generic-proxy writes, seen by the TMA unit
