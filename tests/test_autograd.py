@@ -59,7 +59,9 @@ def test_linear_bf16_and_e5m2_grads(rng):
     yq, yr, gq, gr = _run_both(lambda x, w: mxfp8_linear(x, w, None, cfg), lambda x, w: F.linear(x.float(), w.float()),
                                (x, w), lambda s: torch.randn(*s, generator=rng))
     assert yq.dtype == torch.bfloat16 and gq[0].dtype == torch.bfloat16 and gq[1].dtype == torch.bfloat16
-    assert sqnr(yr, yq) >= 27
+    # scale_mode="floor" puts a block's amax in [256, 512): the part above 448 saturates, on top of e4m3's rounding
+    # of both operands and y's bf16 rounding: 27.5 dB mean, sd 0.16, min 26.98 over seeds 0-299 (27 failed 1 in ~300)
+    assert sqnr(yr, yq) >= 26
     assert sqnr(gr[0], gq[0]) >= 18  # e5m2 has 2 mantissa bits: ~25 dB for one operand, less for the product
     assert sqnr(gr[1], gq[1]) >= 18
 
