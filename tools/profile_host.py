@@ -348,18 +348,38 @@ def idle_gaps(kernels: list[tuple[str, float, float]], top: int = 12) -> dict:
     return {"idle_us": sum(g[0] for g in gaps), "gaps": len(gaps), "longest": gaps[:top]}
 
 
-def step_gaps(step, dev, steps: int = 5) -> dict:
+def step_gaps(step, dev, steps: int = 5, hold_ms: float = 0.0) -> dict:
     """:func:`idle_gaps` of ``steps`` steps queued back to back (no sync between them, as do_bench runs them,
     without its L2 flush), per step: is the wall-minus-kernel time a few long waits (the GPU waiting for the
-    host: a sync, a slow host stretch) or many short launch gaps?"""
+    host: a sync, a slow host stretch) or many short launch gaps?  The profiler slows the host, so a step near
+    the host's limit idles more under it; ``hold_ms`` (:func:`~cute_mxfp8.cli.bench_mlp.profiled_steps`) queues
+    every step first and leaves only the gaps the GPU makes itself between queued kernels."""
     from cute_mxfp8.cli.bench_mlp import profiled_steps
 
-    prof = profiled_steps(step, dev, steps, warmup=3)
+    prof = profiled_steps(step, dev, steps, warmup=3, hold_ms=hold_ms)
     kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
-               if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start]
+               if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
+               and "sleep" not in e.name]
     out = idle_gaps(kernels)
     out["idle_us_per_step"] = out["idle_us"] / steps
     return out
+
+
+def queued_step_ms(step, dev, steps: int = 10, hold_ms: float = 100.0) -> float:
+    """ms per step of ``steps`` steps that the host queued while the GPU spun ``hold_ms`` (events after the spin
+    and after the last step): the step's GPU time with every launch already queued (its kernels and the gaps the
+    GPU makes between them), whatever the host's speed.  Against do_bench's wall: how much the host costs."""
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize(dev)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(int(hold_ms * 2e6))
+    start.record()
+    for _ in range(steps):
+        step()
+    end.record()
+    torch.cuda.synchronize(dev)
+    return start.elapsed_time(end) / steps
 
 
 def grouped_step(steps: int, weight_blocks: str = "1x128", plain: bool = True) -> dict:
@@ -387,13 +407,17 @@ def grouped_step(steps: int, weight_blocks: str = "1x128", plain: bool = True) -
             fns["bf16"] = lambda bf16=bf16: _step(bf16, x, dy)
         for label, step in fns.items():
             wall = _time_ms(step, dev, 1.0)
+            queued = statistics.median(queued_step_ms(step, dev) for _ in range(3))
             host_ms = statistics.median(_idle_gpu_us(step, steps)) / 1e3
             kernels = kernel_breakdown(step, dev, top=10**6)
-            report[label] = {"wall_ms": wall, "host_ms": host_ms,
+            report[label] = {"wall_ms": wall, "queued_ms": queued, "host_ms": host_ms,
                              "kernel_ms": sum(r[2] for r in kernels),
                              "launches": sum(r[1] for r in kernels), "top_kernels": kernels[:15]}
             report[label]["gaps"] = step_gaps(step, dev)
             print(label, "GPU idle between kernels:", json.dumps(report[label]["gaps"]))
+            report[label]["gaps_queued"] = step_gaps(step, dev, hold_ms=100.0)
+            print(label, "GPU idle between kernels, every step queued first:",
+                  json.dumps(report[label]["gaps_queued"]))
             report[label]["memory"] = live_at_peak(step, dev)
             print(label, "memory", json.dumps(report[label]["memory"]))
             if label != "bf16":
@@ -415,7 +439,7 @@ def grouped_step(steps: int, weight_blocks: str = "1x128", plain: bool = True) -
                     print("    cpu", [round(v, 3) if isinstance(v, float) else v for v in row])
             print(label, {k: round(v, 3) for k, v in report[label].items()
                           if k not in ("frames", "top_kernels", "cpu_ops", "cprofile", "memory", "per_op_us",
-                                       "split_us", "timeline", "gaps")})
+                                       "split_us", "timeline", "gaps", "gaps_queued")})
             for row in kernels[:15]:
                 print("   ", row)
     return report
