@@ -312,3 +312,24 @@ def test_numpy_and_lists_of_a_wrapped_weight(rng):
         w.numpy()
     with pytest.raises(TypeError, match="must be set to a tensor"):
         w.data = 3
+
+
+def test_convert_leaves_weights_wrapped_with_another_config(rng):
+    """A Linear whose weight ``quantize_weights_`` wrapped runs in MXFP8 with the wrapper's config; converting it
+    with another config would silently replace that config: ``convert_to_mxfp8`` skips it (the reason names the
+    fix) and converts the others; with the same config it converts (the results do not change)."""
+    import torch.nn as nn
+
+    from cute_mxfp8 import MXFP8Config, convert_to_mxfp8, quantize_weights_
+
+    floor = MXFP8Config(scale_mode="floor")
+    model = nn.Sequential(nn.Linear(64, 64, bias=False), nn.Linear(64, 64, bias=False))
+    assert quantize_weights_(model, floor, filter_fn=lambda mod, name, p: mod is model[0]) == ["0.weight"]
+    x = torch.randn(32, 64, generator=rng)
+    want = model[0](x)
+    report = convert_to_mxfp8(model, config=MXFP8Config())
+    assert [fqn for fqn, _ in report.converted] == ["1"]
+    assert [fqn for fqn, _ in report.skipped] == ["0"] and "quantize_weights_" in report.skipped[0][1]
+    assert type(model[0]) is nn.Linear and torch.equal(model[0](x), want)
+    report = convert_to_mxfp8(model, config=floor)
+    assert [fqn for fqn, _ in report.converted] == ["0"] and torch.equal(model[0](x), want)

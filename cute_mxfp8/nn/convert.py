@@ -251,10 +251,16 @@ def _candidate(m: nn.Module, gen: torch.Generator) -> tuple[str, dict[str, int],
     return None
 
 
-def _why_not(m: nn.Module, dims: dict[str, int]) -> str | None:
+def _why_not(m: nn.Module, dims: dict[str, int], cfg: MXFP8Config) -> str | None:
     why = mxfp8_dims_reason(**dims)
     if why is not None:
         return why
+    from .weight import MXFP8TrainingWeight  # (weight.py imports this package's modules)
+
+    for p in m.parameters():  # a wrapped weight runs with its own config: converting would silently replace it
+        if isinstance(p, MXFP8TrainingWeight) and p.config != cfg:
+            return (f"its weights were wrapped by quantize_weights_ with another config ({p.config}) and already "
+                    f"run in MXFP8 with it: convert with that config, or unwrap them first")
     return weight_dtype_reason(m.parameters(), "parameters")
 
 
@@ -278,7 +284,9 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
 
     Args:
         model: any ``nn.Module``; its descendants are replaced (the root itself cannot be replaced in place and
-            is reported as skipped if it is a candidate).  Already-converted modules are left alone.
+            is reported as skipped if it is a candidate).  Already-converted modules are left alone, and so are
+            candidates whose weights ``quantize_weights_`` wrapped with a config other than ``config`` (they
+            already run in MXFP8 with theirs; reported as skipped).
         filter_fn: ``filter_fn(module, fqn) -> bool``, asked about each candidate (a Linear, SwiGLU FFN or
             grouped-experts module) before it is converted; False keeps that candidate, and for an FFN / experts
             module everything inside it, in high precision (default: convert all).
@@ -327,7 +335,7 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
         if filter_fn is not None and not filter_fn(child, fqn):
             _skip(report, fqn, "excluded by filter_fn")
             continue
-        why = _why_not(child, dims)
+        why = _why_not(child, dims, cfg)
         if why is not None:
             _skip(report, fqn, why)
             continue
