@@ -359,7 +359,7 @@ def step_gaps(step, dev, steps: int = 5, hold_ms: float = 0.0) -> dict:
     prof = profiled_steps(step, dev, steps, warmup=3, hold_ms=hold_ms)
     kernels = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
                if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
-               and "sleep" not in e.name]
+               and "spin_kernel" not in e.name]  # (torch.cuda._sleep's kernel: at::cuda::spin_kernel)
     out = idle_gaps(kernels)
     out["idle_us_per_step"] = out["idle_us"] / steps
     return out
