@@ -372,8 +372,9 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
       ``"n"`` (the two consumer warpgroups each all 128 rows x half the columns) or, with ``b_block_n=128``,
       ``"m"`` (each 64 rows x all columns: one m64 x n_tile WGMMA per K step); ``tma_store`` (split M, dense or
       ``"m"``; or split N with ``"k"``; bf16 d with N % 8 == 0): the output tile staged in shared memory and
-      TMA-stored, overlapping the next tile's mainloop; ``split_tail`` (fast mode, dense, no cluster): ``fn(a, b, sfa, sfb, d, ws, flags, tail,
-      parts)`` as ``MXGemmSm90.call_split`` takes them (the last ``tail`` tiles split in ``parts`` along K).
+      TMA-stored, overlapping the next tile's mainloop; ``split_tail`` (fast mode, dense, no cluster):
+      ``fn(a, b, sfa, sfb, d, ws, flags, tail, parts)`` as ``MXGemmSm90.call_split`` takes them (the last
+      ``tail`` tiles split in ``parts`` along K).
     * ``"dequant"``: ``fn(a, b, sfa, sfb, d, offs, sched)`` with the operands of ``grouping`` as
       ``MXGemmSm90Dequant.__call__`` lists them (``"none"`` dense, ``"m"`` 2d-3d, ``"k"`` 2d-2d); offs (G,) and
       sched (2, G) int32 (placeholders for dense).

@@ -627,7 +627,8 @@ class MXGemmSm90:
         sub-tiles of 128 x 32 (``hopper_helpers.make_smem_layout_epi``) that an ``stmatrix`` copy from its
         accumulator fragment writes (``get_smem_store_op``, tiled over the MMA's C layout), and the same memory
         ``sd_box`` as 64 x 32 boxes (sub-tile s, warpgroup w: box 2 s + w) with D's boxes (``gd``, D's TMA
-        coordinate tensor) partitioned for the TMA store."""
+        coordinate tensor) partitioned for the TMA store.  Split N (2d-2d): the staging as 32-bit words from its
+        unswizzled pointer ``raw`` (:meth:`_store_tma_n` applies the swizzle itself), its 128 x 32 boxes and D's."""
         if cutlass.const_expr(not self.split_m):  # split N (2d-2d): 32-bit stores into the staging, D's boxes
             s_box, g_box = cpasync.tma_partition(tma_d, 0, cute.make_layout(1), cute.group_modes(sd_box, 0, 2),
                                                  cute.group_modes(cute.local_tile(gd, self.epi_box, (None, None)), 0,
@@ -712,9 +713,10 @@ class MXGemmSm90:
                      rl: cutlass.Int32, cols: cutlass.Int32):
         """``tma_store`` epilogue of the split-N build (2d-2d) for output tile (bm, bn) (``bm`` in 128-row boxes):
         each consumer warpgroup owns the ``wg_cols / 32`` sub-tiles of its columns.  Its first warp waits until the
-        previous tile's stores have read them, the warpgroup writes its accumulator, converted to bf16, a column pair
-        per 32-bit store into them (the swizzled layout of :meth:`_configure`), then the first warp TMA-stores each 128 x 32
-        box with columns inside D and goes on: the stores drain while the next tile's mainloop runs.  Thread
+        previous tile's stores have read them, the warpgroup writes its accumulator, converted to bf16, a column
+        pair per 32-bit store into them (the swizzled layout of :meth:`_configure`), then the first warp TMA-stores
+        each 128 x 32 box with columns inside D and goes on: the stores drain while the next tile's mainloop runs.
+        Thread
         element ``i`` is at (``rl`` + row offset, the warpgroup's first column + ``2 (lane % 4)`` + column offset)
         (:meth:`_frag_offset`); ``rl`` the tile row of its element 0."""
         words, s_box, g_box, tma_d = epi
