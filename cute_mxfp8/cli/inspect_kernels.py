@@ -217,6 +217,14 @@ FAMILIES = [
     Family("gemm_sm90_fast_mode_grouped_k_split_halves",
            functools.partial(jit.compile_gemm_sm90, grouping="k", split_halves=True, block_k=128, n_tile=192),
            {**_GEMM_E4M3, "out_dtype": ["bfloat16", "float32"], "mainloop": ["promote"]}, archs=("sm_90a",)),
+    # ... the 2d-2d builds the ops run for a bf16 output with K % 8 == 0: the split-N tile TMA-stored from shared
+    # memory (ops.gemm_sm90.WGRAD_TMA_STORE), in both output layouts
+    *(Family(f"gemm_sm90_fast_mode_grouped_k{'_split_halves' if halves else ''}_tma_store",
+             functools.partial(jit.compile_gemm_sm90, grouping="k", split_halves=halves, block_k=128, n_tile=192,
+                               tma_store=True),
+             {"a_elem": ELEMS, "b_elem": ELEMS, "out_dtype": ["bfloat16"], "mainloop": ["promote"]},
+             archs=("sm_90a",))
+      for halves in (False, True)),
     *(Family(f"gemm_sm90_{epi}{'_hp' if hp else ''}_{elem}_{mode}",
              functools.partial(jit.compile_gemm_sm90, epilogue=epi, cast_elem=elem, scale_mode=mode, emit_hp=hp),
              {**_GEMM_E4M3, "out_dtype": ["bfloat16"], "mainloop": ["dequant"]}, archs=("sm_90a",))
