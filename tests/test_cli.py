@@ -391,3 +391,14 @@ def test_bench_plot_draws_a_png_and_names_what_it_needs(tmp_path, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # as if not installed
     with pytest.raises(RuntimeError, match="pip install matplotlib"):
         bench_plot.plot(result, str(tmp_path / "e.png"))
+
+
+def test_bench_plot_without_a_drawable_group_is_refused_before_timing(tmp_path, monkeypatch):
+    """``bench quantize --plot`` has nothing to draw (the chart shows the gemm and mlp groups): refused before any
+    op is timed, naming the fix, instead of a traceback after the run."""
+    from cute_mxfp8.cli import bench
+
+    monkeypatch.setattr(bench, "_time_ms", lambda *a, **k: pytest.fail("timed before refusing"))
+    for groups in (["quantize"], ["swiglu"], ["quantize", "swiglu"]):
+        with pytest.raises(SystemExit, match="add gemm or mlp"):
+            main(["bench", *groups, "--device", "cpu", "--plot", str(tmp_path / "x.png")])

@@ -346,6 +346,9 @@ def main(args) -> int:
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         raise SystemExit(f"unknown bench group(s) {unknown}; choose from {GROUPS}")
+    if getattr(args, "plot", None) and not {"gemm", "mlp"} & set(groups):
+        raise SystemExit(f"bench: --plot draws the gemm group's TFLOP/s and the mlp group's step times; {groups} "
+                         f"have neither: add gemm or mlp, or drop --plot")
     if getattr(args, "profile", 0) and "mlp" not in groups:
         print(f"bench: --profile applies to the mlp group only; ignored for {groups}")
     large = device.type == "cuda"

@@ -103,8 +103,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p_bench.add_argument("--device", default=None, help="device to bench on (default: cuda if available, else cpu)")
     p_bench.add_argument("--plot", metavar="PNG", default=None,
                          help="also draw the GEMM TFLOP/s and MLP step times as a bar chart (matplotlib, installed with "
-                              "the package); `python -m cute_mxfp8.cli.bench_plot JSON PNG` draws one from a saved "
-                              "--json")
+                              "the package; needs the gemm or mlp group); `python -m cute_mxfp8.cli.bench_plot JSON "
+                              "PNG` draws one from a saved --json")
     p_bench.add_argument("--profile", metavar="N", type=_non_negative, default=0,
                          help="mlp group on CUDA: also print the N GPU kernels that take the most time in each "
                               "MXFP8 step (torch.profiler)")
