@@ -418,3 +418,42 @@ def test_from_module_refuses_what_it_would_drop():
     scope = {}
     exec("from cute_mxfp8 import *", scope)
     assert "nn" not in scope and scope["MXFP8Linear"] is MXFP8Linear
+
+
+def test_module_constructors_refuse_bad_dtypes_and_negative_sizes_and_from_module_ignores_the_default_dtype():
+    """Every MXFP8 module refuses weights that are not bf16 / fp32 when it is made (not at its first forward)
+    and negative sizes with a ValueError naming them; the from_* constructors take the source's dtype, so a
+    process whose default dtype is float64 still converts a bf16 model."""
+    import torch.nn as nn
+
+    from cute_mxfp8 import MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP
+
+    for make in (lambda dt: MXFP8Linear(64, 64, dtype=dt), lambda dt: MXFP8SwiGLUMLP(64, 96, dtype=dt),
+                 lambda dt: MXFP8GroupedExperts(64, 96, 4, dtype=dt)):
+        for dt in (torch.float16, torch.float64):
+            with pytest.raises(ValueError, match=f"weights in {dt}"):
+                make(dt)
+    for make, name in ((lambda: MXFP8Linear(-32, 64), "in_features"), (lambda: MXFP8SwiGLUMLP(64, -32), "hidden_dim"),
+                       (lambda: MXFP8GroupedExperts(-32, 64, 2), "dim")):
+        with pytest.raises(ValueError, match=f"{name} must be >= 0"):
+            make()
+
+    class FFN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1, self.w2, self.w3 = (nn.Linear(a, b, bias=False, dtype=torch.bfloat16)
+                                         for a, b in ((64, 96), (96, 64), (64, 96)))
+
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        lin = nn.Linear(64, 32, dtype=torch.bfloat16)
+        assert MXFP8Linear.from_linear(lin).weight is lin.weight
+        ffn = FFN()
+        assert MXFP8SwiGLUMLP.from_module(ffn).w1 is ffn.w1
+        experts = nn.Module()
+        for n, shape in (("w1", (2, 96, 64)), ("w2", (2, 64, 96)), ("w3", (2, 96, 64))):
+            experts.register_parameter(n, nn.Parameter(torch.zeros(shape, dtype=torch.bfloat16)))
+        assert MXFP8GroupedExperts.from_module(experts).w2 is experts.w2
+    finally:
+        torch.set_default_dtype(old)

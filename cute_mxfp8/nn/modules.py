@@ -118,6 +118,8 @@ def _require_int(cls_name: str, name: str, value) -> None:
 def _require_dims(cls_name: str, **dims: int) -> None:
     for name, value in dims.items():
         _require_int(cls_name, name, value)
+        if value < 0:
+            raise ValueError(f"{cls_name}: {name} must be >= 0, got {value}")
     reason = mxfp8_dims_reason(**dims)
     if reason is not None:
         raise ValueError(f"{cls_name}: {reason}; keep this layer in high precision")
@@ -155,7 +157,7 @@ class MXFP8Linear(nn.Linear):
             raise ValueError(f"{cls.__name__}.from_linear: {why}; keep it in high precision")
         _require_weight_dtype(cls.__name__, linear.weight)
         new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta",
-                  config=config)
+                  dtype=linear.weight.dtype, config=config)  # (its dtype: the default dtype may be another)
         new.weight = linear.weight
         new.bias = linear.bias
         if "_param_init" in vars(linear):  # torchtitan's per-parameter init table (init_states reads it)
@@ -192,6 +194,7 @@ class MXFP8SwiGLUMLP(nn.Module):
         self.add_module(gate, nn.Linear(dim, hidden_dim, **kw))
         self.add_module(down, nn.Linear(hidden_dim, dim, **kw))
         self.add_module(up, nn.Linear(dim, hidden_dim, **kw))
+        _require_weight_dtype(type(self).__name__, *(getattr(self, n).weight for n in self.names))
         self.config = layer_config(config, type(self).__name__)
         _require_fast_mode_hidden(type(self).__name__, self.config, hidden_dim)
 
@@ -218,7 +221,8 @@ class MXFP8SwiGLUMLP(nn.Module):
         if why is not None:
             raise ValueError(f"{cls.__name__}.from_module: {why}")
         _require_only(cls.__name__, ffn, names, f"the Linears {tuple(names)}")
-        new = cls(gate.in_features, gate.out_features, device="meta", config=config, names=names)
+        new = cls(gate.in_features, gate.out_features, device="meta", dtype=gate.weight.dtype, config=config,
+                  names=names)
         new._modules.clear()  # the FFN's own child order, so the state dict lists its keys as before
         for n in ffn._modules:
             if n in names:
@@ -269,6 +273,7 @@ class MXFP8GroupedExperts(nn.Module):
         shapes = ((num_experts, hidden_dim, dim), (num_experts, dim, hidden_dim), (num_experts, hidden_dim, dim))
         for n, shape in zip(self.names, shapes):
             self.register_parameter(n, nn.Parameter(torch.empty(shape, **kw)))
+        _require_weight_dtype(type(self).__name__, *self._weights())
         self.config = layer_config(config, type(self).__name__)
         _require_fast_mode_hidden(type(self).__name__, self.config, hidden_dim)
         if self._weights()[0].device.type != "meta":
@@ -298,7 +303,8 @@ class MXFP8GroupedExperts(nn.Module):
             raise ValueError(f"{cls.__name__}.from_module: {why}")
         e, i, d = weights[0].shape
         _require_only(cls.__name__, experts, names, f"the expert weights {tuple(names)}")
-        new = cls(d, i, e, device="meta", config=config, names=names, validate_counts=validate_counts)
+        new = cls(d, i, e, device="meta", dtype=weights[0].dtype, config=config, names=names,
+                  validate_counts=validate_counts)
         new._parameters.clear()  # the module's own parameter order (state dict key order)
         for n in experts._parameters:
             if n in names:
