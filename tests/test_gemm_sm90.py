@@ -572,8 +572,9 @@ def test_fast_mode_gemm_compiles_with_a_quarter_of_the_promotions():
     (res,) = sass_facts.cubin_resources(wgrad.__cubin__).values()
     k_counts = sass_facts.opcode_counts(sass_facts.disassemble(wgrad.__cubin__))
     assert res["local_frame"] == 0 and all(k_counts[op] == counts[op] for op in ("FFMA", "LDS.128", "UTMALDG.2D"))
-    for bad in (dict(grouping="x"), dict(grouping="m", block_k=32), dict(grouping="k", cluster_mn=(2, 1))):
-        with pytest.raises(ValueError, match="grouping"):
+    for bad, says in ((dict(grouping="x"), "grouping must be"), (dict(grouping="m", block_k=32), "block_k=128"),
+                      (dict(grouping="k", cluster_mn=(2, 1)), r"cluster_mn=\(1, 1\)")):
+        with pytest.raises(ValueError, match=says):
             compile_gemm_sm90("e4m3", "e4m3", "bfloat16", "promote", **{"block_k": 128, **bad})
 
 

@@ -168,10 +168,12 @@ class MXGemmSm90:
                              f"leaves the registers), got {n_tile}")
         if type(max_ctas) is not int or max_ctas < 1:
             raise ValueError(f"max_ctas must be an int >= 1, got {max_ctas!r}")
-        if grouping not in ("none", "m", "k") or (grouping != "none" and (block_k != 128 or cluster_mn != (1, 1))):
-            raise ValueError(f"grouping must be 'none' (dense), 'm' (2d-3d) or 'k' (2d-2d), the grouped ones with "
-                             f"the fast mode's block_k=128 and no cluster (a cluster's tiles can be different "
-                             f"groups'), got {grouping!r} with block_k={block_k}, cluster_mn={cluster_mn}")
+        if grouping not in ("none", "m", "k"):
+            raise ValueError(f"grouping must be 'none' (dense), 'm' (2d-3d) or 'k' (2d-2d), got {grouping!r}")
+        if grouping != "none" and (block_k != 128 or cluster_mn != (1, 1)):
+            raise ValueError(f"grouping={grouping!r} (token groups) needs the fast mode's block_k=128 and "
+                             f"cluster_mn=(1, 1) (a cluster's tiles can be different groups'), got block_k={block_k}, "
+                             f"cluster_mn={cluster_mn}")
         if type(b_block_n) is not int or b_block_n not in (1, 128) or (
                 b_block_n == 128 and (block_k != 128 or grouping == "k")):
             raise ValueError(f"b_block_n must be 1 (1x128 B scales), or 128 (128x128 B blocks) with block_k=128 and "
