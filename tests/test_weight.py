@@ -187,10 +187,10 @@ def test_checkpoints_copies_and_errors(rng, tmp_path):
         quantize_weights_(_mlp(rng), config="rceil")
     odd = nn.Linear(48, 64)
     assert quantize_weights_(odd) == []  # K = 48: left plain by the default filter
-    forced = nn.Linear(48, 64)
-    quantize_weights_(forced, filter_fn=lambda mod, name, p: name == "weight")
-    with pytest.raises(ValueError, match="multiple of the MX block size"):
-        forced(torch.randn(2, 48))
+    forced = nn.Linear(48, 64)  # a filter_fn choosing it: refused when wrapped (not at the first forward)
+    with pytest.raises(ValueError, match=r"filter_fn chose weight of shape \(64, 48\)"):
+        quantize_weights_(forced, filter_fn=lambda mod, name, p: name == "weight")
+    assert type(forced.weight) is nn.Parameter
 
 
 @pytest.mark.slow
@@ -333,3 +333,25 @@ def test_convert_leaves_weights_wrapped_with_another_config(rng):
     assert type(model[0]) is nn.Linear and torch.equal(model[0](x), want)
     report = convert_to_mxfp8(model, config=floor)
     assert [fqn for fqn, _ in report.converted] == ["0"] and torch.equal(model[0](x), want)
+
+
+def test_quantize_weights_names_what_it_leaves_and_refuses_filtered_shapes_it_cannot_run(caplog):
+    """The default filter leaves Linears whose dims are not multiples of 32 plain and logs each with the reason
+    (as ``convert_to_mxfp8`` reports them); a ``filter_fn`` that picks such a weight or a bias gets a ValueError
+    at wrap time naming the parameter and its shape (before: wrapped, then the first forward failed)."""
+    import logging
+
+    import torch.nn as nn
+
+    from cute_mxfp8 import quantize_weights_
+
+    model = nn.Sequential(nn.Linear(64, 40), nn.Linear(40, 64), nn.Linear(64, 64))
+    with caplog.at_level(logging.INFO, logger="cute_mxfp8"):
+        assert quantize_weights_(model) == ["2.weight"]
+    logged = caplog.text
+    assert "left 0.weight in high precision: out_features N=40" in logged and "left 1.weight" in logged
+    for name, says in (("weight", r"filter_fn chose 0\.weight of shape \(40, 64\)"),
+                       ("bias", r"filter_fn chose 0\.bias of shape \(40,\)")):
+        model[0] = nn.Linear(64, 40)
+        with pytest.raises(ValueError, match=says):
+            quantize_weights_(model, filter_fn=lambda m, n, p, name=name: m is model[0] and n == name)

@@ -209,10 +209,17 @@ class MXFP8TrainingWeight(Tensor):
         return MXFP8TrainingWeight(data, self.config, requires_grad=False), (data,)
 
 
-def _default_filter(module: nn.Module, name: str, param: Tensor) -> bool:
+def _linear_dims_reason(module: nn.Module, name: str, param: Tensor) -> str | None:
+    """Why a Linear's weight has no MXFP8 dims (None: it has, or this is no Linear weight)."""
     if isinstance(module, nn.Linear) and name == "weight":
         n, k = param.shape
-        return mxfp8_dims_reason(**{"in_features K": k, "out_features N": n}) is None
+        return mxfp8_dims_reason(**{"in_features K": k, "out_features N": n})
+    return None
+
+
+def _default_filter(module: nn.Module, name: str, param: Tensor) -> bool:
+    if isinstance(module, nn.Linear) and name == "weight":
+        return _linear_dims_reason(module, name, param) is None
     if param.dim() == 3 and not isinstance(module, (nn.Linear, nn.Embedding)):
         e, a, b = param.shape
         return e > 0 and mxfp8_dims_reason(K=b, N=a) is None and mxfp8_dims_reason(K=a, N=b) is None
@@ -256,8 +263,10 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
         TypeError: ``model`` is not an ``nn.Module``, ``filter_fn`` not callable, ``config`` not an
         MXFP8Config, or ``filter_fn`` chose a parameter that is not bfloat16 / float32 (the default filter
         leaves such weights plain and logs them, as ``convert_to_mxfp8`` does).
-        ValueError: the model's parameters are already sharded (DTensors): wrap before ``fully_shard``; or
-        ``config.backend`` names no registered backend.
+        ValueError: the model's parameters are already sharded (DTensors): wrap before ``fully_shard``;
+        ``config.backend`` names no registered backend; or ``filter_fn`` chose a parameter that is not 2-D / 3-D
+        with its last two dims multiples of 32 (a bias, a 40-wide Linear: the default filter leaves Linears of
+        such dims plain and logs them).
 
     The model's ``state_dict()`` keeps plain tensors (a state-dict hook unwraps them), so checkpoints interchange
     with the unconverted model; ``load_state_dict`` copies into the wrapped weights in place (with ``assign=True``
@@ -282,7 +291,14 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
     wrapped = []
     for entries in places.values():
         param = entries[0][3]
-        if isinstance(param, MXFP8TrainingWeight) or not any(choose(m, n, p) for _, m, n, p in entries):
+        if isinstance(param, MXFP8TrainingWeight):
+            continue
+        if not any(choose(m, n, p) for _, m, n, p in entries):
+            why = None if filter_fn is not None else next(
+                (r for _, m, n, p in entries if (r := _linear_dims_reason(m, n, p)) is not None), None)
+            if why is not None:  # as convert_to_mxfp8 reports such layers
+                logger.info("cute_mxfp8: left %s in high precision: %s",
+                            ", ".join(f"{m}.{n}" if m else n for m, _, n, _ in entries), why)
             continue
         if param.dtype not in WEIGHT_DTYPES:
             fqn = ", ".join(f"{m}.{n}" if m else n for m, _, n, _ in entries)
@@ -292,6 +308,12 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
                 continue
             raise TypeError(f"quantize_weights_: filter_fn chose {fqn}, a {param.dtype} parameter; MXFP8 weights "
                             "are bfloat16 or float32: convert the model first (model.to(torch.bfloat16))")
+        if filter_fn is not None and (param.dim() not in (2, 3) or mxfp8_dims_reason(
+                **{"N": param.shape[-2], "K": param.shape[-1]} if param.dim() in (2, 3) else {}) is not None):
+            fqn = ", ".join(f"{m}.{n}" if m else n for m, _, n, _ in entries)
+            raise ValueError(f"quantize_weights_: filter_fn chose {fqn} of shape {tuple(param.shape)}; MXFP8 "
+                             "weights are 2-D (N, K) or 3-D (E, N, K) with N and K multiples of 32: leave it out of "
+                             "filter_fn (it stays in high precision)")
         cfg = config
         if cfg.fsdp_mxfp8_all_gather and not all(_gathers_mxfp8(m, n, p) for _, m, n, p in entries):
             cfg = dataclasses.replace(cfg, fsdp_mxfp8_all_gather=False)  # e.g. tied to an embedding
