@@ -293,24 +293,22 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
         param = entries[0][3]
         if isinstance(param, MXFP8TrainingWeight):
             continue
+        fqn = ", ".join(f"{m}.{n}" if m else n for m, _, n, _ in entries)
         if not any(choose(m, n, p) for _, m, n, p in entries):
             why = None if filter_fn is not None else next(
                 (r for _, m, n, p in entries if (r := _linear_dims_reason(m, n, p)) is not None), None)
             if why is not None:  # as convert_to_mxfp8 reports such layers
-                logger.info("cute_mxfp8: left %s in high precision: %s",
-                            ", ".join(f"{m}.{n}" if m else n for m, _, n, _ in entries), why)
+                logger.info("cute_mxfp8: left %s in high precision: %s", fqn, why)
             continue
         if param.dtype not in WEIGHT_DTYPES:
-            fqn = ", ".join(f"{m}.{n}" if m else n for m, _, n, _ in entries)
             if filter_fn is None:  # as convert_to_mxfp8 does with such layers: left as they are, and logged
                 logger.info("cute_mxfp8: left %s in high precision: a %s weight (MXFP8 weights are bfloat16 or "
                             "float32)", fqn, param.dtype)
                 continue
             raise TypeError(f"quantize_weights_: filter_fn chose {fqn}, a {param.dtype} parameter; MXFP8 weights "
                             "are bfloat16 or float32: convert the model first (model.to(torch.bfloat16))")
-        if filter_fn is not None and (param.dim() not in (2, 3) or mxfp8_dims_reason(
-                **{"N": param.shape[-2], "K": param.shape[-1]} if param.dim() in (2, 3) else {}) is not None):
-            fqn = ", ".join(f"{m}.{n}" if m else n for m, _, n, _ in entries)
+        if filter_fn is not None and (param.dim() not in (2, 3)
+                                      or mxfp8_dims_reason(N=param.shape[-2], K=param.shape[-1]) is not None):
             raise ValueError(f"quantize_weights_: filter_fn chose {fqn} of shape {tuple(param.shape)}; MXFP8 "
                              "weights are 2-D (N, K) or 3-D (E, N, K) with N and K multiples of 32: leave it out of "
                              "filter_fn (it stays in high precision)")
