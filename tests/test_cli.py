@@ -402,3 +402,14 @@ def test_bench_plot_without_a_drawable_group_is_refused_before_timing(tmp_path, 
     for groups in (["quantize"], ["swiglu"], ["quantize", "swiglu"]):
         with pytest.raises(SystemExit, match="add gemm or mlp"):
             main(["bench", *groups, "--device", "cpu", "--plot", str(tmp_path / "x.png")])
+
+
+def test_bench_refuses_a_missing_plot_directory_and_an_absent_cuda_before_timing(tmp_path, monkeypatch):
+    from cute_mxfp8.cli import bench
+
+    monkeypatch.setattr(bench, "_time_ms", lambda *a, **k: pytest.fail("timed before refusing"))
+    with pytest.raises(SystemExit, match="its directory does not exist"):
+        main(["bench", "gemm", "--device", "cpu", "--plot", str(tmp_path / "nope" / "x.png")])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="sees no CUDA GPU"):
+        main(["bench", "gemm", "--device", "cuda"])

@@ -457,3 +457,20 @@ def test_module_constructors_refuse_bad_dtypes_and_negative_sizes_and_from_modul
         assert MXFP8GroupedExperts.from_module(experts).w2 is experts.w2
     finally:
         torch.set_default_dtype(old)
+
+
+def test_layer_dtype_is_checked_before_any_tensor_and_zero_width_experts_build():
+    import torch.nn as nn
+
+    from cute_mxfp8 import MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP
+
+    for dt in (torch.int32, torch.float8_e4m3fn):
+        for make in (lambda: MXFP8Linear(64, 32, dtype=dt), lambda: MXFP8SwiGLUMLP(64, 32, dtype=dt),
+                     lambda: MXFP8GroupedExperts(64, 32, 2, dtype=dt)):
+            with pytest.raises(ValueError, match=f"weights in {dt}"):
+                make()
+    assert MXFP8GroupedExperts(0, 32, 2).w1.shape == (2, 32, 0) and MXFP8GroupedExperts(32, 0, 2).w2.shape == (2, 32, 0)
+    lin = nn.Linear(64, 64)
+    lin.bias = nn.Parameter(lin.bias.half())
+    with pytest.raises(ValueError, match="float16"):  # convert_to_mxfp8 skips the same Linear
+        MXFP8Linear.from_linear(lin)

@@ -4,6 +4,7 @@ swap.  CPU reference backend; the same code runs the kernels on a GPU."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 
 import pytest
@@ -355,3 +356,51 @@ def test_quantize_weights_names_what_it_leaves_and_refuses_filtered_shapes_it_ca
         model[0] = nn.Linear(64, 40)
         with pytest.raises(ValueError, match=says):
             quantize_weights_(model, filter_fn=lambda m, n, p, name=name: m is model[0] and n == name)
+
+
+def test_wrapping_and_converting_in_either_order_never_changes_a_layers_config_silently(caplog):
+    """``quantize_weights_`` checks every choice before it wraps anything (an error leaves the model as it was);
+    it leaves weights of modules ``convert_to_mxfp8`` made with other numerics as they are (logged; with the same
+    numerics it wraps them, e.g. for the MXFP8 all-gather); ``convert_to_mxfp8`` converts an FFN whose one Linear
+    was wrapped with another config Linear by Linear (the wrapped one skipped), and takes configs differing only
+    in ``fsdp_mxfp8_all_gather`` as the same; a filter_fn of the wrong arity is refused naming the call."""
+    import logging
+
+    import torch.nn as nn
+
+    from cute_mxfp8 import MXFP8Config, convert_to_mxfp8, quantize_weights_
+    from cute_mxfp8.nn.weight import MXFP8TrainingWeight
+
+    floor = MXFP8Config(scale_mode="floor")
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 40))
+    with pytest.raises(ValueError, match="0.bias.*nothing was wrapped"):
+        quantize_weights_(model, floor, filter_fn=lambda m, n, p: m is not model[2])
+    assert not any(isinstance(p, MXFP8TrainingWeight) for p in model.parameters())
+    with pytest.raises(TypeError, match=r"filter_fn\(module, parameter name, parameter\)"):
+        quantize_weights_(model, filter_fn=lambda m, n: True)
+    with pytest.raises(TypeError, match=r"filter_fn\(module, fully qualified name\)"):
+        convert_to_mxfp8(model, filter_fn=lambda m: True)
+
+    convert_to_mxfp8(model, config=floor)  # 0 and 1 become MXFP8Linear (2 is 40 wide)
+    with caplog.at_level(logging.INFO, logger="cute_mxfp8"):
+        assert quantize_weights_(model, MXFP8Config()) == []
+    assert "left 0.weight as it is" in caplog.text
+    assert quantize_weights_(model, MXFP8Config(scale_mode="floor", fsdp_mxfp8_all_gather=True)) == [
+        "0.weight", "1.weight"]
+
+    class FFN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1, self.w2, self.w3 = (nn.Linear(a, b, bias=False) for a, b in ((64, 96), (96, 64), (64, 96)))
+
+        def forward(self, x):
+            return self.w2(nn.functional.silu(self.w1(x)) * self.w3(x))
+
+    ffn = nn.Sequential(FFN())
+    quantize_weights_(ffn, floor, filter_fn=lambda m, n, p: m is ffn[0].w1 and n == "weight")
+    report = convert_to_mxfp8(ffn)
+    assert sorted(f for f, _ in report.converted) == ["0.w2", "0.w3"]
+    assert sorted(f for f, _ in report.skipped) == ["0", "0.w1"]
+    tied = nn.Sequential(nn.Linear(64, 64))
+    quantize_weights_(tied, dataclasses.replace(floor, fsdp_mxfp8_all_gather=True))
+    assert [f for f, _ in convert_to_mxfp8(tied, config=floor).converted] == ["0"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -346,6 +347,11 @@ def main(args) -> int:
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         raise SystemExit(f"unknown bench group(s) {unknown}; choose from {GROUPS}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench: --device cuda, but this torch sees no CUDA GPU: drop --device (cpu here)")
+    plot = getattr(args, "plot", None)
+    if plot and not os.path.isdir(os.path.dirname(os.path.abspath(plot))):
+        raise SystemExit(f"bench: --plot {plot}: its directory does not exist")
     if getattr(args, "plot", None) and not {"gemm", "mlp"} & set(groups):
         raise SystemExit(f"bench: --plot draws the gemm group's TFLOP/s and the mlp group's step times; {groups} "
                          f"have neither: add gemm or mlp, or drop --plot")

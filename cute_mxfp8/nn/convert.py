@@ -28,6 +28,7 @@ are.  Every candidate left alone is logged and reported with the reason, includi
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from dataclasses import dataclass, field
 from typing import Callable
@@ -39,7 +40,7 @@ from torch import nn
 from ..config import MXFP8Config
 from ..ops.shapes import fast_mode_hidden_reason
 from .modules import (MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, layer_config, linear_reason,
-                      mxfp8_dims_reason, swiglu_weights_reason, weight_dtype_reason)
+                      mxfp8_dims_reason, same_numerics, swiglu_weights_reason, weight_dtype_reason)
 
 __all__ = ["ConversionReport", "convert_to_mxfp8"]
 
@@ -128,6 +129,16 @@ def check_model_and_filter(fn: str, what: str, model, filter_fn, signature: str)
     if filter_fn is not None and not callable(filter_fn):
         raise TypeError(f"{fn}: filter_fn must be None or a callable {signature} -> bool, got "
                         f"{type(filter_fn).__name__}")
+    if filter_fn is not None:
+        try:
+            params = inspect.signature(filter_fn)
+        except (TypeError, ValueError):  # builtins without a signature: called as they are
+            return
+        try:
+            params.bind(*([None] * (signature.count(",") + 1)))
+        except TypeError:
+            raise TypeError(f"{fn}: filter_fn is called as filter_fn{signature}; this one takes "
+                            f"{params}") from None
 
 
 def _plain_linear(m: nn.Module) -> bool:
@@ -251,17 +262,23 @@ def _candidate(m: nn.Module, gen: torch.Generator) -> tuple[str, dict[str, int],
     return None
 
 
-def _why_not(m: nn.Module, dims: dict[str, int], cfg: MXFP8Config) -> str | None:
+def _why_not(m: nn.Module, dims: dict[str, int]) -> str | None:
     why = mxfp8_dims_reason(**dims)
     if why is not None:
         return why
+    return weight_dtype_reason(m.parameters(), "parameters")
+
+
+def _wrapped_reason(m: nn.Module, cfg: MXFP8Config) -> str | None:
+    """Why ``m`` is not converted with ``cfg``: a weight ``quantize_weights_`` wrapped with other numerics already
+    runs in MXFP8 with its own config, which the conversion would silently replace (None: no such weight)."""
     from .weight import MXFP8TrainingWeight  # (weight.py imports this package's modules)
 
-    for p in m.parameters():  # a wrapped weight runs with its own config: converting would silently replace it
-        if isinstance(p, MXFP8TrainingWeight) and p.config != cfg:
-            return (f"its weights were wrapped by quantize_weights_ with another config ({p.config}) and already "
-                    f"run in MXFP8 with it: convert with that config, or unwrap them first")
-    return weight_dtype_reason(m.parameters(), "parameters")
+    for n, p in m.named_parameters():
+        if isinstance(p, MXFP8TrainingWeight) and not same_numerics(p.config, cfg):
+            return (f"its parameter {n!r} was wrapped by quantize_weights_ with another config ({p.config}) and "
+                    f"already runs in MXFP8 with it: convert with that config, or unwrap it first")
+    return None
 
 
 def _replacement(m: nn.Module, kind: str, names, cfg: MXFP8Config) -> nn.Module:
@@ -335,7 +352,11 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
         if filter_fn is not None and not filter_fn(child, fqn):
             _skip(report, fqn, "excluded by filter_fn")
             continue
-        why = _why_not(child, dims, cfg)
+        why = _why_not(child, dims)
+        if why is None and (why := _wrapped_reason(child, cfg)) is not None and kind == "MXFP8SwiGLUMLP":
+            _skip(report, fqn, f"{why}; its Linears are converted one by one")  # (the wrapped one is skipped)
+            _convert_children(child, fqn, cfg, filter_fn, report, gen)
+            continue
         if why is not None:
             _skip(report, fqn, why)
             continue

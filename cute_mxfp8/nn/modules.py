@@ -15,6 +15,7 @@ otherwise (``convert_to_mxfp8`` skips such layers and reports why).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import math
 import numbers
@@ -50,6 +51,12 @@ def layer_config(config, who: str) -> MXFP8Config:
 WEIGHT_DTYPES = (torch.bfloat16, torch.float32)  # the MXFP8 layers' weight (and activation) dtypes
 
 
+def same_numerics(a: MXFP8Config, b: MXFP8Config) -> bool:
+    """Whether two configs compute the same layers: equal but for ``fsdp_mxfp8_all_gather``, which changes how FSDP
+    gathers a wrapped weight, not the math (``quantize_weights_`` turns it off for a weight tied to an embedding)."""
+    return dataclasses.replace(a, fsdp_mxfp8_all_gather=False) == dataclasses.replace(b, fsdp_mxfp8_all_gather=False)
+
+
 def weight_dtype_reason(weights, what: str = "weights") -> str | None:
     """Why ``weights`` (tensors) cannot be an MXFP8 layer's (None: all bfloat16 / float32); ``what`` names them."""
     bad = sorted({str(w.dtype) for w in weights if w.dtype not in WEIGHT_DTYPES})
@@ -60,6 +67,15 @@ def _require_weight_dtype(cls_name: str, *weights: Tensor) -> None:
     why = weight_dtype_reason(weights)
     if why is not None:
         raise ValueError(f"{cls_name}: {why} (make the layer in bfloat16 or float32, or keep it in high precision)")
+
+
+def _require_layer_dtype(cls_name: str, dtype) -> None:
+    """A new layer's ``dtype`` argument (None: torch's default dtype) checked before any tensor is made (torch's
+    own errors for integer or fp8 parameters would come first)."""
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    if dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"{cls_name}: weights in {dtype}: MXFP8 layers take bfloat16 or float32 weights (make the "
+                         f"layer in bfloat16 or float32, or keep it in high precision)")
 
 
 def linear_reason(m: nn.Linear) -> str | None:
@@ -141,8 +157,8 @@ class MXFP8Linear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
                  config: MXFP8Config | None = None):
         _require_dims(type(self).__name__, in_features=in_features, out_features=out_features)
+        _require_layer_dtype(type(self).__name__, dtype)
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
-        _require_weight_dtype(type(self).__name__, self.weight)
         self.config = layer_config(config, type(self).__name__)
 
     @classmethod
@@ -155,7 +171,7 @@ class MXFP8Linear(nn.Linear):
         why = linear_reason(linear)
         if why is not None:
             raise ValueError(f"{cls.__name__}.from_linear: {why}; keep it in high precision")
-        _require_weight_dtype(cls.__name__, linear.weight)
+        _require_weight_dtype(cls.__name__, linear.weight, *(() if linear.bias is None else (linear.bias,)))
         new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta",
                   dtype=linear.weight.dtype, config=config)  # (its dtype: the default dtype may be another)
         new.weight = linear.weight
@@ -188,13 +204,13 @@ class MXFP8SwiGLUMLP(nn.Module):
         super().__init__()
         _require_dims(type(self).__name__, dim=dim, hidden_dim=hidden_dim)
         _require_names(type(self).__name__, names, "child")
+        _require_layer_dtype(type(self).__name__, dtype)
         self.names = tuple(names)
         kw = dict(bias=False, device=device, dtype=dtype)
         gate, down, up = self.names
         self.add_module(gate, nn.Linear(dim, hidden_dim, **kw))
         self.add_module(down, nn.Linear(hidden_dim, dim, **kw))
         self.add_module(up, nn.Linear(dim, hidden_dim, **kw))
-        _require_weight_dtype(type(self).__name__, *(getattr(self, n).weight for n in self.names))
         self.config = layer_config(config, type(self).__name__)
         _require_fast_mode_hidden(type(self).__name__, self.config, hidden_dim)
 
@@ -264,6 +280,7 @@ class MXFP8GroupedExperts(nn.Module):
         self.validate_counts = validate_counts
         _require_dims(type(self).__name__, dim=dim, hidden_dim=hidden_dim)
         _require_names(type(self).__name__, names, "parameter")
+        _require_layer_dtype(type(self).__name__, dtype)
         self.names = tuple(names)
         kw = dict(device=device, dtype=dtype)
         _require_int(type(self).__name__, "num_experts", num_experts)
@@ -273,7 +290,6 @@ class MXFP8GroupedExperts(nn.Module):
         shapes = ((num_experts, hidden_dim, dim), (num_experts, dim, hidden_dim), (num_experts, hidden_dim, dim))
         for n, shape in zip(self.names, shapes):
             self.register_parameter(n, nn.Parameter(torch.empty(shape, **kw)))
-        _require_weight_dtype(type(self).__name__, *self._weights())
         self.config = layer_config(config, type(self).__name__)
         _require_fast_mode_hidden(type(self).__name__, self.config, hidden_dim)
         if self._weights()[0].device.type != "meta":
@@ -284,7 +300,8 @@ class MXFP8GroupedExperts(nn.Module):
 
     def reset_parameters(self) -> None:
         for w in self._weights():
-            nn.init.trunc_normal_(w, std=1.0 / math.sqrt(w.shape[-1]))
+            if w.numel():  # (a zero-width expert weight has nothing to draw, and no fan-in)
+                nn.init.trunc_normal_(w, std=1.0 / math.sqrt(w.shape[-1]))
 
     @classmethod
     def from_module(cls, experts: nn.Module, config: MXFP8Config | None = None,

@@ -35,7 +35,8 @@ from ..ops.autograd import mxfp8_grouped_mm, mxfp8_linear
 from ..ops.shapes import mxfp8_dims_reason
 from . import fsdp
 from .convert import check_model_and_filter, logger
-from .modules import WEIGHT_DTYPES, layer_config
+from .modules import (WEIGHT_DTYPES, MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, layer_config,
+                      same_numerics)
 from .redirect import match_call
 
 __all__ = ["MXFP8TrainingWeight", "quantize_weights_"]
@@ -217,6 +218,14 @@ def _linear_dims_reason(module: nn.Module, name: str, param: Tensor) -> str | No
     return None
 
 
+def _converted_config(module: nn.Module):
+    """The config of a module ``convert_to_mxfp8`` made or redirected (its MXFP8 modules; a Hugging Face experts
+    module keeps its class and gets ``mxfp8_config``), else None."""
+    if isinstance(module, (MXFP8Linear, MXFP8SwiGLUMLP, MXFP8GroupedExperts)):
+        return module.config
+    return getattr(module, "mxfp8_config", None)
+
+
 def _default_filter(module: nn.Module, name: str, param: Tensor) -> bool:
     if isinstance(module, nn.Linear) and name == "weight":
         return _linear_dims_reason(module, name, param) is None
@@ -288,7 +297,10 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
     for mod_name, module in model.named_modules(remove_duplicate=False):
         for name, param in module.named_parameters(recurse=False):
             places.setdefault(id(param), []).append((mod_name, module, name, param))
-    wrapped = []
+    # parameters of modules convert_to_mxfp8 made: they already run in MXFP8 with that module's config
+    converted = {id(p): (n or "the model", cfg) for n, m in model.named_modules()
+                 if (cfg := _converted_config(m)) is not None for p in m.parameters()}
+    todo = []  # decided (and every choice checked) before any parameter changes
     for entries in places.values():
         param = entries[0][3]
         if isinstance(param, MXFP8TrainingWeight):
@@ -300,21 +312,31 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
             if why is not None:  # as convert_to_mxfp8 reports such layers
                 logger.info("cute_mxfp8: left %s in high precision: %s", fqn, why)
             continue
+        if id(param) in converted and not same_numerics(converted[id(param)][1], config):
+            owner, owner_cfg = converted[id(param)]  # (the same numerics: wrapped, e.g. for the MXFP8 all-gather)
+            logger.info("cute_mxfp8: left %s as it is: %s (made by convert_to_mxfp8) runs it in MXFP8 with its "
+                        "own config, %s", fqn, owner, owner_cfg)
+            continue
         if param.dtype not in WEIGHT_DTYPES:
             if filter_fn is None:  # as convert_to_mxfp8 does with such layers: left as they are, and logged
                 logger.info("cute_mxfp8: left %s in high precision: a %s weight (MXFP8 weights are bfloat16 or "
                             "float32)", fqn, param.dtype)
                 continue
             raise TypeError(f"quantize_weights_: filter_fn chose {fqn}, a {param.dtype} parameter; MXFP8 weights "
-                            "are bfloat16 or float32: convert the model first (model.to(torch.bfloat16))")
+                            "are bfloat16 or float32: convert the model first (model.to(torch.bfloat16)); "
+                            "nothing was wrapped")
         if filter_fn is not None and (param.dim() not in (2, 3)
                                       or mxfp8_dims_reason(N=param.shape[-2], K=param.shape[-1]) is not None):
             raise ValueError(f"quantize_weights_: filter_fn chose {fqn} of shape {tuple(param.shape)}; MXFP8 "
                              "weights are 2-D (N, K) or 3-D (E, N, K) with N and K multiples of 32: leave it out of "
-                             "filter_fn (it stays in high precision)")
+                             "filter_fn (it stays in high precision); nothing was wrapped")
         cfg = config
         if cfg.fsdp_mxfp8_all_gather and not all(_gathers_mxfp8(m, n, p) for _, m, n, p in entries):
             cfg = dataclasses.replace(cfg, fsdp_mxfp8_all_gather=False)  # e.g. tied to an embedding
+        todo.append((entries, cfg))
+    wrapped = []
+    for entries, cfg in todo:
+        param = entries[0][3]
         new = nn.Parameter(MXFP8TrainingWeight(param.data, cfg), requires_grad=param.requires_grad)
         for attr in ("_param_init",):  # framework per-parameter hooks travel with the tensor object
             if hasattr(param, attr):
