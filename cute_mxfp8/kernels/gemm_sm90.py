@@ -186,14 +186,16 @@ class MXGemmSm90:
                              f"scale per thread: affordable with one scalar per B block only), got "
                              f"{consumer_split!r} with b_block_n={b_block_n}")
         self.split_m = consumer_split == "m"
+        if type(tma_store) is not bool:
+            raise ValueError(f"tma_store must be a bool, got {tma_store!r}")
         staged_ok = grouping == "k" if consumer_split == "n" else grouping in ("none", "m")
-        if type(tma_store) is not bool or (tma_store and (not staged_ok or out_dtype != "bfloat16"
-                                                          or cluster_mn != (1, 1))):
-            raise ValueError(f"tma_store (a bool) needs consumer_split='m' with grouping 'none' or 'm', or "
-                             f"consumer_split='n' with grouping 'k', no cluster and a bfloat16 output (the whole tile "
-                             f"is staged in shared memory; TMA clips only at the output's edges), got "
-                             f"tma_store={tma_store!r} with consumer_split={consumer_split!r}, grouping={grouping!r}, "
-                             f"cluster_mn={cluster_mn}, out_dtype={out_dtype!r}")
+        unmet = [why for bad, why in (
+            (not staged_ok, f"consumer_split='m' with grouping 'none' or 'm', or consumer_split='n' with grouping "
+                            f"'k' (got {consumer_split!r} with {grouping!r})"),
+            (out_dtype != "bfloat16", f"a bfloat16 output (got {out_dtype!r})"),
+            (cluster_mn != (1, 1), f"no cluster (got cluster_mn={cluster_mn})")) if bad]
+        if tma_store and unmet:  # (the whole tile is staged in shared memory; TMA clips only at the output's edges)
+            raise ValueError(f"tma_store=True needs {'; and '.join(unmet)}")
         self.tma_store = tma_store
         if type(split_tail) is not bool or (split_tail and (block_k != 128 or grouping != "none"
                                                              or cluster_mn != (1, 1))):
