@@ -369,11 +369,13 @@ def queued_step_ms(step, dev, steps: int = 10, hold_ms: float = 100.0) -> float:
     """ms per step of ``steps`` steps that the host queued while the GPU spun ``hold_ms`` (events after the spin
     and after the last step): the step's GPU time with every launch already queued (its kernels and the gaps the
     GPU makes between them), whatever the host's speed.  Against do_bench's wall: how much the host costs."""
+    from cute_mxfp8.cli.bench_mlp import gpu_hold
+
     for _ in range(3):
         step()
     torch.cuda.synchronize(dev)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(int(hold_ms * 2e6))
+    gpu_hold(hold_ms)
     start.record()
     for _ in range(steps):
         step()

@@ -352,7 +352,7 @@ def main(args) -> int:
     plot = getattr(args, "plot", None)
     if plot and not os.path.isdir(os.path.dirname(os.path.abspath(plot))):
         raise SystemExit(f"bench: --plot {plot}: its directory does not exist")
-    if getattr(args, "plot", None) and not {"gemm", "mlp"} & set(groups):
+    if plot and not {"gemm", "mlp"} & set(groups):
         raise SystemExit(f"bench: --plot draws the gemm group's TFLOP/s and the mlp group's step times; {groups} "
                          f"have neither: add gemm or mlp, or drop --plot")
     if getattr(args, "profile", 0) and "mlp" not in groups:
@@ -448,9 +448,9 @@ def main(args) -> int:
     if getattr(args, "json", None):
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
-    if getattr(args, "plot", None):
-        from cute_mxfp8.cli.bench_plot import plot
+    if plot:
+        from cute_mxfp8.cli.bench_plot import plot as draw
 
-        plot(result, args.plot)
-        print(f"chart written to {args.plot}")
+        draw(result, plot)
+        print(f"chart written to {plot}")
     return 0

@@ -66,11 +66,17 @@ def _peak_mib(fn, x, dy, dev, params) -> float | None:
     return (torch.cuda.max_memory_allocated(dev) - base) / 2**20
 
 
+def gpu_hold(ms: float) -> None:
+    """Queue a kernel that spins the GPU at least ``ms`` (``torch.cuda._sleep`` counts clock cycles; 2e6 per ms
+    covers clocks up to 2 GHz), so the host can queue what follows before any of it runs."""
+    torch.cuda._sleep(int(ms * 2e6))
+
+
 def profiled_steps(step, device: torch.device, steps: int, warmup: int = 1, hold_ms: float = 0.0):
     """``torch.profiler`` (CUDA activity) over ``steps`` calls of ``step`` queued back to back, after ``warmup``
     calls and a synchronize; returns the profiler.  ``hold_ms`` > 0: the GPU first spins that long
-    (``torch.cuda._sleep``, at least ``hold_ms`` at clocks up to 2 GHz), so the host can queue every step before
-    the first one runs and the kernels then run without waiting for it."""
+    (:func:`gpu_hold`), so the host can queue every step before the first one runs and the kernels then run
+    without waiting for it."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(warmup):
@@ -78,7 +84,7 @@ def profiled_steps(step, device: torch.device, steps: int, warmup: int = 1, hold
     torch.cuda.synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         if hold_ms > 0:
-            torch.cuda._sleep(int(hold_ms * 2e6))
+            gpu_hold(hold_ms)
         for _ in range(steps):
             step()
         torch.cuda.synchronize(device)

@@ -57,25 +57,30 @@ def same_numerics(a: MXFP8Config, b: MXFP8Config) -> bool:
     return dataclasses.replace(a, fsdp_mxfp8_all_gather=False) == dataclasses.replace(b, fsdp_mxfp8_all_gather=False)
 
 
-def weight_dtype_reason(weights, what: str = "weights") -> str | None:
-    """Why ``weights`` (tensors) cannot be an MXFP8 layer's (None: all bfloat16 / float32); ``what`` names them."""
-    bad = sorted({str(w.dtype) for w in weights if w.dtype not in WEIGHT_DTYPES})
+def _dtypes_reason(dtypes, what: str = "weights") -> str | None:
+    bad = sorted({str(d) for d in dtypes if d not in WEIGHT_DTYPES})
     return f"{what} in {', '.join(bad)}: MXFP8 layers take bfloat16 or float32 weights" if bad else None
 
 
-def _require_weight_dtype(cls_name: str, *weights: Tensor) -> None:
-    why = weight_dtype_reason(weights)
+def weight_dtype_reason(weights, what: str = "weights") -> str | None:
+    """Why ``weights`` (tensors) cannot be an MXFP8 layer's (None: all bfloat16 / float32); ``what`` names them."""
+    return _dtypes_reason((w.dtype for w in weights), what)
+
+
+def _require_dtypes(cls_name: str, dtypes) -> None:
+    why = _dtypes_reason(dtypes)
     if why is not None:
         raise ValueError(f"{cls_name}: {why} (make the layer in bfloat16 or float32, or keep it in high precision)")
+
+
+def _require_weight_dtype(cls_name: str, *weights: Tensor) -> None:
+    _require_dtypes(cls_name, [w.dtype for w in weights])
 
 
 def _require_layer_dtype(cls_name: str, dtype) -> None:
     """A new layer's ``dtype`` argument (None: torch's default dtype) checked before any tensor is made (torch's
     own errors for integer or fp8 parameters would come first)."""
-    dtype = torch.get_default_dtype() if dtype is None else dtype
-    if dtype not in WEIGHT_DTYPES:
-        raise ValueError(f"{cls_name}: weights in {dtype}: MXFP8 layers take bfloat16 or float32 weights (make the "
-                         f"layer in bfloat16 or float32, or keep it in high precision)")
+    _require_dtypes(cls_name, [torch.get_default_dtype() if dtype is None else dtype])
 
 
 def linear_reason(m: nn.Linear) -> str | None:
