@@ -188,6 +188,40 @@ def _warn(message: str) -> None:
     warnings.warn(message, CompileCacheWarning, stacklevel=3)
 
 
+def _as_tuples(value):
+    """``value`` with every list (at any depth, inside tuples too) made the tuple it equals."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_as_tuples(v) for v in value)
+    return value
+
+
+def _has_list(value) -> bool:
+    return isinstance(value, list) or (isinstance(value, tuple) and any(_has_list(v) for v in value))
+
+
+def memory_cached(fn=None, *, typed: bool = False):
+    """Decorator: ``functools.lru_cache`` (unbounded, ``typed`` as there) over ``fn``, the in-memory level above
+    :func:`disk_cached`.  A list argument (``cluster_mn=[2, 1]``) is taken as the tuple it equals instead of
+    failing as unhashable; the two share an entry.  Keeps ``cache_clear`` / ``cache_info``, ``__wrapped__`` (the
+    level below) and that level's ``disk_cache_entry``."""
+    if fn is None:
+        return functools.partial(memory_cached, typed=typed)
+    cached = functools.lru_cache(maxsize=None, typed=typed)(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return cached(*args, **kwargs)
+        except TypeError:  # unhashable (a list) -- or fn's own TypeError, re-raised when no list was given
+            if not _has_list((args, tuple(kwargs.values()))):
+                raise
+            return cached(*_as_tuples(args), **{k: _as_tuples(v) for k, v in kwargs.items()})
+
+    wrapper.cache_clear = cached.cache_clear
+    wrapper.cache_info = cached.cache_info
+    return wrapper
+
+
 def disk_cached(fn=None, *, skip_if: str | None = None, codec=None):
     """Decorator: persist what ``fn`` returns on disk under its compile key (see the module docstring).
 

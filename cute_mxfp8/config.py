@@ -102,8 +102,9 @@ class MXFP8Config:
             raise ValueError(f"fsdp_mxfp8_all_gather must be a bool, got {self.fsdp_mxfp8_all_gather!r}")
         if self.fused_epilogues is not None and not isinstance(self.fused_epilogues, bool):
             raise ValueError(f"fused_epilogues must be True, False or None, got {self.fused_epilogues!r}")
-        if self.backend is not None and not isinstance(self.backend, str):
-            raise ValueError(f"backend must be a backend name (str) or None, got {self.backend!r}")
+        if self.backend is not None and (not isinstance(self.backend, str) or not self.backend):
+            raise ValueError(f"backend must be a backend name (str) or None (chosen by device; an empty "
+                             f"CUTE_MXFP8_BACKEND counts as unset), got {self.backend!r}")
         for name in ("elem_dtype", "grad_elem_dtype"):
             if getattr(self, name) not in ELEM_DTYPES:
                 raise ValueError(f"{name} must be torch.float8_e4m3fn or torch.float8_e5m2, "

@@ -6,7 +6,8 @@ so no shape ever recompiles.  Compiling needs no GPU: pass ``arch="sm_100f"`` to
 machine (the CI does this for every variant).  The DSL is imported here lazily, so importing ``cute_mxfp8`` never
 needs it.
 
-Two cache levels, stacked on every ``compile_*``: ``functools.lru_cache`` (in memory, per process) over
+Two cache levels, stacked on every ``compile_*``: :func:`cute_mxfp8.compile_cache.memory_cached` (in memory, per
+process: ``functools.lru_cache`` taking a list argument as the equal tuple) over
 :func:`cute_mxfp8.compile_cache.disk_cached` (on disk, shared by processes).  The disk key adds to the arguments
 the package and DSL versions and a hash of ``kernels/**/*.py`` and this file, so editing a kernel recompiles it.
 A compiled function is stored as a TVM-FFI object file and loaded back (no compiler run, no GPU needed) by the
@@ -22,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 
-from .compile_cache import disk_cached
+from .compile_cache import disk_cached, memory_cached
 
 _IN_DTYPES = ("bfloat16", "float32")
 
@@ -116,7 +117,7 @@ def _recording_launch_smem():
         KernelLauncher.launch = original
 
 
-@functools.lru_cache(maxsize=None)
+@memory_cached
 @disk_cached(skip_if="keep_ptx")
 def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
                   keep_ptx: bool = False, grouped: bool = False, batched: bool = False, scale_block: int = 32,
@@ -215,7 +216,7 @@ def _amax_buffers():
     return tuple(_fake(cutlass.Int32, (_sym(), _sym(), _sym())) for _ in range(2))
 
 
-@functools.lru_cache(maxsize=None)
+@memory_cached
 @disk_cached(skip_if="keep_ptx")
 def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
                          keep_ptx: bool = False, grouped: bool = False, emit_hp: bool = False,
@@ -290,7 +291,7 @@ SM100_TARGET = "sm_100f"
 SM100_ARCHS = (SM100_TARGET, "sm_100a", "sm_103a")
 
 
-@functools.lru_cache(maxsize=None)
+@memory_cached
 @disk_cached(skip_if="keep_ptx")
 def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_tile: int = 128,
                        arch: str = SM100_TARGET, keep_ptx: bool = False, max_ctas: int = 148,
@@ -347,7 +348,7 @@ def compile_gemm_sm100(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", n_
     return _compile(entry, (*ab, *fused, *groups), arch, keep_ptx)
 
 
-@functools.lru_cache(maxsize=None, typed=True)  # (typed: tma_store=1 is not the validated True)
+@memory_cached(typed=True)  # (typed: tma_store=1 is not the validated True)
 @disk_cached(skip_if="keep_ptx")
 def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mainloop: str = "dequant",
                       arch: str = "sm_90a", keep_ptx: bool = False, transform_warps: int = 8,
@@ -436,7 +437,7 @@ def compile_gemm_sm90(a_elem: str, b_elem: str, out_dtype: str = "bfloat16", mai
     return _compile(kernel, args, arch, keep_ptx)
 
 
-@functools.lru_cache(maxsize=None)
+@memory_cached
 @disk_cached(skip_if="keep_ptx")
 def compile_token_align(arch: str, keep_ptx: bool = False):
     """Compiled :class:`~cute_mxfp8.kernels.token_align.TokenAlignKernel`: ``fn(src, dst, offs, ends16)``, src
@@ -453,7 +454,7 @@ def compile_token_align(arch: str, keep_ptx: bool = False):
     return _compile(TokenAlignKernel(), args, arch, keep_ptx)
 
 
-@functools.lru_cache(maxsize=None)
+@memory_cached
 @disk_cached(skip_if="keep_ptx")
 def compile_fast_schedules(arch: str, keep_ptx: bool = False):
     """Compiled :class:`~cute_mxfp8.kernels.group_schedule.FastScheduleKernel`: ``fn(offs, tile_starts, sched_m,
@@ -469,7 +470,7 @@ def compile_fast_schedules(arch: str, keep_ptx: bool = False):
     return _compile(FastScheduleKernel(), args, arch, keep_ptx)
 
 
-@functools.lru_cache(maxsize=None)
+@memory_cached
 @disk_cached(skip_if="keep_ptx")
 def compile_epilogue_check(mode: str, h13_dtype: str, elem: str, scale_mode: str, emit_hp: bool, arch: str,
                            keep_ptx: bool = False):
@@ -493,7 +494,7 @@ def compile_epilogue_check(mode: str, h13_dtype: str, elem: str, scale_mode: str
     return _compile(kernel, args, arch, keep_ptx)
 
 
-@functools.lru_cache(maxsize=None)
+@memory_cached
 @disk_cached(skip_if="keep_ptx")
 def compile_scale_layout_probe(arch: str, keep_ptx: bool = False):
     """Compiled :class:`~cute_mxfp8.kernels.gemm_checks.ScaleLayoutProbe`: ``fn(buf, plain)``, buf the 1-D
@@ -506,7 +507,7 @@ def compile_scale_layout_probe(arch: str, keep_ptx: bool = False):
                     keep_ptx)
 
 
-@functools.lru_cache(maxsize=None)
+@memory_cached
 @disk_cached(skip_if="keep_ptx")
 def compile_tile_schedule_probe(n_tile: int, max_ctas: int, arch: str, keep_ptx: bool = False,
                                 cluster_mn: tuple = (1, 1)):

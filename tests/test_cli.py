@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 
@@ -410,6 +411,11 @@ def test_bench_refuses_a_missing_plot_directory_and_an_absent_cuda_before_timing
     monkeypatch.setattr(bench, "_time_ms", lambda *a, **k: pytest.fail("timed before refusing"))
     with pytest.raises(SystemExit, match="its directory does not exist"):
         main(["bench", "gemm", "--device", "cpu", "--plot", str(tmp_path / "nope" / "x.png")])
+    with pytest.raises(SystemExit, match="--json .* its directory does not exist"):
+        main(["bench", "gemm", "--device", "cpu", "--json", str(tmp_path / "nope" / "x.json")])
+    if importlib.util.find_spec("matplotlib") is not None:  # (the test extra has it)
+        with pytest.raises(SystemExit, match=r"writes no \.foo files; name it \.png"):
+            main(["bench", "gemm", "--device", "cpu", "--plot", str(tmp_path / "x.foo")])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="sees no CUDA GPU"):
         main(["bench", "gemm", "--device", "cuda"])

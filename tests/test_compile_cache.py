@@ -280,6 +280,38 @@ def test_every_compile_function_is_disk_cached():
         assert hasattr(fn, "cache_clear") and hasattr(fn, "disk_cache_entry"), f"{name} lacks a cache level"
 
 
+def test_memory_level_takes_a_list_as_the_equal_tuple(cache):
+    """``compile_gemm_sm90(cluster_mn=[1, 1])`` failed in lru_cache (a list is unhashable); the memory level now
+    takes it as ``(1, 1)``: one entry for both spellings, one compile, the disk entry shared."""
+    disk_level, calls = _counting()
+    compile_thing = compile_cache.memory_cached(disk_level)
+    assert compile_thing([1, [2, 3]], b=("y", ["z"])) == {"a": (1, (2, 3)), "b": ("y", ("z",)), "flag": False}
+    assert compile_thing((1, (2, 3)), b=("y", ("z",))) == compile_thing([1, [2, 3]], b=["y", ["z"]])
+    assert calls == [((1, (2, 3)), ("y", ("z",)), False)]  # the function saw tuples, once
+    assert compile_thing.cache_info().currsize == 1
+    assert compile_thing.__wrapped__ is disk_level and compile_thing.disk_cache_entry((1, (2, 3))).parent == cache
+    compile_thing.cache_clear()
+    assert compile_thing.cache_info().currsize == 0
+
+
+def test_memory_level_keeps_the_functions_own_type_error():
+    """A TypeError of the function itself (no list involved) propagates once, not retried."""
+    calls = []
+
+    @compile_cache.memory_cached
+    def compile_bad(a):
+        calls.append(a)
+        raise TypeError(f"bad {a!r}")
+
+    with pytest.raises(TypeError, match="bad 1"):
+        compile_bad(1)
+    with pytest.raises(TypeError, match=r"bad \(1,\)"):
+        compile_bad([1])  # retried as a tuple: the function's error for the tuple
+    assert calls == [1, (1,)]
+    with pytest.raises(TypeError, match="unhashable"):
+        compile_bad({1: 2})  # no list to make a tuple of: lru_cache's own error
+
+
 def test_compiled_kernel_round_trips_through_disk(cache, monkeypatch):
     cute = pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is a dependency; install the package")
     import tvm_ffi

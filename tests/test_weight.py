@@ -299,6 +299,8 @@ def test_unknown_backend_is_refused_when_the_layers_are_made():
         with pytest.raises(ValueError, match=r"backend='sm91'\) names no registered backend; use one of \["):
             make()
     assert type(MXFP8Linear(64, 64, config=MXFP8Config(backend="reference")).config) is MXFP8Config
+    with pytest.raises(ValueError, match=r"backend must be a backend name \(str\) or None .*got ''"):
+        MXFP8Config(backend="")  # (it ran as None, unlike every other unregistered name)
 
 
 def test_numpy_and_lists_of_a_wrapped_weight(rng):

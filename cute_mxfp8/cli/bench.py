@@ -350,8 +350,15 @@ def main(args) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench: --device cuda, but this torch sees no CUDA GPU: drop --device (cpu here)")
     plot = getattr(args, "plot", None)
-    if plot and not os.path.isdir(os.path.dirname(os.path.abspath(plot))):
-        raise SystemExit(f"bench: --plot {plot}: its directory does not exist")
+    for flag, path in (("--json", getattr(args, "json", None)), ("--plot", plot)):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise SystemExit(f"bench: {flag} {path}: its directory does not exist")
+    if plot:
+        from cute_mxfp8.cli.bench_plot import path_problem
+
+        problem = path_problem(plot)
+        if problem:
+            raise SystemExit(f"bench: --plot {plot}: {problem}")
     if plot and not {"gemm", "mlp"} & set(groups):
         raise SystemExit(f"bench: --plot draws the gemm group's TFLOP/s and the mlp group's step times; {groups} "
                          f"have neither: add gemm or mlp, or drop --plot")

@@ -7,16 +7,14 @@ install."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 
 _GEMM_PANELS = {"mm": "dense GEMM", "grouped_mm": "grouped GEMM 2d-3d", "grouped_mm_wgrad": "grouped GEMM 2d-2d (wgrad)"}
 
 
-def plot(result: dict, path: str) -> None:
-    """Draw ``result`` (``bench --json``'s dict) into the PNG ``path``: a panel of TFLOP/s per GEMM op that has rows
-    (``mm``, ``grouped_mm``, ``grouped_mm_wgrad``; one bar group per shape, one bar per backend / baseline), and
-    one of MLP step times (ms) if the result has any."""
+def _pyplot():
     try:
         import matplotlib
 
@@ -24,6 +22,29 @@ def plot(result: dict, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise RuntimeError("the bench chart needs matplotlib: pip install matplotlib") from e
+    return plt
+
+
+def path_problem(path: str) -> str | None:
+    """Why :func:`plot` could not write ``path`` (None: it can): matplotlib missing, or a file type it does not
+    write (the name's suffix; none: PNG).  ``bench`` asks before it times anything."""
+    try:
+        plt = _pyplot()
+    except RuntimeError as e:
+        return str(e)
+    suffix = os.path.splitext(path)[1].lstrip(".").lower()
+    kinds = plt.figure().canvas.get_supported_filetypes()
+    plt.close("all")
+    if suffix and suffix not in kinds:
+        return f"matplotlib writes no .{suffix} files; name it .png (or {', '.join('.' + k for k in sorted(kinds))})"
+    return None
+
+
+def plot(result: dict, path: str) -> None:
+    """Draw ``result`` (``bench --json``'s dict) into the PNG ``path``: a panel of TFLOP/s per GEMM op that has rows
+    (``mm``, ``grouped_mm``, ``grouped_mm_wgrad``; one bar group per shape, one bar per backend / baseline), and
+    one of MLP step times (ms) if the result has any."""
+    plt = _pyplot()
     gemms = {op: [r for r in result.get("rows", []) if r.get("op") == op and r.get("tflops")] for op in _GEMM_PANELS}
     steps = result.get("mlp_steps", [])
     panels = [op for op, rows in gemms.items() if rows] + (["mlp"] if steps else [])
