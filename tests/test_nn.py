@@ -298,6 +298,32 @@ def test_grouped_experts_compile_keeps_the_mlp_in_one_graph(rng):
     assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
+def test_grouped_experts_with_device_counts_compile_fullgraph_without_recompiling(rng, monkeypatch):
+    """Device counts (CUDA counts on x's device; here the CPU stands in, through the module's predicate) take
+    ``device_offsets_from_counts`` under torch.compile too: one graph with ``fullgraph=True`` (it failed on a
+    data-dependent guard), no recompile when only the counts' values change, bit-identical to eager."""
+    from cute_mxfp8.nn import modules as M
+
+    monkeypatch.setattr(M, "_counts_on_device", lambda counts, x: type(counts) is torch.Tensor)
+    torch._dynamo.reset()
+    ex = MXFP8GroupedExperts(64, 128, 4)
+    compiled = torch.compile(ex, fullgraph=True, backend="aot_eager")
+    frames = []
+    for counts in ([20, 0, 50, 20], [5, 40, 0, 30], [0, 0, 0, 90]):
+        counts = torch.tensor(counts)
+        x = torch.randn(100, 64, generator=rng)
+        results = []
+        for fn in (ex, compiled):
+            xi = x.clone().requires_grad_()
+            y = fn(xi, counts)
+            y.square().sum().backward()
+            results.append([y.detach(), xi.grad, *(p.grad.clone() for p in ex.parameters())])
+            ex.zero_grad(set_to_none=True)
+        assert all(torch.equal(g, w) for g, w in zip(*results))
+        frames.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert frames[0] >= 1 and frames[1:] == [frames[0]] * 2, frames  # the later counts reuse the first graph
+
+
 def test_grouped_experts_pickled_before_validate_counts_still_run(rng):
     """A module saved before ``validate_counts`` existed (no instance attribute) runs with the class default; the
     constructor refuses a non-bool."""

@@ -137,6 +137,52 @@ def test_outputs_have_the_fake_strides_for_any_input_layout(name, how, device, r
     opcheck(op, moved, **({"test_utils": checks} if checks else {}))
 
 
+@pytest.mark.parametrize("name", CASE_NAMES)
+def test_fake_and_real_refuse_an_unknown_backend_alike(name, rng):
+    """A misspelt backend fails when a program is traced (the fake checks the name), with the real op's error."""
+    from cute_mxfp8.ops.backends import BackendUnavailableError
+
+    _, op, args = _case(name, "cpu", rng, m=40, e=2)
+    at = args.index("")  # every case passes backend "" (automatic)
+    bad = (*args[:at], "nope", *args[at + 1:])
+    for run in (lambda: op(*bad), lambda: _fake_outputs(op, bad)):
+        with pytest.raises(BackendUnavailableError, match="unknown cute_mxfp8 backend 'nope'"):
+            run()
+
+
+def test_fake_and_real_name_the_same_fault_first():
+    """A GEMM call with two faults (fp8 data viewed as uint8, scale_block 64) names the same one in both."""
+    a, s = ops.quantize_rowwise(torch.randn(64, 64))
+    for args in ((a.view(torch.uint8), s, a, s, torch.float32, "", None, 64, False),):
+        for run in (lambda: L._mm(*args), lambda: _fake_outputs(L._mm, args)):
+            with pytest.raises(ValueError, match="scale_block must be 32"):
+                run()
+    offs = torch.tensor([64], dtype=torch.int32)
+    c, cs = ops.quantize_colwise(torch.randn(64, 64), offs=offs)
+    args = (c.view(torch.uint8), cs, c, cs, offs, torch.float32, "", 64, False)
+    for run in (lambda: L._grouped_mm_wgrad(*args), lambda: _fake_outputs(L._grouped_mm_wgrad, args)):
+        with pytest.raises(ValueError, match="scale_block must be 32"):
+            run()
+
+
+def test_flags_the_schema_would_coerce_are_refused_before_it():
+    """``split_halves=1`` and ``token_align=False`` are refused by the wrappers in eager AND compiled calls (the
+    dispatcher's schema would turn them into True / 0 and run)."""
+    offs = torch.tensor([20, 64], dtype=torch.int32)
+    a, s = ops.quantize_colwise(torch.randn(64, 256), offs=offs)
+    x, h13 = torch.randn(64, 256), torch.randn(64, 256)
+    calls = [(TypeError, "split_halves must be a bool", lambda: ops.grouped_mm_wgrad(a, s, a, s, offs, split_halves=1))]
+    for fn in (ops.quantize_colwise, ops.quantize_dual, ops.swiglu_quant):
+        calls.append((ValueError, "token_align must be 0 or 128, got False", lambda fn=fn: fn(x, token_align=False)))
+    calls.append((ValueError, "token_align must be 0 or 128, got False",
+                  lambda: ops.dswiglu_quant(x[:, :128], h13, token_align=False)))
+    for err, msg, call in calls:
+        with pytest.raises(err, match=msg):
+            call()
+        with pytest.raises(Exception, match=msg):  # (dynamo reports the wrapper's error as its own type)
+            torch.compile(call, fullgraph=True, backend="eager")()
+
+
 def test_swiglu_hp_of_a_transposed_h13_is_contiguous():
     """The issue's example: ``h`` came back with stride (1, 64), failing opcheck and ``h.view(-1)``."""
     h = ops.swiglu_quant(torch.randn(128, 64).t(), emit_hp=True)[4]

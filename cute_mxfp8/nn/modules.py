@@ -267,8 +267,10 @@ class MXFP8GroupedExperts(nn.Module):
             sync, as ``torch._grouped_mm`` with device offsets) and are made safe there instead: a negative count
             counts as 0 and the groups end at T.  Counts given on the CPU or as ints are always checked.  Still
             read once per step with device counts: 32-block rowwise-only grouped casts (``wgrad_with_hp=True``, or
-            frozen expert weights without the fast mode), the reference backend, and ``torch.compile`` (which
-            reads the counts itself).
+            frozen expert weights without the fast mode), the reference backend, and the ops of a
+            ``torch.compile``-d module (inside the op: device counts still trace as one graph, ``fullgraph=True``
+            included).  CPU counts, ints and ``validate_counts=True`` are read before the ops (under
+            ``torch.compile`` a graph break, so ``fullgraph=True`` needs device counts).
     ``forward(x, num_tokens_per_expert)``: ``x`` (T, D) bf16/fp32 with tokens sorted by expert, the first
     ``num_tokens_per_expert[0]`` rows for expert 0 and so on; ``num_tokens_per_expert`` (E,) integer tensor (or E
     ints), ``sum <= T`` (rows past the sum give zeros).  Returns (T, D) in ``x.dtype``.
@@ -341,18 +343,25 @@ class MXFP8GroupedExperts(nn.Module):
             raise TypeError(f"x must be a torch.Tensor (tokens, dim), got {type(x).__name__}")
         if x.dim() != 2:
             raise ValueError(f"x must be (tokens, dim) with tokens sorted by expert, got shape {tuple(x.shape)}")
+        counts = num_tokens_per_expert
+        if not self.validate_counts and _counts_on_device(counts, x):
+            # no host read: the step never waits for the GPU here, and torch.compile traces it as one graph
+            # (fullgraph=True works; new count values do not recompile)
+            offs = device_offsets_from_counts(counts, self.num_experts, x.shape[0])
+            return mxfp8_swiglu_mlp(x, *self._weights(), offs, self.config)
         if torch.compiler.is_compiling():  # the counts read breaks the graph here, and the MLP stays one graph
             offs = offsets_from_counts(num_tokens_per_expert, self.num_experts, x.shape[0], x.device)
-            return mxfp8_swiglu_mlp(x, *self._weights(), offs, self.config)
-        counts = num_tokens_per_expert
-        if (not self.validate_counts and type(counts) is Tensor and counts.is_cuda and x.is_cuda
-                and counts.device == x.device):  # no host read: the step never waits for the GPU here
-            offs = device_offsets_from_counts(counts, self.num_experts, x.shape[0])
             return mxfp8_swiglu_mlp(x, *self._weights(), offs, self.config)
         # eager: the counts' copy to the host starts now and is waited for once the weights' casts are queued
         counts = _prefetch_counts(num_tokens_per_expert, self.num_experts)
         offs = lambda: offsets_from_counts(counts(), self.num_experts, x.shape[0], x.device)  # noqa: E731
         return swiglu_mlp_from_counts(x, *self._weights(), offs, self.config)
+
+
+def _counts_on_device(counts, x: Tensor) -> bool:
+    """Whether ``MXFP8GroupedExperts`` takes ``counts`` as device counts (made safe on the device, never read on
+    the host): a plain CUDA tensor on ``x``'s device."""
+    return type(counts) is Tensor and counts.is_cuda and x.is_cuda and counts.device == x.device
 
 
 _PREFETCH_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)

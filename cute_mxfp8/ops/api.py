@@ -16,7 +16,9 @@ Conventions shared by every function here (the numerics and layouts of :mod:`cut
 * ``backend``: ``None`` picks automatically (``CUTE_MXFP8_BACKEND`` if set, else the best backend for the
   device); an explicit backend that cannot run raises :class:`~cute_mxfp8.ops.backends.BackendUnavailableError`.
 * Bad shapes, dtypes, devices or offsets raise ``ValueError`` naming the rule, before any kernel runs; an argument
-  of the wrong type (a tensor argument that is not one, a flag that is not a bool) raises ``TypeError``.
+  of the wrong type (a tensor argument that is not one, a flag that is not a bool) raises ``TypeError``.  Under
+  ``torch.compile`` the ops' fake impls raise the same errors while tracing, which torch reports as its
+  ``TorchRuntimeError`` with the message inside; offsets' values are checked when the program runs.
 * In eager mode every wrapper here calls the op's implementation directly (see :func:`_direct`),
   which saves the custom-op dispatcher's host time; ``torch.ops.cute_mxfp8.*`` and torch.compile give the same
   results either way.  The ops are not differentiable (inputs that require grad go through the dispatcher, which
@@ -94,6 +96,8 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
     _check_types(blocked, offs=offs, backend=backend, x=x)
     if type(blocks_2d) is not bool:
         raise TypeError(f"blocks_2d must be a bool, got {type(blocks_2d).__name__}")
+    if token_align is not _NO_ALIGN:  # (before the dispatcher, whose schema would take False as 0)
+        S.check_token_align(token_align, offs)
     direct = _direct(x, offs)
     extra = () if token_align is _NO_ALIGN else (token_align,)
     out = (impl if direct else op)(x, scale_mode, elem_dtype, blocked, offs, backend or "", scale_block, *extra,
@@ -373,6 +377,8 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
     _check_offs(offs, required=True)
     S.check_scale_block(scale_block)
     _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales)
+    if type(split_halves) is not bool:  # (before the dispatcher, whose schema would take 1 as True)
+        raise TypeError(f"split_halves must be a bool, got {type(split_halves).__name__}")
     op = _op(L.grouped_mm_wgrad_impl, L._grouped_mm_wgrad, (a, a_scales, b, b_scales, offs))
     return op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block, split_halves)
 
@@ -414,6 +420,7 @@ def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dt
         (M, I) tensor.
     """
     _check_types(blocked, emit_hp, offs, backend, h13=h13)
+    S.check_token_align(token_align, offs)  # (before the dispatcher, whose schema would take False as 0)
     op = L.swiglu_quant_impl if _direct(h13, offs) else L._swiglu_quant
     return op(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block, token_align)
 
@@ -434,6 +441,7 @@ def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dt
         ``(dh13_row, row_scales, dh13_col, col_scales, dh13_hp)``, layouts of :func:`quantize_dual` for (M, 2I).
     """
     _check_types(blocked, emit_hp, offs, backend, dh=dh, h13=h13)
+    S.check_token_align(token_align, offs)  # (before the dispatcher, whose schema would take False as 0)
     op = L.dswiglu_quant_impl if _direct(dh, h13, offs) else L._dswiglu_quant
     return op(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block, token_align)
 

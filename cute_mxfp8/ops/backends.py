@@ -26,6 +26,7 @@ __all__ = [
     "register_backend",
     "registered_backends",
     "resolve_backend",
+    "check_backend_name",
     "fuses_mlp",
     "get_impl",
 ]
@@ -120,6 +121,13 @@ def _requested(requested: str | None) -> str | None:
             f"registered backends: {registered_backends()}"
         )
     return name
+
+
+def check_backend_name(requested: str | None) -> None:
+    """:class:`BackendUnavailableError` for an unregistered backend name (``requested``, else ``CUTE_MXFP8_BACKEND``;
+    None or "" with the variable unset: automatic): the part of :func:`resolve_backend`'s checks that needs no
+    device, which the ops' fake impls run at trace time."""
+    _requested(requested)
 
 
 def _device(device) -> torch.device:

@@ -11,6 +11,8 @@ Public, documented entry points are the wrappers at the bottom of this file (re-
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Optional
 
 import torch
@@ -20,7 +22,7 @@ from torch._prims_common import make_contiguous_strides_for
 from ..formats import group_bounds
 from . import shapes as S
 from .amp import autocast_off
-from .backends import get_impl
+from .backends import check_backend_name, get_impl
 from .gate_up import GATE_UP_DIRECTIONS
 from .group_meta import host_copy, validated_end
 
@@ -59,6 +61,24 @@ def _as_declared(t: Tensor) -> Tensor:
     return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
 
 
+def _fake_of(op):
+    """``op.register_fake`` for a fake impl that, after its own checks (the real impl's order), also refuses an
+    unregistered ``backend`` name as the real op's dispatch would (:func:`~.backends.check_backend_name`): an
+    exported or compiled program with a misspelt backend fails when traced, not when first run."""
+    def register(fake):
+        signature = inspect.signature(fake)
+
+        @functools.wraps(fake)
+        def checked(*args, **kwargs):
+            out = fake(*args, **kwargs)
+            check_backend_name(signature.bind(*args, **kwargs).arguments["backend"] or None)
+            return out
+
+        return op.register_fake(checked if "backend" in signature.parameters else fake)
+
+    return register
+
+
 def _empty(like: Tensor, shape, dtype) -> Tensor:
     return torch.empty(shape, dtype=dtype, device=like.device)
 
@@ -92,7 +112,7 @@ def quantize_rowwise_impl(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, b
 _quantize_rowwise = torch.library.custom_op(f"{_NS}::quantize_rowwise", quantize_rowwise_impl, mutates_args=())
 
 
-@_quantize_rowwise.register_fake
+@_fake_of(_quantize_rowwise)
 def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32, blocks_2d=False):
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_blocks_2d(blocks_2d, scale_block, offs)
@@ -115,7 +135,7 @@ def quantize_colwise_impl(x: Tensor, scale_mode: str, elem_dtype: torch.dtype, b
 _quantize_colwise = torch.library.custom_op(f"{_NS}::quantize_colwise", quantize_colwise_impl, mutates_args=())
 
 
-@_quantize_colwise.register_fake
+@_fake_of(_quantize_colwise)
 def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32, token_align=0, blocks_2d=False):
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_quantize_input(x, offs, colwise=True, rowwise=False)
@@ -146,7 +166,7 @@ def _dual_fake(x_shape, like, elem_dtype, blocked, g, token_align=0):
             _empty(like, cd, elem_dtype), _empty(like, cs, _E8M0))
 
 
-@_quantize_dual.register_fake
+@_fake_of(_quantize_dual)
 def _(x, scale_mode, elem_dtype, blocked, offs, backend, scale_block=32, token_align=0, blocks_2d=False):
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_quantize_input(x, offs, colwise=True, rowwise=True)
@@ -204,7 +224,7 @@ def quantize_gate_up_impl(w1: Tensor, w3: Tensor, scale_mode: str, elem_dtype: t
 _quantize_gate_up = torch.library.custom_op(f"{_NS}::quantize_gate_up", quantize_gate_up_impl, mutates_args=())
 
 
-@_quantize_gate_up.register_fake
+@_fake_of(_quantize_gate_up)
 def _(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend, scale_block=32, blocks_2d=False,
       direction="dual"):
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
@@ -218,9 +238,9 @@ def _(w1, w3, scale_mode, elem_dtype, blocked, gate_up_tile, backend, scale_bloc
 
 def mm_impl(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, out_dtype: torch.dtype, backend: str,
             bias: Optional[Tensor] = None, scale_block: int = 32, b_blocks_2d: bool = False) -> Tensor:
-    S.check_mm(a, a_scales, b, b_scales, out_dtype, bias)
-    S.check_scale_block(scale_block)
+    S.check_scale_block(scale_block)  # (the fake's order: a call with two faults names the same one)
     S.check_b_blocks_2d(b_blocks_2d, scale_block)
+    S.check_mm(a, a_scales, b, b_scales, out_dtype, bias)
     return _call("mm", a.device, backend, a, a_scales, b, b_scales, out_dtype, bias, scale_block,
                  *_flag(b_blocks_2d))
 
@@ -228,7 +248,7 @@ def mm_impl(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, out_dtype:
 _mm = torch.library.custom_op(f"{_NS}::mm", mm_impl, mutates_args=())
 
 
-@_mm.register_fake
+@_fake_of(_mm)
 def _(a, a_scales, b, b_scales, out_dtype, backend, bias=None, scale_block=32, b_blocks_2d=False):
     S.check_scale_block(scale_block)
     S.check_b_blocks_2d(b_blocks_2d, scale_block)
@@ -237,9 +257,9 @@ def _(a, a_scales, b, b_scales, out_dtype, backend, bias=None, scale_block=32, b
 
 def grouped_mm_impl(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, out_dtype: torch.dtype,
                     backend: str, scale_block: int = 32, b_blocks_2d: bool = False) -> Tensor:
-    S.check_grouped_mm(a, a_scales, b, b_scales, offs, out_dtype)
     S.check_scale_block(scale_block)
     S.check_b_blocks_2d(b_blocks_2d, scale_block)
+    S.check_grouped_mm(a, a_scales, b, b_scales, offs, out_dtype)
     return _call("grouped_mm", a.device, backend, a, a_scales, b, b_scales, offs, out_dtype, scale_block,
                  *_flag(b_blocks_2d))
 
@@ -247,7 +267,7 @@ def grouped_mm_impl(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, of
 _grouped_mm = torch.library.custom_op(f"{_NS}::grouped_mm", grouped_mm_impl, mutates_args=())
 
 
-@_grouped_mm.register_fake
+@_fake_of(_grouped_mm)
 def _(a, a_scales, b, b_scales, offs, out_dtype, backend, scale_block=32, b_blocks_2d=False):
     S.check_scale_block(scale_block)
     S.check_b_blocks_2d(b_blocks_2d, scale_block)
@@ -257,8 +277,8 @@ def _(a, a_scales, b, b_scales, offs, out_dtype, backend, scale_block=32, b_bloc
 def grouped_mm_wgrad_impl(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor,
                           out_dtype: torch.dtype, backend: str, scale_block: int = 32,
                           split_halves: bool = False) -> Tensor:
-    S.check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, split_halves)
     S.check_scale_block(scale_block)
+    S.check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, split_halves)
     return _call("grouped_mm_wgrad", a.device, backend, a, a_scales, b, b_scales, offs, out_dtype, scale_block,
                  split_halves)
 
@@ -266,7 +286,7 @@ def grouped_mm_wgrad_impl(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tens
 _grouped_mm_wgrad = torch.library.custom_op(f"{_NS}::grouped_mm_wgrad", grouped_mm_wgrad_impl, mutates_args=())
 
 
-@_grouped_mm_wgrad.register_fake
+@_fake_of(_grouped_mm_wgrad)
 def _(a, a_scales, b, b_scales, offs, out_dtype, backend, scale_block=32, split_halves=False):
     S.check_scale_block(scale_block)
     return _empty(a, S.check_grouped_mm_wgrad(a, a_scales, b, b_scales, offs, out_dtype, split_halves), out_dtype)
@@ -291,7 +311,7 @@ def hp_grouped_wgrad_impl(a: Tensor, b: Tensor, offs: Tensor) -> Tensor:
 _hp_grouped_wgrad = torch.library.custom_op(f"{_NS}::hp_grouped_wgrad", hp_grouped_wgrad_impl, mutates_args=())
 
 
-@_hp_grouped_wgrad.register_fake
+@_fake_of(_hp_grouped_wgrad)
 def _(a, b, offs):
     _check_hp_grouped_wgrad(a, b, offs)
     return _empty(a, (offs.shape[0], a.shape[1], b.shape[1]), a.dtype)
@@ -321,7 +341,7 @@ def swiglu_quant_impl(h13: Tensor, scale_mode: str, elem_dtype: torch.dtype, blo
 _swiglu_quant = torch.library.custom_op(f"{_NS}::swiglu_quant", swiglu_quant_impl, mutates_args=())
 
 
-@_swiglu_quant.register_fake
+@_fake_of(_swiglu_quant)
 def _(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend, scale_block=32, token_align=0):
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     i = S.check_swiglu(h13, offs)
@@ -344,7 +364,7 @@ def dswiglu_quant_impl(dh: Tensor, h13: Tensor, scale_mode: str, elem_dtype: tor
 _dswiglu_quant = torch.library.custom_op(f"{_NS}::dswiglu_quant", dswiglu_quant_impl, mutates_args=())
 
 
-@_dswiglu_quant.register_fake
+@_fake_of(_dswiglu_quant)
 def _(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend, scale_block=32, token_align=0):
     S.check_quant_args(scale_mode, elem_dtype, scale_block)
     S.check_swiglu(h13, offs, dh)
@@ -368,7 +388,7 @@ def mm_swiglu_quant_impl(a: Tensor, a_scales: Tensor, b13: Tensor, b13_scales: T
 _mm_swiglu_quant = torch.library.custom_op(f"{_NS}::mm_swiglu_quant", mm_swiglu_quant_impl, mutates_args=())
 
 
-@_mm_swiglu_quant.register_fake
+@_fake_of(_mm_swiglu_quant)
 def _(a, a_scales, b13, b13_scales, scale_mode, elem_dtype, emit_hp, out_dtype, backend, offs=None):
     S.check_quant_args(scale_mode, elem_dtype)
     i = S.check_mm_swiglu(a, a_scales, b13, b13_scales, out_dtype, offs)
@@ -389,7 +409,7 @@ def mm_dswiglu_quant_impl(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tens
 _mm_dswiglu_quant = torch.library.custom_op(f"{_NS}::mm_dswiglu_quant", mm_dswiglu_quant_impl, mutates_args=())
 
 
-@_mm_dswiglu_quant.register_fake
+@_fake_of(_mm_dswiglu_quant)
 def _(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, backend, offs=None):
     S.check_quant_args(scale_mode, elem_dtype)
     i = S.check_mm_dswiglu(a, a_scales, b, b_scales, h13, offs)
