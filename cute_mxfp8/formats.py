@@ -282,7 +282,10 @@ def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, *, dim: int = -1,
     n = data.shape[dim]
     expect = list(data.shape)
     expect[dim] = n // BLOCK_SIZE
-    if n % BLOCK_SIZE != 0 or list(scales.shape) != expect:
+    if n % BLOCK_SIZE != 0:
+        raise ValueError(f"data {tuple(data.shape)} has {n} elements along dim {dim}, not a multiple of the block "
+                         f"size {BLOCK_SIZE}: pass the dim the data was quantized along (dim=...)")
+    if list(scales.shape) != expect:
         raise ValueError(f"scales of shape {tuple(scales.shape)} do not match data {tuple(data.shape)} "
                          f"blocked by 32 along dim {dim} (expected {tuple(expect)})")
     d = data.float().movedim(dim, -1)

@@ -78,6 +78,8 @@ def test_bench_mlp_in_the_fast_mode_says_so_and_records_it(tmp_path, capsys):
     assert main(["bench", "mlp", "--hopper-block-k", "128", "--device", "cpu", "--json", str(path)]) == 0
     out = json.loads(path.read_text())
     assert out["mlp_hopper_block_k"] == 128 and out["mlp_steps"] and out["mlp_steps"][0][3] > 0
+    # the grouped step too: torch._grouped_mm runs on the CPU (it was skipped as "needs CUDA")
+    assert [r[0] for r in out["mlp_steps"]] == ["SwiGLU MLP", "grouped experts"]
     assert "Hopper fast mode: MXFP8Config(hopper_block_k=128, hopper_weight_blocks='1x128')" in \
         capsys.readouterr().out
     assert out["mlp_hopper_weight_blocks"] == "1x128"
@@ -160,6 +162,7 @@ def _train_args(tmp_path, *extra):
     (["--eval-batches", "0"], "argument --eval-batches: must be a positive integer"),
     (["--eval-every", "0"], "argument --eval-every: must be a positive integer"),
     (["--warmup", "-1"], "argument --warmup: must be an integer >= 0"),
+    (["--steps", "10", "--warmup", "500"], "argument --warmup: must be < --steps 10"),
     (["--hopper-block-k", "128", "--hidden", "96"], "argument --hopper-block-k: 128 needs --hidden to be a multiple of 128"),
     (["--hopper-weight-blocks", "128x128"], "argument --hopper-weight-blocks: 128x128 needs --hopper-block-k 128"),
 ])  # fmt: skip
@@ -419,3 +422,8 @@ def test_bench_refuses_a_missing_plot_directory_and_an_absent_cuda_before_timing
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="sees no CUDA GPU"):
         main(["bench", "gemm", "--device", "cuda"])
+    # devices train refuses, bench refused too late (a traceback for tpu, meaningless timings on meta)
+    for bad, msg in (("tpu", "invalid device 'tpu'"), ("meta", "unsupported device type 'meta'"),
+                     ("cuda:1", "CUDA is not available")):
+        with pytest.raises(SystemExit, match=msg):
+            main(["bench", "gemm", "--device", bad])

@@ -806,9 +806,9 @@ def test_error_bad_elem_dtype(elem):
 
 def test_error_dequantize_shapes():
     d, s = quantize_mxfp8(torch.ones(4, 64))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"scales of shape \(4, 1\) do not match data \(4, 64\)"):
         dequantize_mxfp8(d, s[:, :1])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="has 4 elements along dim 0, not a multiple of the block size 32"):
         dequantize_mxfp8(d, s, dim=0)
     with pytest.raises(ValueError):
         dequantize_mxfp8(d.view(torch.uint8), s)

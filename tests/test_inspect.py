@@ -134,6 +134,16 @@ def test_cli_exit_status_json_and_the_sass_hint(tmp_path, capsys, monkeypatch):
     assert "local memory (spills)" in out
 
 
+def test_cli_refuses_a_missing_json_directory_and_bad_jobs_before_compiling(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(ik, "inspect_all", lambda *a, **k: pytest.fail("compiled before refusing"))
+    with pytest.raises(SystemExit, match="--json .* its directory does not exist"):
+        main(["inspect", "--arch", "sm_90a", "--json", str(tmp_path / "nope" / "x.json")])
+    for jobs in ("0", "-3", "two"):
+        with pytest.raises(SystemExit):
+            main(["inspect", "--arch", "sm_90a", "--jobs", jobs])
+        assert "--jobs: must be an integer >= 1" in capsys.readouterr().err  # (-3 said ">= 0")
+
+
 def test_pairwise_variants_cover_every_pair_of_argument_values():
     import itertools
 

@@ -237,6 +237,20 @@ def test_filter_fn_keeps_a_whole_ffn_in_high_precision():
     assert report.converted == [("1", "MXFP8Linear")] and report.skipped == [("0", "excluded by filter_fn")]
 
 
+def test_a_second_convert_with_another_config_reports_what_it_left():
+    """Converting again with other numerics left the MXFP8 modules on their first config without a word."""
+    from cute_mxfp8 import MXFP8Config
+
+    model = nn.Sequential(FeedForward(64, 128), nn.Linear(64, 64))
+    convert_to_mxfp8(model)
+    again = convert_to_mxfp8(model)  # the same numerics: a no-op, nothing to report
+    assert again.converted == [] and again.skipped == []
+    floor = convert_to_mxfp8(model, config=MXFP8Config(scale_mode="floor"))
+    assert floor.converted == [] and [f for f, _ in floor.skipped] == ["0", "1"]
+    assert all("already MXFP8 with another config" in why and "scale_mode='rceil'" in why for _, why in floor.skipped)
+    assert model[1].config.scale_mode == "rceil"
+
+
 def test_already_converted_root_and_linear_subclasses():
     assert convert_to_mxfp8(MXFP8SwiGLUMLP(64, 128)).converted == []
     model = nn.Sequential(nn.MultiheadAttention(64, 2))
@@ -393,6 +407,13 @@ def test_from_module_refuses_what_it_would_drop():
         MXFP8SwiGLUMLP.from_module(nn.Sequential(nn.Linear(64, 128)))
     with pytest.raises(ValueError, match="names must be three distinct"):
         MXFP8SwiGLUMLP(64, 128, names="abc")
+    for bad, msg in ((("a.b", "c", "d"), "'a.b' is not a Python identifier"), (("", "c", "d"), "'' is not"),
+                     (("names", "b", "c"), "'names' is taken by the module's own attribute"),
+                     (("config", "b", "c"), "'config' is taken"), (("training", "b", "c"), "'training' is taken")):
+        with pytest.raises(ValueError, match=msg):  # (torch's KeyError / TypeError at registration before)
+            MXFP8SwiGLUMLP(64, 128, names=bad)
+        with pytest.raises(ValueError, match=msg):
+            MXFP8GroupedExperts(64, 128, 2, names=bad)
     with pytest.raises(TypeError, match="takes an nn.Linear, got Conv1d"):
         MXFP8Linear.from_linear(nn.Conv1d(64, 64, 1))
     with pytest.raises(ValueError, match="weights in torch.float16"):

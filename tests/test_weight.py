@@ -303,6 +303,30 @@ def test_unknown_backend_is_refused_when_the_layers_are_made():
         MXFP8Config(backend="")  # (it ran as None, unlike every other unregistered name)
 
 
+def test_lazy_and_convolution_weights_are_left_plain():
+    """A LazyLinear not materialized yet has no shape: convert / from_linear / quantize_weights_ skip or refuse it
+    naming the fix (convert replaced it by an MXFP8Linear with in_features=0, quantize_weights_ crashed in torch);
+    a Conv1d's (out, in, k) kernel is no expert weight (the default filter wrapped it, and the MXFP8 all-gather
+    then refused the convolution)."""
+    from cute_mxfp8 import convert_to_mxfp8
+
+    lazy = nn.Sequential(nn.LazyLinear(64), nn.ReLU(), nn.Linear(64, 64))
+    report = convert_to_mxfp8(lazy)
+    assert type(lazy[0]) is nn.LazyLinear and isinstance(lazy[2], MXFP8Linear)
+    assert "not materialized its parameters yet" in str(report)
+    with pytest.raises(ValueError, match="not materialized its parameters yet .* run one forward first"):
+        MXFP8Linear.from_linear(nn.LazyLinear(64))
+    lazy = nn.Sequential(nn.LazyLinear(64), nn.ReLU(), nn.Linear(64, 64))
+    assert quantize_weights_(lazy) == ["2.weight"]
+    lazy(torch.randn(4, 32))  # materialized now: the next call wraps it
+    assert quantize_weights_(lazy) == ["0.weight"]
+    with pytest.raises(ValueError, match="filter_fn chose 0.weight, which its lazy module has not materialized"):
+        quantize_weights_(nn.Sequential(nn.LazyLinear(64)), filter_fn=lambda m, n, p: n == "weight")
+    conv = nn.Sequential(nn.Conv1d(64, 64, 32), nn.Conv2d(4, 4, 1))
+    assert quantize_weights_(conv) == [] and type(conv[0].weight) is nn.Parameter
+    assert "experts-like" not in str(convert_to_mxfp8(conv))
+
+
 def test_numpy_and_lists_of_a_wrapped_weight(rng):
     """``.numpy()``, ``np.asarray`` and ``.tolist()`` (TensorBoard histograms, wandb) read the inner tensor
     (torch refuses them for tensor subclasses); ``.numpy()`` of one that requires grad raises as torch's does."""

@@ -29,6 +29,8 @@ from typing import Callable
 
 import torch
 
+from cute_mxfp8.cli.checks import device_problem
+
 GROUPS = ("quantize", "swiglu", "gemm", "mlp")
 _FP8_OUT = 1.0 + 1.0 / 32  # bytes per element written by one MXFP8 cast: data + one E8M0 scale per 32
 
@@ -342,13 +344,17 @@ def main(args) -> int:
     from cute_mxfp8.ops.backends import _BACKENDS
 
     _q = ops
-    device = torch.device(getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu"))
+    asked = getattr(args, "device", None)
+    if asked == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench: --device cuda, but this torch sees no CUDA GPU: drop --device (cpu here)")
+    problem = device_problem(asked) if asked else None
+    if problem:
+        raise SystemExit(f"bench: {problem}")
+    device = torch.device(asked if asked not in (None, "auto") else "cuda" if torch.cuda.is_available() else "cpu")
     groups = list(getattr(args, "groups", None) or GROUPS)
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         raise SystemExit(f"unknown bench group(s) {unknown}; choose from {GROUPS}")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("bench: --device cuda, but this torch sees no CUDA GPU: drop --device (cpu here)")
     plot = getattr(args, "plot", None)
     for flag, path in (("--json", getattr(args, "json", None)), ("--plot", plot)):
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
@@ -432,8 +438,9 @@ def main(args) -> int:
     if device.type == "cpu":
         print("note: on CPU these time the torch reference (emulation), not kernels.")
     if hopper_block_k == 128 and any(g in groups for g in ("quantize", "swiglu")):
-        print("quantize / swiglu rows: scale_block=128 casts (the Hopper fast mode's operands); 'vs baseline' is "
-              "against the same op in 32-blocks")
+        print("quantize / swiglu rows: scale_block=128 casts (the Hopper fast mode's operands)"
+              + ("; 'vs baseline' is against the same op in 32-blocks" if device.type == "cuda" else
+                 " (no 'vs baseline' on the CPU: the baselines are GPU kernels)"))
     mlp = []
     if "mlp" in groups:
         from cute_mxfp8.cli.bench_mlp import mlp_rows

@@ -102,6 +102,20 @@ def kernel_breakdown(step, device: torch.device, top: int, steps: int = 3) -> li
             for e in kernels[:top]]
 
 
+def _grouped_mm_problem(device: torch.device) -> str | None:
+    """Why this torch's ``torch._grouped_mm`` (the grouped step's bf16 baseline) does not run a bf16 2d-3d product
+    on ``device`` (None: it does; CUDA, and the CPU since torch 2.9 or so)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return f"torch {torch.__version__} has no torch._grouped_mm"
+    try:
+        x = torch.zeros(32, 32, dtype=torch.bfloat16, device=device)
+        torch._grouped_mm(x, torch.zeros(2, 32, 32, dtype=torch.bfloat16, device=device),
+                          offs=torch.tensor([16, 32], dtype=torch.int32, device=device))
+    except (RuntimeError, NotImplementedError) as e:
+        return str(e).splitlines()[0][:120]
+    return None
+
+
 def mlp_rows(device: torch.device, time_ms, profile: int = 0, config=None) -> list[list]:
     """One row per workload: [workload, shape, bf16 ms, MXFP8 ms, ratio, bf16 peak MiB, MXFP8 peak MiB].
 
@@ -112,8 +126,9 @@ def mlp_rows(device: torch.device, time_ms, profile: int = 0, config=None) -> li
         print("bench mlp: --profile needs a CUDA device (torch.profiler's GPU kernel times); ignored on the CPU")
     for name, shape in (GPU_CASES if device.type == "cuda" else CPU_CASES):
         make = _grouped if "e" in shape else _dense
-        if make is _grouped and (device.type != "cuda" or not hasattr(torch, "_grouped_mm")):
-            print(f"bench mlp: {name} skipped (its bf16 baseline, torch._grouped_mm, needs CUDA)")
+        why = _grouped_mm_problem(device) if make is _grouped else None
+        if why is not None:
+            print(f"bench mlp: {name} skipped (its bf16 baseline, torch._grouped_mm, does not run here: {why})")
             continue
         bf16, mx, xshape, counts = make(device, config, **shape)
         x = torch.randn(*xshape, device=device, dtype=torch.bfloat16, requires_grad=True)

@@ -346,7 +346,8 @@ def inspect_all(arch: str, with_sass: bool, jobs: int = 1, pairwise: bool = Fals
     todo = variants(arch, pairwise)
     rows: list[dict | None] = [None] * len(todo)
     cubins: list[bytes | None] = [None] * len(todo)
-    bar = tqdm(total=len(todo), desc=f"compiling for {arch}", unit="variant", leave=False)
+    bar = tqdm(total=len(todo), desc=f"compiling for {arch}", unit="variant", leave=False,
+               disable=None)  # (None: no bar when stderr is not a terminal, e.g. CI logs)
     if jobs <= 1:
         for i, (family, args) in enumerate(todo):
             row, fn = compile_variant(arch, family, args)
@@ -395,6 +396,8 @@ def table(rows: list[dict], with_sass: bool) -> tuple[list[str], list[list]]:
 def main(args) -> int:
     from tabulate import tabulate
 
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):  # (before minutes of compiling)
+        raise SystemExit(f"inspect: --json {args.json}: its directory does not exist")
     with_sass = sass_facts.find_nvdisasm() is not None
     rows = inspect_all(args.arch, with_sass, getattr(args, "jobs", None) or os.cpu_count() or 1,
                        getattr(args, "pairwise", False))

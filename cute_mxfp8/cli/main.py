@@ -32,7 +32,10 @@ MODULE_PROG = "python -m cute_mxfp8"
 
 def _positive(text: str) -> int:
     """argparse type: an integer >= 1."""
-    value = _non_negative(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
     return value

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from cute_mxfp8.cli.checks import device_problem
 from cute_mxfp8.cli.data import BatchSampler, fixed_batches, load_tokens, split_tokens
 from cute_mxfp8.cli.model import ModelConfig, Transformer
 
@@ -65,25 +66,6 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     o.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
 
 
-def _check_device(name: str) -> str | None:
-    """None if ``--device name`` is usable here, else the error message."""
-    if name == "auto":
-        return None
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, ValueError, TypeError):
-        return f"argument --device: invalid device {name!r} (expected 'auto', 'cpu', 'cuda' or 'cuda:N')"
-    if dev.type == "cpu":
-        return None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            return f"argument --device: {name!r} requested but CUDA is not available (use --device cpu or auto)"
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            return f"argument --device: {name!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist"
-        return None
-    return f"argument --device: unsupported device type {dev.type!r} (expected 'auto', 'cpu', 'cuda' or 'cuda:N')"
-
-
 def _check_out(path: str) -> str | None:
     """None if ``--out path`` is (or can be created as) a writable directory, else the error message."""
     if not path:
@@ -118,9 +100,11 @@ def validate_args(args: argparse.Namespace) -> str | None:
             return False
         return True
 
-    def non_negative(flag: str, value) -> None:
+    def non_negative(flag: str, value) -> bool:
         if value is not None and (not isinstance(value, int) or value < 0):
             errors.append(f"argument {flag}: must be an integer >= 0, got {value!r}")
+            return False
+        return True
 
     for flag, attr in [("--steps", "steps"), ("--batch-size", "batch_size"), ("--seq-len", "seq_len"),
                        ("--layers", "layers"), ("--eval-batches", "eval_batches")]:  # fmt: skip
@@ -146,7 +130,10 @@ def validate_args(args: argparse.Namespace) -> str | None:
         errors.append(f"argument --top-k: must be in [1, --experts {args.experts}], got {args.top_k}")
     if not isinstance(args.lr, (int, float)) or not math.isfinite(args.lr) or args.lr <= 0:
         errors.append(f"argument --lr: must be a finite number > 0, got {args.lr!r}")
-    non_negative("--warmup", args.warmup)
+    if (non_negative("--warmup", args.warmup) and args.warmup is not None and isinstance(args.steps, int)
+            and args.warmup >= args.steps >= 1):
+        errors.append(f"argument --warmup: must be < --steps {args.steps} (the learning rate would never reach "
+                      f"--lr), got {args.warmup}")
     non_negative("--log-every", args.log_every)
     if args.eval_every is not None:
         positive("--eval-every", args.eval_every)
@@ -155,7 +142,7 @@ def validate_args(args: argparse.Namespace) -> str | None:
         if args.seq_len >= len(eval_tokens):
             errors.append(f"argument --seq-len: must be < {len(eval_tokens)} (the held-out eval bytes), "
                           f"got {args.seq_len}")  # fmt: skip
-    for msg in (_check_device(args.device), _check_out(args.out)):
+    for msg in (device_problem(args.device), _check_out(args.out)):
         if msg:
             errors.append(msg)
     return "; ".join(errors) or None

@@ -146,6 +146,16 @@ if _MISSING is None:
             mxfp8: MXFP8Config | None = None
 
         def __init__(self, config: Config):
+            fqns = config.fqns
+            if isinstance(fqns, str) or not all(isinstance(f, str) for f in fqns):
+                raise TypeError(f"MXFP8Converter.Config.fqns must be a list of str (module-name parts), got "
+                                f"{fqns!r}" + (f": write [{fqns!r}]" if isinstance(fqns, str) else ""))
+            for name in ("feed_forward", "experts"):
+                if not isinstance(getattr(config, name), bool):
+                    raise TypeError(f"MXFP8Converter.Config.{name} must be a bool, got {getattr(config, name)!r}")
+            if config.mxfp8 is not None and not isinstance(config.mxfp8, MXFP8Config):
+                raise TypeError(f"MXFP8Converter.Config.mxfp8 must be a cute_mxfp8.MXFP8Config or None, got "
+                                f"{config.mxfp8!r}")
             self.config = config
             self.converted: list[str] = []
 

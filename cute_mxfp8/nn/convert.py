@@ -222,6 +222,8 @@ def _skip(report: ConversionReport, fqn: str, why: str) -> None:
 
 
 HF_EXPERTS = "MXFP8 experts forward (transformers)"
+# modules whose 3-D parameters are no expert weights (a convolution's (out, in, k) kernel; Linear / Embedding)
+NOT_EXPERTS = (nn.Linear, nn.Embedding, nn.modules.conv._ConvNd)
 
 
 def _candidate(m: nn.Module, gen: torch.Generator) -> tuple[str, dict[str, int], object] | str | None:
@@ -255,7 +257,7 @@ def _candidate(m: nn.Module, gen: torch.Generator) -> tuple[str, dict[str, int],
         return (f"has grouped-experts parameters {'/'.join(gdims[3])} but forward(x, num_tokens_per_expert) is not "
                 "the per-expert SwiGLU")
     three_d = [n for n, p in m.named_parameters(recurse=False) if p.dim() == 3]
-    if three_d:
+    if three_d and not isinstance(m, NOT_EXPERTS):
         return (f"3-D parameters {', '.join(three_d)} (experts-like) in a layout the converter does not know: "
                 "w1/w2/w3 or w1_EFD/w2_EDF/w3_EFD (E, I, D) / (E, D, I) with forward(x, num_tokens_per_expert), or a "
                 "transformers experts module")
@@ -301,9 +303,10 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
 
     Args:
         model: any ``nn.Module``; its descendants are replaced (the root itself cannot be replaced in place and
-            is reported as skipped if it is a candidate).  Already-converted modules are left alone, and so are
-            candidates whose weights ``quantize_weights_`` wrapped with a config other than ``config`` (they
-            already run in MXFP8 with theirs; reported as skipped).
+            is reported as skipped if it is a candidate).  Already-converted modules are left alone (reported as
+            skipped when their config differs from ``config``), and so are candidates whose weights
+            ``quantize_weights_`` wrapped with a config other than ``config`` (they already run in MXFP8 with
+            theirs; reported as skipped).
         filter_fn: ``filter_fn(module, fqn) -> bool``, asked about each candidate (a Linear, SwiGLU FFN or
             grouped-experts module) before it is converted; False keeps that candidate, and for an FFN / experts
             module everything inside it, in high precision (default: convert all).
@@ -339,6 +342,10 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
     for name, child in list(parent.named_children()):
         fqn = f"{prefix}.{name}" if prefix else name
         if isinstance(child, _MXFP8_TYPES) or getattr(child, "mxfp8_config", None) is not None:
+            own = child.config if isinstance(child, _MXFP8_TYPES) else child.mxfp8_config
+            if not same_numerics(own, cfg):  # (the same numerics: nothing to say, as a second call is a no-op)
+                _skip(report, fqn, f"already MXFP8 with another config ({own}), left as it is: set its config "
+                                   "(.config / .mxfp8_config) or convert the high-precision model")
             continue
         found = _candidate(child, gen)
         if isinstance(parent, nn.MultiheadAttention) and isinstance(child, nn.Linear):

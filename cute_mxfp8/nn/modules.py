@@ -85,7 +85,11 @@ def _require_layer_dtype(cls_name: str, dtype) -> None:
 
 def linear_reason(m: nn.Linear) -> str | None:
     """Why the ``nn.Linear`` ``m`` cannot become an :class:`MXFP8Linear` sharing its parameters (None: it can): a
-    subclass with its own forward, or parameters besides weight and bias (adapters), which the swap would drop."""
+    subclass with its own forward, parameters besides weight and bias (adapters), which the swap would drop, or a
+    lazy Linear not materialized yet (no shape to convert)."""
+    if any(isinstance(p, nn.parameter.UninitializedParameter) for p in m.parameters(recurse=False)):
+        return (f"{type(m).__name__} has not materialized its parameters yet (a lazy module): run one forward "
+                "first, then convert it")
     if type(m).forward is not nn.Linear.forward:
         return (f"{type(m).__name__} overrides nn.Linear.forward; only Linears computing nn.Linear's forward are "
                 "converted")
@@ -122,12 +126,22 @@ def _require_only(cls_name: str, module: nn.Module, names, what: str) -> None:
                          f"the rest in high precision)")
 
 
-def _require_names(cls_name: str, names, kind: str) -> None:
-    """``names``: a tuple or list of three distinct str (the (gate / w1, down / w2, up / w3) names)."""
+_OWN_ATTRIBUTES = ("config", "names", "num_experts", "validate_counts")  # what the modules' __init__ sets
+
+
+def _require_names(cls: type, names, kind: str) -> None:
+    """``names``: a tuple or list of three distinct str (the (gate / w1, down / w2, up / w3) names), each usable
+    as a submodule / parameter name of ``cls``: an identifier that is no attribute of the module already."""
     if (not isinstance(names, (tuple, list)) or len(names) != 3 or not all(isinstance(n, str) for n in names)
             or len(set(names)) != 3):
-        raise ValueError(f"{cls_name}: names must be three distinct {kind} names (w1, w2, w3 roles), got "
+        raise ValueError(f"{cls.__name__}: names must be three distinct {kind} names (w1, w2, w3 roles), got "
                          f"{names!r}")
+    for n in names:
+        if not n.isidentifier():
+            raise ValueError(f"{cls.__name__}: {kind} name {n!r} is not a Python identifier (no '.', not empty)")
+        if hasattr(cls, n) or n in _OWN_ATTRIBUTES or n in vars(nn.Module()):
+            raise ValueError(f"{cls.__name__}: {kind} name {n!r} is taken by the module's own attribute; pick "
+                             f"another")
 
 
 def _require_int(cls_name: str, name: str, value) -> None:
@@ -208,7 +222,7 @@ class MXFP8SwiGLUMLP(nn.Module):
                  names: tuple[str, str, str] = ("w1", "w2", "w3")):
         super().__init__()
         _require_dims(type(self).__name__, dim=dim, hidden_dim=hidden_dim)
-        _require_names(type(self).__name__, names, "child")
+        _require_names(type(self), names, "child")
         _require_layer_dtype(type(self).__name__, dtype)
         self.names = tuple(names)
         kw = dict(bias=False, device=device, dtype=dtype)
@@ -228,7 +242,7 @@ class MXFP8SwiGLUMLP(nn.Module):
         no ``nn.Linear``; ValueError for biased Linears, Linears that are not plain (:func:`linear_reason`),
         weights that cannot form one MLP (:func:`swiglu_weights_reason`), or parameters outside the three Linears
         (each would be dropped or fail later; ``convert_to_mxfp8`` converts such FFNs' Linears one by one)."""
-        _require_names(cls.__name__, names, "child")
+        _require_names(cls, names, "child")
         linears = [getattr(ffn, n, None) for n in names]
         if not all(isinstance(lin, nn.Linear) for lin in linears):
             raise TypeError(f"{cls.__name__}.from_module: {type(ffn).__name__} needs nn.Linear children named "
@@ -286,7 +300,7 @@ class MXFP8GroupedExperts(nn.Module):
             raise TypeError(f"validate_counts must be a bool, got {validate_counts!r}")
         self.validate_counts = validate_counts
         _require_dims(type(self).__name__, dim=dim, hidden_dim=hidden_dim)
-        _require_names(type(self).__name__, names, "parameter")
+        _require_names(type(self), names, "parameter")
         _require_layer_dtype(type(self).__name__, dtype)
         self.names = tuple(names)
         kw = dict(device=device, dtype=dtype)
@@ -317,7 +331,7 @@ class MXFP8GroupedExperts(nn.Module):
         """Take over the (w1, w2, w3) parameters named ``names`` of a grouped-experts module (shared, not
         copied).  ValueError where they are not 3-D parameters that can form the experts
         (:func:`swiglu_weights_reason`) or the module holds other parameters (they would be dropped silently)."""
-        _require_names(cls.__name__, names, "parameter")
+        _require_names(cls, names, "parameter")
         weights = [experts._parameters.get(n) for n in names]  # parameters only: those are what it takes over
         if not all(isinstance(w, Tensor) and w.dim() == 3 for w in weights):
             raise ValueError(f"{cls.__name__}.from_module: {type(experts).__name__} needs 3-D parameters named "

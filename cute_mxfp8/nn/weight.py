@@ -34,7 +34,7 @@ from ..config import MXFP8Config
 from ..ops.autograd import mxfp8_grouped_mm, mxfp8_linear
 from ..ops.shapes import mxfp8_dims_reason
 from . import fsdp
-from .convert import check_model_and_filter, logger
+from .convert import NOT_EXPERTS, check_model_and_filter, logger
 from .modules import (WEIGHT_DTYPES, MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, layer_config,
                       same_numerics)
 from .redirect import match_call
@@ -229,7 +229,7 @@ def _converted_config(module: nn.Module):
 def _default_filter(module: nn.Module, name: str, param: Tensor) -> bool:
     if isinstance(module, nn.Linear) and name == "weight":
         return _linear_dims_reason(module, name, param) is None
-    if param.dim() == 3 and not isinstance(module, (nn.Linear, nn.Embedding)):
+    if param.dim() == 3 and not isinstance(module, NOT_EXPERTS):
         e, a, b = param.shape
         return e > 0 and mxfp8_dims_reason(K=b, N=a) is None and mxfp8_dims_reason(K=a, N=b) is None
     return False
@@ -240,7 +240,7 @@ def _gathers_mxfp8(module: nn.Module, name: str, param: Tensor) -> bool:
     type tells: a Linear's weight, or a 3-D expert weight of a module that is no Linear / Embedding."""
     if isinstance(module, nn.Linear):
         return name == "weight"
-    return param.dim() == 3 and not isinstance(module, nn.Embedding)
+    return param.dim() == 3 and not isinstance(module, NOT_EXPERTS)
 
 
 def _plain_state_dict_hook(module, state_dict, prefix, local_metadata):
@@ -263,8 +263,9 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
         config: :class:`~cute_mxfp8.MXFP8Config` for every wrapped weight (None: defaults).
         filter_fn: ``(module, param_name, param) -> bool`` choosing the parameters to wrap.  Default: the
             ``weight`` of every ``nn.Linear`` (subclasses included) whose dims are multiples of 32, and every 3-D
-            (E, N, K) parameter of other modules whose last two dims are (grouped experts, used through
-            ``torch._grouped_mm``).  A wrapped weight used by anything but ``F.linear`` / the 2d-3d
+            (E, N, K) parameter of other modules (not embeddings or convolutions) whose last two dims are (grouped
+            experts, used through ``torch._grouped_mm``); parameters lazy modules have not materialized are left
+            plain (logged; a ``filter_fn`` choosing one gets a ValueError).  A wrapped weight used by anything but ``F.linear`` / the 2d-3d
             ``torch._grouped_mm`` simply runs in high precision.
     Returns:
         The fully qualified names of the wrapped parameters.
@@ -306,6 +307,13 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
         if isinstance(param, MXFP8TrainingWeight):
             continue
         fqn = ", ".join(f"{m}.{n}" if m else n for m, _, n, _ in entries)
+        if isinstance(param, nn.parameter.UninitializedParameter):  # a lazy module's: no shape yet
+            if filter_fn is not None and any(choose(m, n, p) for _, m, n, p in entries):
+                raise ValueError(f"quantize_weights_: filter_fn chose {fqn}, which its lazy module has not "
+                                 "materialized yet: run one forward first, then wrap; nothing was wrapped")
+            logger.info("cute_mxfp8: left %s in high precision: not materialized yet (a lazy module; wrap after "
+                        "one forward)", fqn)
+            continue
         if not any(choose(m, n, p) for _, m, n, p in entries):
             why = None if filter_fn is not None else next(
                 (r for _, m, n, p in entries if (r := _linear_dims_reason(m, n, p)) is not None), None)
