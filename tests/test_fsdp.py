@@ -30,12 +30,12 @@ class _Block(nn.Module):
     """A SwiGLU FFN (w1/w2/w3 Linears), an output projection and routed-expert weights used through
     torch._grouped_mm (fixed token groups, so the run is deterministic)."""
 
-    def __init__(self, ckpt: bool = False):
+    def __init__(self, ckpt: bool = False, experts: int = E):
         super().__init__()
         self.w1, self.w3 = nn.Linear(D, I, bias=False), nn.Linear(D, I, bias=False)
         self.w2 = nn.Linear(I, D, bias=False)
         self.proj = nn.Linear(D, D)
-        self.experts_w = nn.Parameter(torch.randn(E, D, D) * 0.05)
+        self.experts_w = nn.Parameter(torch.randn(experts, D, D) * 0.05)
         self.ckpt = ckpt  # activation checkpointing: the forward runs again inside the backward
 
     def forward(self, x):
@@ -46,8 +46,9 @@ class _Block(nn.Module):
     def _forward(self, x):
         h = self.w2(nn.functional.silu(self.w1(x)) * self.w3(x))
         h = self.proj(h).flatten(0, -2)
-        n = h.shape[0]
-        offs = torch.tensor([n // 4, n // 4, 3 * n // 4, n], dtype=torch.int32, device=h.device)
+        n, e = h.shape[0], self.experts_w.shape[0]
+        ends = [n // 4, n // 4, 3 * n // 4, n] if e == 4 else [n * (j + 1) // e for j in range(e)]
+        offs = torch.tensor(ends, dtype=torch.int32, device=h.device)
         return torch._grouped_mm(h, self.experts_w.transpose(-2, -1), offs=offs)
 
 
@@ -64,12 +65,16 @@ class _FFN(nn.Module):
 
 
 def _model(kind: str, seed: int, device, mxfp8: bool = True) -> nn.Module:
-    """kind "wrapped": two _Blocks with quantize_weights_; "modules": FFN, Linear, FFN with convert_to_mxfp8;
-    ``mxfp8=False``: the same model left plain."""
+    """kind "wrapped": two _Blocks with quantize_weights_; "uneven": the same with 3 experts, which two ranks
+    shard unevenly (2 + 1); "modules": FFN, Linear, FFN with convert_to_mxfp8; ``mxfp8=False``: the same model
+    left plain."""
     torch.manual_seed(seed)
-    model = nn.Sequential(_Block(), _Block()) if kind == "wrapped" else nn.Sequential(_FFN(), nn.Linear(D, D), _FFN())
+    if kind in ("wrapped", "uneven"):
+        model = nn.Sequential(*(_Block(experts=3 if kind == "uneven" else E) for _ in range(2)))
+    else:
+        model = nn.Sequential(_FFN(), nn.Linear(D, D), _FFN())
     model.to(device)
-    if mxfp8 and kind == "wrapped":
+    if mxfp8 and kind in ("wrapped", "uneven"):
         quantize_weights_(model)
     elif mxfp8:
         convert_to_mxfp8(model)
@@ -159,7 +164,9 @@ def _check(kind, seed, device_type):
     plain, _ = _train(_model(kind, seed, device, mxfp8=False), seed, device)
     assert single != plain  # MXFP8 numerics, not the plain GEMMs
     results = _run_fsdp(kind, seed, device_type)
-    hp_bytes = sum(p.numel() * p.element_size() for p in _model(kind, seed, "cpu", mxfp8=False).parameters())
+    # (FSDP2 pads a shard of an uneven split to ceil(rows / 2) rows: those bytes travel too)
+    hp_bytes = sum(-(-p.shape[0] // 2) * 2 * p[0].numel() * p.element_size()
+                   for p in _model(kind, seed, "cpu", mxfp8=False).parameters())
     for rank, losses, gathered, times, plain_sd in results:
         assert losses == single, (rank, losses, single)
         assert plain_sd  # the sharded state dict holds plain tensors, as an unconverted model's
@@ -172,7 +179,7 @@ def _check(kind, seed, device_type):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["wrapped", "modules"])
+@pytest.mark.parametrize("kind", ["wrapped", "uneven", "modules"])
 def test_fully_shard_two_processes_reproduce_one(kind, seed):
     pytest.importorskip("torch.distributed.fsdp")
     if not dist.is_available() or not dist.is_gloo_available():

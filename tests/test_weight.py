@@ -411,8 +411,12 @@ def test_wrapping_and_converting_in_either_order_never_changes_a_layers_config_s
     with caplog.at_level(logging.INFO, logger="cute_mxfp8"):
         assert quantize_weights_(model, MXFP8Config()) == []
     assert "left 0.weight as it is" in caplog.text
-    assert quantize_weights_(model, MXFP8Config(scale_mode="floor", fsdp_mxfp8_all_gather=True)) == [
-        "0.weight", "1.weight"]
+    with caplog.at_level(logging.INFO, logger="cute_mxfp8"):
+        assert quantize_weights_(model, MXFP8Config(scale_mode="floor", fsdp_mxfp8_all_gather=True)) == [
+            "0.weight", "1.weight"]
+    # the converted modules cast their weights themselves: an MXFP8-gathered weight would fail their forward
+    assert not any(model[i].weight.config.fsdp_mxfp8_all_gather for i in (0, 1))
+    assert "0.weight all-gathers in high precision: 0 (made by convert_to_mxfp8) casts it itself" in caplog.text
 
     class FFN(nn.Module):
         def __init__(self):

@@ -192,7 +192,9 @@ class MXFP8GatheredWeight(Tensor):
             f"cute_mxfp8: {func} on a weight all-gathered in MXFP8 (FSDP2 with "
             "MXFP8Config(fsdp_mxfp8_all_gather=True)): only F.linear and the 2d-3d torch._grouped_mm can use it, "
             "its high-precision values never travel.  Keep this parameter on the high-precision all-gather: leave "
-            "it out of quantize_weights_ (filter_fn) or wrap it with fsdp_mxfp8_all_gather=False")
+            "it out of quantize_weights_ (filter_fn) or wrap it with fsdp_mxfp8_all_gather=False.  (Reading the "
+            "parameters outside a step, e.g. after a no_grad forward with reshard_after_forward=False, finds them "
+            "still gathered: call model.reshard() first.)")
 
 
 def _param_name(module, weight) -> str:

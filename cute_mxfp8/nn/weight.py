@@ -197,7 +197,7 @@ class MXFP8TrainingWeight(Tensor):
             inner = inner.to(param_dtype)
         if self.config.fsdp_mxfp8_all_gather:  # MXFP8 data + scales travel instead (cute_mxfp8.nn.fsdp)
             return fsdp.pre_all_gather(self, inner, mesh, outer_size, module)
-        return (inner,), None
+        return (_padded_shard(inner, mesh, outer_size),), None
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
         """FSDP2 hook: the unsharded weight, wrapped again (so its F.linear / _grouped_mm stay MXFP8); under the
@@ -208,6 +208,18 @@ class MXFP8TrainingWeight(Tensor):
         if out is not None:
             return
         return MXFP8TrainingWeight(data, self.config, requires_grad=False), (data,)
+
+
+def _padded_shard(inner: Tensor, mesh, outer_size) -> Tensor:
+    """``inner`` (this rank's dim-0 shard) zero-padded to FSDP2's padded shard size, ceil(rows / ranks) rows: an
+    uneven split (3 experts on 2 ranks) leaves the last ranks short, and FSDP2 all-gathers equal inputs (it then
+    views the gathered rows as the parameter's own size, so the padding is never read)."""
+    if mesh is None or outer_size is None or inner.dim() == 0:
+        return inner
+    rows = -(-outer_size[0] // mesh.size())
+    if inner.size(0) >= rows:  # an even shard (or FSDP sharding another dim: its size is then the full one)
+        return inner
+    return torch.cat([inner, inner.new_zeros(rows - inner.size(0), *inner.shape[1:])])
 
 
 def _linear_dims_reason(module: nn.Module, name: str, param: Tensor) -> str | None:
@@ -283,7 +295,8 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
     it replaces them by the loaded plain tensors: wrap after such a load).  Tied weights stay tied: the one
     parameter is wrapped once and set on every module that holds it.  A second call leaves wrapped weights (and
     their config) as they are.  With ``config.fsdp_mxfp8_all_gather`` (:mod:`cute_mxfp8.nn.fsdp`), a weight that
-    some other module also holds (an embedding tied to the output Linear) keeps the high-precision all-gather.
+    some other module also holds (an embedding tied to the output Linear), and a weight of a module
+    ``convert_to_mxfp8`` made (it casts its weights itself), keeps the high-precision all-gather (logged).
     """
     check_model_and_filter("quantize_weights_", "whose weights it wraps in place", model, filter_fn,
                            "(module, parameter name, parameter)")
@@ -339,7 +352,14 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
                              "weights are 2-D (N, K) or 3-D (E, N, K) with N and K multiples of 32: leave it out of "
                              "filter_fn (it stays in high precision); nothing was wrapped")
         cfg = config
-        if cfg.fsdp_mxfp8_all_gather and not all(_gathers_mxfp8(m, n, p) for _, m, n, p in entries):
+        if cfg.fsdp_mxfp8_all_gather and id(param) in converted:
+            # a module convert_to_mxfp8 made casts its weights itself: an MXFP8-gathered weight has no
+            # high-precision values for it to cast
+            cfg = dataclasses.replace(cfg, fsdp_mxfp8_all_gather=False)
+            logger.info("cute_mxfp8: %s all-gathers in high precision: %s (made by convert_to_mxfp8) casts it "
+                        "itself; fsdp_mxfp8_all_gather applies to weights used through F.linear / "
+                        "torch._grouped_mm", fqn, converted[id(param)][0])
+        elif cfg.fsdp_mxfp8_all_gather and not all(_gathers_mxfp8(m, n, p) for _, m, n, p in entries):
             cfg = dataclasses.replace(cfg, fsdp_mxfp8_all_gather=False)  # e.g. tied to an embedding
         todo.append((entries, cfg))
     wrapped = []
