@@ -87,7 +87,8 @@ def _special_rows(k: int) -> torch.Tensor:
     rows = [[0.0] * 32, [2.0 ** -126] * 32, [float("inf")] + [1.0] * 31, [float("nan")] * 32, [448.0] * 32,
             [480.0] * 32, [2.0 ** -149] + [1.0] * 31, [-2.0 ** -149] + [1.0] * 31, [_f32(0x40600001)] * 32,
             [_f32(0x43FFFFFF)] * 32, [500.0] + [1.0] * 31, [-0.0] * 32, [-float("inf")] + [0.0] * 31,
-            [3.0e38] * 32, [-1e-40] * 16 + [1e-3] * 16]
+            [3.0e38] * 32, [-1e-40] * 16 + [1e-3] * 16, [57344.0] * 32, [-896.0] + [1.0] * 31]
+    # (448, 896, 57344: amax mantissa exactly 0x600000, the rceil rounding threshold for e4m3 and e5m2)
     return torch.tensor([r * (k // 32) for r in rows], dtype=torch.float32)
 
 
@@ -99,8 +100,9 @@ def _special_rows(k: int) -> torch.Tensor:
 @pytest.mark.parametrize("elem", [torch.float8_e4m3fn, torch.float8_e5m2])
 def test_quant_kernels_bit_exact(shape, dtype, mode, elem, rng):
     x = torch.randn(*shape, generator=rng) * torch.logspace(-20, 20, shape[1])
+    special = _special_rows(shape[1])
     if shape[0] >= 20:
-        x[:15] = _special_rows(shape[1])
+        x[:len(special)] = special
     x = x.to(dtype).cuda()
     assert resolve_backend(x.device, op="quantize_rowwise", args=(x, mode, elem, True, None)) == "sm90"
     for op in (ops.quantize_rowwise, ops.quantize_colwise, ops.quantize_dual):
@@ -166,9 +168,10 @@ def test_grouped_rowwise_kernel_bit_exact(sizes, mode, rng):
 
 def _cols_special(x: torch.Tensor) -> torch.Tensor:
     """Put the special rows of cases section A into columns too, so colwise blocks see every special value."""
-    n = min(x.shape[1], 15)
+    special = _special_rows(32)
+    n = min(x.shape[1], len(special))
     if x.shape[0] >= 32 and n:
-        x[:32, :n] = _special_rows(32)[:n].t()
+        x[:32, :n] = special[:n].t()
     return x
 
 
