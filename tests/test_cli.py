@@ -162,7 +162,8 @@ def _train_args(tmp_path, *extra):
     (["--eval-batches", "0"], "argument --eval-batches: must be a positive integer"),
     (["--eval-every", "0"], "argument --eval-every: must be a positive integer"),
     (["--warmup", "-1"], "argument --warmup: must be an integer >= 0"),
-    (["--steps", "10", "--warmup", "500"], "argument --warmup: must be < --steps 10"),
+    (["--steps", "10", "--warmup", "500"], "argument --warmup: must be <= --steps 10"),
+    (["--steps", "10", "--warmup", "11"], "argument --warmup: must be <= --steps 10"),
     (["--hopper-block-k", "128", "--hidden", "96"], "argument --hopper-block-k: 128 needs --hidden to be a multiple of 128"),
     (["--hopper-weight-blocks", "128x128"], "argument --hopper-weight-blocks: 128x128 needs --hopper-block-k 128"),
 ])  # fmt: skip
@@ -416,9 +417,15 @@ def test_bench_refuses_a_missing_plot_directory_and_an_absent_cuda_before_timing
         main(["bench", "gemm", "--device", "cpu", "--plot", str(tmp_path / "nope" / "x.png")])
     with pytest.raises(SystemExit, match="--json .* its directory does not exist"):
         main(["bench", "gemm", "--device", "cpu", "--json", str(tmp_path / "nope" / "x.json")])
+    with pytest.raises(SystemExit, match="--json .* is a directory"):
+        main(["bench", "gemm", "--device", "cpu", "--json", str(tmp_path)])
+    with pytest.raises(SystemExit, match="invalid device ''"):
+        main(["bench", "gemm", "--device", ""])
     if importlib.util.find_spec("matplotlib") is not None:  # (the test extra has it)
-        with pytest.raises(SystemExit, match=r"writes no \.foo files; name it \.png"):
-            main(["bench", "gemm", "--device", "cpu", "--plot", str(tmp_path / "x.foo")])
+        for name, msg in (("x.foo", r"writes no \.foo files; name it \.png"), ("x", "has no file suffix"),
+                          (".png", "has no file suffix"), ("", "is a directory")):
+            with pytest.raises(SystemExit, match=msg):  # (matplotlib would write x.png, .png.png, <dir>.png)
+                main(["bench", "gemm", "--device", "cpu", "--plot", str(tmp_path / name) + ("/" if not name else "")])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="sees no CUDA GPU"):
         main(["bench", "gemm", "--device", "cuda"])

@@ -138,6 +138,8 @@ def test_cli_refuses_a_missing_json_directory_and_bad_jobs_before_compiling(tmp_
     monkeypatch.setattr(ik, "inspect_all", lambda *a, **k: pytest.fail("compiled before refusing"))
     with pytest.raises(SystemExit, match="--json .* its directory does not exist"):
         main(["inspect", "--arch", "sm_90a", "--json", str(tmp_path / "nope" / "x.json")])
+    with pytest.raises(SystemExit, match="--json .* is a directory"):
+        main(["inspect", "--arch", "sm_90a", "--json", str(tmp_path)])
     for jobs in ("0", "-3", "two"):
         with pytest.raises(SystemExit):
             main(["inspect", "--arch", "sm_90a", "--jobs", jobs])

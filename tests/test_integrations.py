@@ -384,7 +384,9 @@ def test_torchtitan_converter_narrows_by_name_and_kind():
                    for _, c, _, _ in moe.traverse(mx_tt.MXFP8GroupedExperts.Config))
     # a lone string matched character by character (every FFN converted): refused, as are other wrong types
     for bad, msg in (({"fqns": "layers.1."}, r"fqns must be a list of str .* write \['layers.1.'\]"),
-                     ({"fqns": [1]}, "fqns must be a list of str"), ({"experts": 1}, "experts must be a bool"),
+                     ({"fqns": [1]}, "fqns must be a list of str"), ({"fqns": None}, "fqns must be a list of str"),
+                     ({"fqns": (f for f in ["a"])}, "fqns must be a list of str"),
+                     ({"experts": 1}, "experts must be a bool"),
                      ({"mxfp8": "floor"}, "mxfp8 must be a cute_mxfp8.MXFP8Config or None")):
         with pytest.raises(TypeError, match=msg):
             mx_tt.MXFP8Converter(mx_tt.MXFP8Converter.Config(**bad))

@@ -173,9 +173,9 @@ def test_flags_the_schema_would_coerce_are_refused_before_it():
     x, h13 = torch.randn(64, 256), torch.randn(64, 256)
     calls = [(TypeError, "split_halves must be a bool", lambda: ops.grouped_mm_wgrad(a, s, a, s, offs, split_halves=1))]
     for fn in (ops.quantize_colwise, ops.quantize_dual, ops.swiglu_quant):
-        calls.append((ValueError, "token_align must be 0 or 128, got False", lambda fn=fn: fn(x, token_align=False)))
-    calls.append((ValueError, "token_align must be 0 or 128, got False",
-                  lambda: ops.dswiglu_quant(x[:, :128], h13, token_align=False)))
+        calls.append((TypeError, "token_align must be an int .*got False", lambda fn=fn: fn(x, token_align=False)))
+    calls.append((TypeError, "token_align must be an int .*got 1.0",
+                  lambda: ops.dswiglu_quant(x[:, :128], h13, token_align=1.0)))
     for err, msg, call in calls:
         with pytest.raises(err, match=msg):
             call()

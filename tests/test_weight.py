@@ -417,6 +417,12 @@ def test_wrapping_and_converting_in_either_order_never_changes_a_layers_config_s
     # the converted modules cast their weights themselves: an MXFP8-gathered weight would fail their forward
     assert not any(model[i].weight.config.fsdp_mxfp8_all_gather for i in (0, 1))
     assert "0.weight all-gathers in high precision: 0 (made by convert_to_mxfp8) casts it itself" in caplog.text
+    # the other order: wrapped for the MXFP8 all-gather, then converted with the same numerics
+    ag = MXFP8Config(fsdp_mxfp8_all_gather=True)
+    other = nn.Sequential(nn.Linear(64, 64, bias=False), nn.Linear(64, 64, bias=False))
+    quantize_weights_(other, ag)
+    assert [f for f, _ in convert_to_mxfp8(other, config=ag).converted] == ["0", "1"]
+    assert not any(m.weight.config.fsdp_mxfp8_all_gather for m in other)
 
     class FFN(nn.Module):
         def __init__(self):

@@ -347,7 +347,7 @@ def main(args) -> int:
     asked = getattr(args, "device", None)
     if asked == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench: --device cuda, but this torch sees no CUDA GPU: drop --device (cpu here)")
-    problem = device_problem(asked) if asked else None
+    problem = device_problem(asked) if asked is not None else None
     if problem:
         raise SystemExit(f"bench: {problem}")
     device = torch.device(asked if asked not in (None, "auto") else "cuda" if torch.cuda.is_available() else "cpu")
@@ -357,6 +357,8 @@ def main(args) -> int:
         raise SystemExit(f"unknown bench group(s) {unknown}; choose from {GROUPS}")
     plot = getattr(args, "plot", None)
     for flag, path in (("--json", getattr(args, "json", None)), ("--plot", plot)):
+        if path and os.path.isdir(path):
+            raise SystemExit(f"bench: {flag} {path}: is a directory; give a file name in it")
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise SystemExit(f"bench: {flag} {path}: its directory does not exist")
     if plot:

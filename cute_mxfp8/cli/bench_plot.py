@@ -27,16 +27,22 @@ def _pyplot():
 
 def path_problem(path: str) -> str | None:
     """Why :func:`plot` could not write ``path`` (None: it can): matplotlib missing, or a file type it does not
-    write (the name's suffix; none: PNG).  ``bench`` asks before it times anything."""
+    write, named by the file name's suffix (none, or a directory: matplotlib would write elsewhere, adding .png).
+    ``bench`` asks before it times anything."""
     try:
         plt = _pyplot()
     except RuntimeError as e:
         return str(e)
-    suffix = os.path.splitext(path)[1].lstrip(".").lower()
     kinds = plt.figure().canvas.get_supported_filetypes()
     plt.close("all")
-    if suffix and suffix not in kinds:
-        return f"matplotlib writes no .{suffix} files; name it .png (or {', '.join('.' + k for k in sorted(kinds))})"
+    names = f"name it .png (or {', '.join('.' + k for k in sorted(kinds))})"
+    if os.path.isdir(path) or path.endswith(os.sep):
+        return f"is a directory: give a file name in it; {names}"
+    stem, suffix = os.path.splitext(os.path.basename(path))
+    if not stem or not suffix:
+        return f"has no file suffix, so matplotlib would write another file; {names}"
+    if suffix.lstrip(".").lower() not in kinds:
+        return f"matplotlib writes no {suffix} files; {names}"
     return None
 
 

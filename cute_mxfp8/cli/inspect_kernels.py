@@ -396,7 +396,9 @@ def table(rows: list[dict], with_sass: bool) -> tuple[list[str], list[list]]:
 def main(args) -> int:
     from tabulate import tabulate
 
-    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):  # (before minutes of compiling)
+    if args.json and os.path.isdir(args.json):  # (before minutes of compiling)
+        raise SystemExit(f"inspect: --json {args.json}: is a directory; give a file name in it")
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
         raise SystemExit(f"inspect: --json {args.json}: its directory does not exist")
     with_sass = sass_facts.find_nvdisasm() is not None
     rows = inspect_all(args.arch, with_sass, getattr(args, "jobs", None) or os.cpu_count() or 1,

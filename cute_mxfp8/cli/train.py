@@ -131,8 +131,8 @@ def validate_args(args: argparse.Namespace) -> str | None:
     if not isinstance(args.lr, (int, float)) or not math.isfinite(args.lr) or args.lr <= 0:
         errors.append(f"argument --lr: must be a finite number > 0, got {args.lr!r}")
     if (non_negative("--warmup", args.warmup) and args.warmup is not None and isinstance(args.steps, int)
-            and args.warmup >= args.steps >= 1):
-        errors.append(f"argument --warmup: must be < --steps {args.steps} (the learning rate would never reach "
+            and args.warmup > args.steps >= 1):
+        errors.append(f"argument --warmup: must be <= --steps {args.steps} (the learning rate would never reach "
                       f"--lr), got {args.warmup}")
     non_negative("--log-every", args.log_every)
     if args.eval_every is not None:

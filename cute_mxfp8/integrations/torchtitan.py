@@ -147,7 +147,7 @@ if _MISSING is None:
 
         def __init__(self, config: Config):
             fqns = config.fqns
-            if isinstance(fqns, str) or not all(isinstance(f, str) for f in fqns):
+            if not isinstance(fqns, (list, tuple)) or not all(isinstance(f, str) for f in fqns):
                 raise TypeError(f"MXFP8Converter.Config.fqns must be a list of str (module-name parts), got "
                                 f"{fqns!r}" + (f": write [{fqns!r}]" if isinstance(fqns, str) else ""))
             for name in ("feed_forward", "experts"):

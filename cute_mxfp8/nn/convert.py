@@ -27,6 +27,7 @@ are.  Every candidate left alone is logged and reported with the reason, includi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
@@ -283,6 +284,25 @@ def _wrapped_reason(m: nn.Module, cfg: MXFP8Config) -> str | None:
     return None
 
 
+def _gather_high_precision(m: nn.Module, fqn: str) -> None:
+    """The converted module casts its weights itself, so weights ``quantize_weights_`` wrapped for the MXFP8
+    all-gather (the same numerics) switch to the high-precision all-gather, as ``quantize_weights_`` does when it
+    wraps the weights of converted modules (an MXFP8-gathered weight has no high-precision values to cast)."""
+    from .weight import MXFP8TrainingWeight  # (weight.py imports this package's modules)
+
+    for n, p in m.named_parameters():
+        if isinstance(p, MXFP8TrainingWeight) and p.config.fsdp_mxfp8_all_gather:
+            p.config = dataclasses.replace(p.config, fsdp_mxfp8_all_gather=False)
+            logger.info("cute_mxfp8: %s all-gathers in high precision: the converted %s casts it itself",
+                        f"{fqn}.{n}" if fqn else n, fqn or "model")
+
+
+def _config_difference(own: MXFP8Config, cfg: MXFP8Config) -> str:
+    """The fields in which ``own`` differs from ``cfg``, as ``name=own (asked: cfg's)``."""
+    return ", ".join(f"{f.name}={getattr(own, f.name)!r} (asked: {getattr(cfg, f.name)!r})"
+                     for f in dataclasses.fields(own) if getattr(own, f.name) != getattr(cfg, f.name))
+
+
 def _replacement(m: nn.Module, kind: str, names, cfg: MXFP8Config) -> nn.Module:
     if kind == "MXFP8Linear":
         return MXFP8Linear.from_linear(m, cfg)
@@ -344,8 +364,9 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
         if isinstance(child, _MXFP8_TYPES) or getattr(child, "mxfp8_config", None) is not None:
             own = child.config if isinstance(child, _MXFP8_TYPES) else child.mxfp8_config
             if not same_numerics(own, cfg):  # (the same numerics: nothing to say, as a second call is a no-op)
-                _skip(report, fqn, f"already MXFP8 with another config ({own}), left as it is: set its config "
-                                   "(.config / .mxfp8_config) or convert the high-precision model")
+                _skip(report, fqn, f"already MXFP8 with another config ({_config_difference(own, cfg)}), left as "
+                                   "it is: set its config (.config / .mxfp8_config) or convert the high-precision "
+                                   "model")
             continue
         found = _candidate(child, gen)
         if isinstance(parent, nn.MultiheadAttention) and isinstance(child, nn.Linear):
@@ -380,5 +401,6 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
                 _skip(report, fqn, f"{why}; its Linears are converted one by one")
                 _convert_children(child, fqn, cfg, filter_fn, report, gen)
                 continue
+        _gather_high_precision(child, fqn)
         setattr(parent, name, _replacement(child, kind, names, cfg))
         report.converted.append((fqn, kind))

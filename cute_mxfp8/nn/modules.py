@@ -283,8 +283,10 @@ class MXFP8GroupedExperts(nn.Module):
             read once per step with device counts: 32-block rowwise-only grouped casts (``wgrad_with_hp=True``, or
             frozen expert weights without the fast mode), the reference backend, and the ops of a
             ``torch.compile``-d module (inside the op: device counts still trace as one graph, ``fullgraph=True``
-            included).  CPU counts, ints and ``validate_counts=True`` are read before the ops (under
-            ``torch.compile`` a graph break, so ``fullgraph=True`` needs device counts).
+            included).  CPU counts and ``validate_counts=True`` are read before the ops (under
+            ``torch.compile`` a graph break, so ``fullgraph=True`` needs device counts); a list of ints is a
+            constant to ``torch.compile``, so every new list recompiles (pass a tensor when counts change per
+            step).
     ``forward(x, num_tokens_per_expert)``: ``x`` (T, D) bf16/fp32 with tokens sorted by expert, the first
     ``num_tokens_per_expert[0]`` rows for expert 0 and so on; ``num_tokens_per_expert`` (E,) integer tensor (or E
     ints), ``sum <= T`` (rows past the sum give zeros).  Returns (T, D) in ``x.dtype``.

@@ -97,7 +97,7 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
     if type(blocks_2d) is not bool:
         raise TypeError(f"blocks_2d must be a bool, got {type(blocks_2d).__name__}")
     if token_align is not _NO_ALIGN:  # (before the dispatcher, whose schema would take False as 0)
-        S.check_token_align(token_align, offs)
+        _check_token_align(token_align, offs)
     direct = _direct(x, offs)
     extra = () if token_align is _NO_ALIGN else (token_align,)
     out = (impl if direct else op)(x, scale_mode, elem_dtype, blocked, offs, backend or "", scale_block, *extra,
@@ -107,6 +107,14 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
                                          (x, scale_mode, elem_dtype, blocked, None, scale_block,
                                           *((*extra, True) if blocks_2d else ()))))
     return out
+
+
+def _check_token_align(token_align, offs) -> None:
+    """TypeError for a ``token_align`` that is not an int (False, 1.0: the dispatcher's schema would take them as
+    0 / 1 under torch.compile), then the op's own value check (0 or 128, 128 with ``offs``)."""
+    if type(token_align) is not int:
+        raise TypeError(f"token_align must be an int (0 or 128), got {token_align!r}")
+    S.check_token_align(token_align, offs)
 
 
 def _check_offs(offs, required: bool = False) -> None:
@@ -420,7 +428,7 @@ def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dt
         (M, I) tensor.
     """
     _check_types(blocked, emit_hp, offs, backend, h13=h13)
-    S.check_token_align(token_align, offs)  # (before the dispatcher, whose schema would take False as 0)
+    _check_token_align(token_align, offs)
     op = L.swiglu_quant_impl if _direct(h13, offs) else L._swiglu_quant
     return op(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block, token_align)
 
@@ -441,7 +449,7 @@ def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dt
         ``(dh13_row, row_scales, dh13_col, col_scales, dh13_hp)``, layouts of :func:`quantize_dual` for (M, 2I).
     """
     _check_types(blocked, emit_hp, offs, backend, dh=dh, h13=h13)
-    S.check_token_align(token_align, offs)  # (before the dispatcher, whose schema would take False as 0)
+    _check_token_align(token_align, offs)
     op = L.dswiglu_quant_impl if _direct(dh, h13, offs) else L._dswiglu_quant
     return op(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block, token_align)
 
