@@ -338,6 +338,31 @@ def test_grouped_experts_with_device_counts_compile_fullgraph_without_recompilin
     assert frames[0] >= 1 and frames[1:] == [frames[0]] * 2, frames  # the later counts reuse the first graph
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200 with -m gpu)")
+def test_grouped_experts_with_cuda_counts_compile_fullgraph_on_the_gpu(rng):
+    """The CUDA path of the test above, on the kernels: one graph, new counts reuse it, bit-equal to eager."""
+    torch._dynamo.reset()
+    ex = MXFP8GroupedExperts(256, 256, 4, device="cuda", dtype=torch.bfloat16)
+    for p in ex.parameters():
+        nn.init.normal_(p, std=0.05)
+    compiled = torch.compile(ex, fullgraph=True, backend="aot_eager")
+    frames = []
+    for counts in ([100, 0, 300, 112], [7, 200, 150, 155]):
+        counts = torch.tensor(counts, device="cuda")
+        x = torch.randn(512, 256, generator=rng).to("cuda", torch.bfloat16)
+        results = []
+        for fn in (ex, compiled):
+            xi = x.clone().requires_grad_()
+            y = fn(xi, counts)
+            y.float().square().sum().backward()
+            results.append([y.detach(), xi.grad, *(p.grad.clone() for p in ex.parameters())])
+            ex.zero_grad(set_to_none=True)
+        assert all(torch.equal(g, w) for g, w in zip(*results))
+        frames.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert frames[0] >= 1 and frames[1] == frames[0], frames
+
+
 def test_grouped_experts_pickled_before_validate_counts_still_run(rng):
     """A module saved before ``validate_counts`` existed (no instance attribute) runs with the class default; the
     constructor refuses a non-bool."""
