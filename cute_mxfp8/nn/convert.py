@@ -50,6 +50,14 @@ logger = logging.getLogger("cute_mxfp8")
 _MXFP8_TYPES = (MXFP8Linear, MXFP8SwiGLUMLP, MXFP8GroupedExperts)
 
 
+def converted_config(module: nn.Module) -> MXFP8Config | None:
+    """The config of a module ``convert_to_mxfp8`` made or redirected (its MXFP8 modules; a Hugging Face experts
+    module keeps its class and gets ``mxfp8_config``), else None."""
+    if isinstance(module, _MXFP8_TYPES):
+        return module.config
+    return getattr(module, "mxfp8_config", None)
+
+
 @dataclass
 class ConversionReport:
     """What :func:`convert_to_mxfp8` did: ``converted`` lists (fqn, new module type), ``skipped`` lists
@@ -361,8 +369,8 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
 def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_fn, report, gen) -> None:
     for name, child in list(parent.named_children()):
         fqn = f"{prefix}.{name}" if prefix else name
-        if isinstance(child, _MXFP8_TYPES) or getattr(child, "mxfp8_config", None) is not None:
-            own = child.config if isinstance(child, _MXFP8_TYPES) else child.mxfp8_config
+        own = converted_config(child)
+        if own is not None:
             if not same_numerics(own, cfg):  # (the same numerics: nothing to say, as a second call is a no-op)
                 _skip(report, fqn, f"already MXFP8 with another config ({_config_difference(own, cfg)}), left as "
                                    "it is: set its config (.config / .mxfp8_config) or convert the high-precision "

@@ -34,9 +34,8 @@ from ..config import MXFP8Config
 from ..ops.autograd import mxfp8_grouped_mm, mxfp8_linear
 from ..ops.shapes import mxfp8_dims_reason
 from . import fsdp
-from .convert import NOT_EXPERTS, check_model_and_filter, logger
-from .modules import (WEIGHT_DTYPES, MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, layer_config,
-                      same_numerics)
+from .convert import NOT_EXPERTS, check_model_and_filter, converted_config, logger
+from .modules import WEIGHT_DTYPES, layer_config, same_numerics
 from .redirect import match_call
 
 __all__ = ["MXFP8TrainingWeight", "quantize_weights_"]
@@ -230,14 +229,6 @@ def _linear_dims_reason(module: nn.Module, name: str, param: Tensor) -> str | No
     return None
 
 
-def _converted_config(module: nn.Module):
-    """The config of a module ``convert_to_mxfp8`` made or redirected (its MXFP8 modules; a Hugging Face experts
-    module keeps its class and gets ``mxfp8_config``), else None."""
-    if isinstance(module, (MXFP8Linear, MXFP8SwiGLUMLP, MXFP8GroupedExperts)):
-        return module.config
-    return getattr(module, "mxfp8_config", None)
-
-
 def _default_filter(module: nn.Module, name: str, param: Tensor) -> bool:
     if isinstance(module, nn.Linear) and name == "weight":
         return _linear_dims_reason(module, name, param) is None
@@ -313,7 +304,7 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
             places.setdefault(id(param), []).append((mod_name, module, name, param))
     # parameters of modules convert_to_mxfp8 made: they already run in MXFP8 with that module's config
     converted = {id(p): (n or "the model", cfg) for n, m in model.named_modules()
-                 if (cfg := _converted_config(m)) is not None for p in m.parameters()}
+                 if (cfg := converted_config(m)) is not None for p in m.parameters()}
     todo = []  # decided (and every choice checked) before any parameter changes
     for entries in places.values():
         param = entries[0][3]
