@@ -46,6 +46,73 @@ def test_planned_casts_equal_the_full_path(shape, blocked, scale_block, rng):
             assert B.PLANS.get(key) is not None, name  # the plan ran
 
 
+def _random_offs(m: int, groups: int, rng) -> torch.Tensor:
+    """Fresh CUDA offsets of ``groups`` groups over at most ``m`` rows: one empty group, and rows past
+    ``offs[-1]`` unless the draw reaches ``m``."""
+    ends = sorted(torch.randint(0, m + 1, (groups,), generator=rng).tolist())
+    ends[1] = ends[0]
+    return torch.tensor(ends, dtype=torch.int32, device="cuda")
+
+
+def _planned(name: str) -> int:
+    """Launch plans made (not None) for ``name`` with token groups."""
+    return sum(1 for k, run in B.PLANS.items() if k[0] == name and "offs" in k and run is not None)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("blocked", [True, False])
+@pytest.mark.parametrize("scale_block", [32, 128])
+@pytest.mark.parametrize("token_align", [0, 128])
+def test_planned_grouped_casts_equal_the_full_path(blocked, scale_block, token_align, rng):
+    """Token-group casts (dual and colwise; rowwise with blocked 128-block scales) repeat through their launch
+    plans: the same bytes as the op's implementation on fresh data and fresh offsets each call (an empty group,
+    rows past ``offs[-1]``, M not a multiple of 128), and a planned key still refuses bad offsets."""
+    m, k = 1000, 192
+    names = ["quantize_dual", "quantize_colwise"] + (["quantize_rowwise"] if blocked and scale_block == 128 else [])
+    for name in names:
+        fn, impl = getattr(ops, name), CASTS[name]
+        extra = () if name == "quantize_rowwise" else (token_align,)
+        kw = {} if name == "quantize_rowwise" else {"token_align": token_align}
+        for i in range(3):
+            x = (torch.randn(m, k, generator=rng) * 2.0 ** (3 * i)).to("cuda", torch.bfloat16)
+            offs = _random_offs(m, 4, rng)
+            got = fn(x, offs=offs, blocked=blocked, scale_block=scale_block, **kw)
+            want = impl(x, "rceil", torch.float8_e4m3fn, blocked, offs, "", scale_block, *extra)
+            for g, w in zip(_bytes(got), _bytes(want)):
+                assert g.shape == w.shape and torch.equal(g, w), (name, i)
+        assert _planned(name) >= 1, name  # the plan ran
+        bad = torch.tensor([10, 20, 30, m + 1], dtype=torch.int32, device="cuda")  # the planned key's shape
+        with pytest.raises(ValueError, match="offs"):
+            fn(x, offs=bad, blocked=blocked, scale_block=scale_block, **kw)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("case", ["dense", "dense emit_hp fp32", "groups", "groups padded emit_hp"])
+@pytest.mark.parametrize("scale_block", [32, 128])
+def test_planned_swiglu_casts_equal_the_full_path(case, scale_block, rng):
+    """``swiglu_quant`` / ``dswiglu_quant`` repeat through their launch plans: the same bytes as the ops'
+    implementations on fresh inputs (and offsets) each call; bf16 and fp32 inputs (the 128-block casts of fp32 run
+    in two launches), with and without the high-precision output, dense and with token groups."""
+    m, i = 300, 256
+    dtype = torch.float32 if "fp32" in case else torch.bfloat16
+    emit_hp, grouped, token_align = "emit_hp" in case, "groups" in case, 128 if "padded" in case else 0
+    for name in ("swiglu_quant", "dswiglu_quant"):
+        for it in range(3):
+            h13 = (torch.randn(m, 2 * i, generator=rng) * 2.0 ** it).to("cuda", dtype)
+            dh = torch.randn(m, i, generator=rng).to("cuda", dtype)
+            offs = _random_offs(m, 3, rng) if grouped else None
+            tensors = (h13,) if name == "swiglu_quant" else (dh, h13)
+            got = getattr(ops, name)(*tensors, emit_hp=emit_hp, offs=offs, scale_block=scale_block,
+                                     token_align=token_align)
+            impl = getattr(L, f"{name}_impl")
+            want = impl(*tensors, "rceil", torch.float8_e4m3fn, True, emit_hp, offs, "", scale_block, token_align)
+            for g, w in zip(_bytes(got), _bytes(want)):
+                assert g.shape == w.shape and torch.equal(g, w), (name, it)
+        assert any(k[0] == name and run is not None for k, run in B.PLANS.items()), name  # the plan ran
+
+
 def _gate_up_key(w1, w3, blocked, blocks_2d, direction="dual"):
     return ("quantize_gate_up", w1.shape, w1.dtype, w1.device, w3.shape, w3.dtype, w3.device, "rceil",
             torch.float8_e4m3fn, blocked, 0, None, 128, blocks_2d, direction, None)
@@ -268,6 +335,56 @@ def test_a_backend_plan_runs_from_the_second_call_on(rng):
     finally:
         del B._BACKENDS["probe"]
         B.register_backend(ref)  # restores the order and drops the probe's plans
+    assert not B.PLANS
+
+
+def test_grouped_and_swiglu_plans_run_from_the_second_call_on(rng):
+    """Token-group casts and the SwiGLU casts take launch plans too (the mechanism on the CPU: a probe backend
+    with counting plans): the plan gets each call's ``offs``, a new offsets shape or ``token_align`` is a new
+    key, and a call whose flag has another type (``emit_hp=1``) is never answered by a plan."""
+    ref = B._BACKENDS["reference"]
+    calls = []
+
+    def dual_plan(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0):
+        impl = ref.ops["quantize_dual"]
+
+        def run(x, offs=None):
+            calls.append(("dual", None if offs is None else offs.tolist()))
+            return impl(x, scale_mode, elem_dtype, blocked, offs, scale_block, token_align)
+        return run
+
+    def swiglu_plan(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32, token_align=0):
+        impl = ref.ops["swiglu_quant"]
+
+        def run(h13, offs):
+            calls.append(("swiglu", None if offs is None else offs.tolist()))
+            return impl(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block, token_align)
+        return run
+
+    B.register_backend(B.Backend("probe", 100, lambda d: None, ops=dict(ref.ops),
+                                 plans={"quantize_dual": dual_plan, "swiglu_quant": swiglu_plan}))
+    try:
+        x = torch.randn(256, 64, generator=rng)
+        first = ops.quantize_dual(x, offs=torch.tensor([100, 256], dtype=torch.int32), token_align=128)
+        again = ops.quantize_dual(x, offs=torch.tensor([100, 256], dtype=torch.int32), token_align=128)
+        assert calls == [("dual", [100, 256])]  # the first call took the full path
+        assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(first, again))
+        ops.quantize_dual(x, offs=torch.tensor([3, 90], dtype=torch.int32), token_align=128)
+        assert calls[-1] == ("dual", [3, 90])  # each call's offsets
+        ops.quantize_dual(x, offs=torch.tensor([3, 90], dtype=torch.int32))  # token_align 0: another key
+        ops.quantize_dual(x, offs=torch.tensor([3, 90, 256], dtype=torch.int32), token_align=128)  # 3 groups: too
+        assert len(calls) == 2
+        h13 = torch.randn(64, 128, generator=rng)
+        outs = [ops.swiglu_quant(h13, offs=o) for o in (None, None, torch.tensor([40, 64], dtype=torch.int32),
+                                                        torch.tensor([10, 20], dtype=torch.int32))]
+        assert calls[2:] == [("swiglu", None), ("swiglu", [10, 20])]
+        assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(outs[0], outs[1]))
+        with pytest.raises(TypeError, match="emit_hp"):  # 1 == True as a key: never answered by the plan
+            ops.swiglu_quant(h13, emit_hp=1)
+        assert len(calls) == 4
+    finally:
+        del B._BACKENDS["probe"]
+        B.register_backend(ref)
     assert not B.PLANS
 
 

@@ -73,26 +73,33 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
           token_align=_NO_ALIGN, blocks_2d=False):
     """One eager cast call, with a launch plan (:attr:`~cute_mxfp8.ops.backends.Backend.plans`) for repeats.
 
-    The first call of a key (op, shape, dtypes, flags, device, backend request) runs the full path (checks,
-    backend choice, the op) and then asks the chosen backend for a plan; later calls of that key with a
-    contiguous, 16-byte aligned ``x`` under :func:`_direct`'s conditions run the plan (allocation + kernel).
-    Everything a plan skips is fixed by the key, so results are the same bytes; only host time differs.
-    ``token_align``: the colwise casts' argument (absent for the rowwise cast, which has none); ``blocks_2d``:
-    every cast's last argument."""
+    The first call of a key (op, shape, dtypes, flags, device, backend request; with token groups also
+    ``token_align`` and the shape, dtype and device of ``offs``) runs the full path (checks, backend choice, the
+    op) and then asks the chosen backend for a plan; later calls of that key with a contiguous, 16-byte aligned
+    ``x`` (and a contiguous ``offs``) under :func:`_direct`'s conditions run the plan (allocation + kernel; a
+    grouped plan still checks the offsets' values, as the op does).  Everything a plan skips is fixed by the key,
+    so results are the same bytes; only host time differs.  ``token_align``: the colwise casts' argument (absent
+    for the rowwise cast, which has none); ``blocks_2d``: every cast's last argument."""
     key = None
     # exact types where a key must not equal another type's (True == 1, 128.0 == 128: the full path refuses those)
-    if (not torch.compiler.is_compiling() and offs is None and type(x) in _PLAIN and type(blocked) is bool
+    if (not torch.compiler.is_compiling() and type(x) in _PLAIN and type(blocked) is bool
             and type(scale_block) is int and type(blocks_2d) is bool
-            and (token_align is _NO_ALIGN or (type(token_align) is int and token_align == 0))):
-        # (a token_align other than 0 takes the full path, which raises without offs)
+            and (token_align is _NO_ALIGN or (type(token_align) is int and (token_align == 0 or offs is not None)))
+            and (offs is None or type(offs) in _PLAIN)):
+        # (a token_align other than 0 without offs takes the full path, which raises)
         key = (name, x.shape, x.dtype, x.device, scale_mode, elem_dtype, blocked, backend, scale_block,
                os.environ.get(B.ENV_VAR)) + (("blocks_2d",) if blocks_2d else ())
+        if offs is not None:
+            key += ("offs", offs.shape, offs.dtype, offs.device, token_align)
         try:
             run = B.PLANS.get(key)
         except TypeError:  # an unhashable argument: the full path says what is wrong with it
             key = run = None
         if run is not None and _plan_ready(x):
-            return run(x)
+            if offs is None:
+                return run(x)
+            if _offs_ready(offs):
+                return run(x, offs)
     _check_types(blocked, offs=offs, backend=backend, x=x)
     if type(blocks_2d) is not bool:
         raise TypeError(f"blocks_2d must be a bool, got {type(blocks_2d).__name__}")
@@ -102,10 +109,11 @@ def _cast(name: str, impl, op, x, scale_mode, elem_dtype, blocked, offs, backend
     extra = () if token_align is _NO_ALIGN else (token_align,)
     out = (impl if direct else op)(x, scale_mode, elem_dtype, blocked, offs, backend or "", scale_block, *extra,
                                    blocks_2d)
-    if key is not None and direct and key not in B.PLANS and _plan_ready(x):
+    if key is not None and direct and key not in B.PLANS and _plan_ready(x) and (offs is None or _offs_ready(offs)):
+        # the plan's arguments as the library passes the implementation its own (blocks_2d only when set)
         B.remember_plan(key, B.make_plan(name, x.device, backend,
-                                         (x, scale_mode, elem_dtype, blocked, None, scale_block,
-                                          *((*extra, True) if blocks_2d else ()))))
+                                         (x, scale_mode, elem_dtype, blocked, offs, scale_block, *extra,
+                                          *((True,) if blocks_2d else ()))))
     return out
 
 
@@ -292,6 +300,45 @@ def _plan_ready(x: Tensor) -> bool:
             and not torch._C._is_torch_function_mode_enabled() and not torch._C._len_torch_dispatch_stack())
 
 
+def _offs_ready(offs: Tensor) -> bool:
+    """Whether a launch plan may take ``offs`` (with an ``x`` that is :func:`_plan_ready`): contiguous (what the
+    kernels' limits ask), strided, not a functorch wrapper."""
+    return (offs.is_contiguous() and offs.layout == torch.strided
+            and not torch._C._functorch.is_functorch_wrapped_tensor(offs))
+
+
+def _swiglu_planned(name: str, tensors: tuple, offs, flags: tuple, backend):
+    """(key, launcher or None) of an eager ``swiglu_quant`` / ``dswiglu_quant`` call, as :func:`_cast`'s: the key
+    holds the tensors' shapes, dtypes and devices, ``flags`` (the op's other arguments; exact types), the backend
+    request and ``CUTE_MXFP8_BACKEND``; key None: this call takes the full path (traced, a flag of another type, an
+    unhashable argument)."""
+    scale_mode, elem_dtype, blocked, emit_hp, scale_block, token_align = flags
+    if (torch.compiler.is_compiling() or type(blocked) is not bool or type(emit_hp) is not bool
+            or type(scale_block) is not int or type(token_align) is not int
+            or not all(type(t) in _PLAIN for t in tensors) or (offs is not None and type(offs) not in _PLAIN)):
+        return None, None
+    key = (name, *((t.shape, t.dtype, t.device) for t in tensors), *flags, backend, os.environ.get(B.ENV_VAR))
+    if offs is not None:
+        key += ("offs", offs.shape, offs.dtype, offs.device)
+    try:
+        run = B.PLANS.get(key)
+    except TypeError:
+        return None, None
+    if run is not None and not (all(_plan_ready(t) for t in tensors) and (offs is None or _offs_ready(offs))):
+        run = None
+    return key, run
+
+
+def _remember_swiglu_plan(key, name: str, tensors: tuple, offs, flags: tuple, backend) -> None:
+    """After a direct full-path call of ``key``: ask the backend that ran it for a launch plan."""
+    if (key is not None and key not in B.PLANS and all(_plan_ready(t) for t in tensors)
+            and (offs is None or _offs_ready(offs))):
+        scale_mode, elem_dtype, blocked, emit_hp, scale_block, token_align = flags
+        B.remember_plan(key, B.make_plan(name, tensors[0].device, backend,
+                                         (*tensors, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block,
+                                          token_align)))
+
+
 def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
        bias: Tensor | None = None, backend: str | None = None, scale_block: int = 32,
        b_blocks_2d: bool = False) -> Tensor:
@@ -427,10 +474,19 @@ def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dt
         ``(h_row, h_row_scales, h_col, h_col_scales, h_hp)`` with the layouts of :func:`quantize_dual` for an
         (M, I) tensor.
     """
+    flags = (scale_mode, elem_dtype, blocked, emit_hp, scale_block, token_align)
+    key, run = _swiglu_planned("swiglu_quant", (h13,), offs, flags, backend)
+    if run is not None:
+        return run(h13, offs)
     _check_types(blocked, emit_hp, offs, backend, h13=h13)
     _check_token_align(token_align, offs)
-    op = L.swiglu_quant_impl if _direct(h13, offs) else L._swiglu_quant
-    return op(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block, token_align)
+    if not _direct(h13, offs):
+        return L._swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block,
+                               token_align)
+    out = L.swiglu_quant_impl(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block,
+                              token_align)
+    _remember_swiglu_plan(key, "swiglu_quant", (h13,), offs, flags, backend)
+    return out
 
 
 def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
@@ -448,10 +504,19 @@ def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dt
     Returns:
         ``(dh13_row, row_scales, dh13_col, col_scales, dh13_hp)``, layouts of :func:`quantize_dual` for (M, 2I).
     """
+    flags = (scale_mode, elem_dtype, blocked, emit_hp, scale_block, token_align)
+    key, run = _swiglu_planned("dswiglu_quant", (dh, h13), offs, flags, backend)
+    if run is not None:
+        return run(dh, h13, offs)
     _check_types(blocked, emit_hp, offs, backend, dh=dh, h13=h13)
     _check_token_align(token_align, offs)
-    op = L.dswiglu_quant_impl if _direct(dh, h13, offs) else L._dswiglu_quant
-    return op(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block, token_align)
+    if not _direct(dh, h13, offs):
+        return L._dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "",
+                                scale_block, token_align)
+    out = L.dswiglu_quant_impl(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block,
+                               token_align)
+    _remember_swiglu_plan(key, "dswiglu_quant", (dh, h13), offs, flags, backend)
+    return out
 
 
 def _check_gate_up_tile(gate_up_tile) -> None:

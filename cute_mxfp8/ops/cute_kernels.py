@@ -131,23 +131,33 @@ def _outputs(shapes, x, elem_dtype, blocked, groups=None, shape=None):
     return torch.empty(dshape, dtype=elem_dtype, device=x.device), alloc(sshape, dtype=torch.uint8, device=x.device)
 
 
-def _dual_outputs(x, elem_dtype, blocked, groups, token_align: int = 0, shape=None) -> tuple:
-    """New (q, s, qt, st) of a dual cast (rowwise scales grouped only when ``blocked``: plain rowwise scales do not
-    depend on the groups), as two :func:`_outputs` calls make them, except that the scale buffers which must read
-    zero in their padding are zeroed by one ``torch._foreach_zero_`` launch instead of one fill each (a grouped
-    step makes four dual casts; each fill is a launch and a gap between kernels)."""
-    shape = tuple(x.shape) if shape is None else shape
-    specs = (_output_spec(rowwise_shapes, shape, blocked, groups if blocked else None),
-             _output_spec(_colwise_shapes(token_align), shape, blocked, groups))
+def _dual_specs(shape: tuple, blocked: bool, groups, token_align: int = 0) -> tuple:
+    """The :func:`_output_spec` pair (rowwise, colwise) of a dual cast of a tensor of ``shape`` (rowwise scales
+    grouped only when ``blocked``: plain rowwise scales do not depend on the groups)."""
+    return (_output_spec(rowwise_shapes, shape, blocked, groups if blocked else None),
+            _output_spec(_colwise_shapes(token_align), shape, blocked, groups))
+
+
+def _alloc_outputs(specs: tuple, elem_dtype, device) -> tuple:
+    """New (data, scales, ...) from :func:`_output_spec` triples (e.g. :func:`_dual_specs`' (q, s, qt, st)), as
+    :func:`_outputs` calls make them, except that the scale buffers which must read zero in their padding are
+    zeroed by one ``torch._foreach_zero_`` launch instead of one fill each (a grouped step makes four dual casts;
+    each fill is a launch and a gap between kernels)."""
     outs, zero = [], []
     for dshape, sshape, alloc in specs:
-        scales = torch.empty(sshape, dtype=torch.uint8, device=x.device)
-        outs += [torch.empty(dshape, dtype=elem_dtype, device=x.device), scales]
+        scales = torch.empty(sshape, dtype=torch.uint8, device=device)
+        outs += [torch.empty(dshape, dtype=elem_dtype, device=device), scales]
         if alloc is torch.zeros and scales.numel():
             zero.append(scales)
     if zero:
         torch._foreach_zero_(zero)
     return tuple(outs)
+
+
+def _dual_outputs(x, elem_dtype, blocked, groups, token_align: int = 0, shape=None) -> tuple:
+    """New (q, s, qt, st) of a dual cast of ``x`` (or of a tensor of ``shape`` on ``x``'s device)."""
+    shape = tuple(x.shape) if shape is None else shape
+    return _alloc_outputs(_dual_specs(shape, blocked, groups, token_align), elem_dtype, x.device)
 
 
 def _colwise_shapes(token_align: int):
@@ -315,6 +325,9 @@ def _ops(arch: str) -> dict:
 
     def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, blocks_2d=False):
         grouped = offs is not None and blocked  # plain rowwise scales do not depend on the groups
+        if grouped and scale_block == 128 and x.numel() and offs.numel():  # one launch: its tail CTAs cast the
+            # rows past offs[-1]
+            return _grouped_launcher(arch, "rowwise", x, scale_mode, elem_dtype, True, offs.shape[0], 128)(x, offs)
         if offs is not None:
             check_offsets(offs, x.shape[0])  # validated either way
         q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, offs.shape[0] if grouped else None)
@@ -324,8 +337,6 @@ def _ops(arch: str) -> dict:
             tile("rowwise", x, scale_mode, elem_dtype, blocked, q, s, None, None, None, scale_block, 0, blocks_2d)
         elif grouped and offs.numel() == 0:  # no groups: every row is past them
             rows_past_groups(x, scale_mode, elem_dtype, q, s, 0, True, scale_block)
-        elif grouped and scale_block == 128:  # the tile kernel's tail CTAs cast the rows past offs[-1]
-            tile("rowwise", x, scale_mode, elem_dtype, True, q, s, None, None, offs, 128)
         elif grouped and host_copy(offs) is None:  # offsets made on the device (no host copy): reading offs[-1]
             # would wait for the GPU; the dual tile kernel's tail CTAs cast the rows past the groups themselves (the
             # same rowwise bytes), its colwise output is dropped: 1 more byte written per element, no sync
@@ -342,6 +353,9 @@ def _ops(arch: str) -> dict:
 
     def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0,
                          blocks_2d=False):
+        if offs is not None and x.numel() and offs.numel():
+            return _grouped_launcher(arch, "colwise", x, scale_mode, elem_dtype, blocked, offs.shape[0], scale_block,
+                                     token_align)(x, offs)
         if offs is not None:
             check_offsets(offs, x.shape[0])
         qt, st = _outputs(_colwise_shapes(token_align), x, elem_dtype, blocked,
@@ -356,6 +370,9 @@ def _ops(arch: str) -> dict:
     def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0,
                       blocks_2d=False):
         g = None if offs is None else offs.shape[0]
+        if offs is not None and x.numel() and g:  # one launch: the kernel's tail CTAs cast the rows past offs[-1]
+            return _grouped_launcher(arch, "dual", x, scale_mode, elem_dtype, blocked, g, scale_block,
+                                     token_align)(x, offs)
         if offs is not None:
             check_offsets(offs, x.shape[0])
         q, s, qt, st = _dual_outputs(x, elem_dtype, blocked, g, token_align)
@@ -363,11 +380,8 @@ def _ops(arch: str) -> dict:
             if x.numel():
                 tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, None, scale_block, 0, blocks_2d)
             return _e8m0(q, s, qt, st)
-        launch = x.numel() > 0 and g > 0  # the kernel's tail CTAs cast the rows past offs[-1]
-        _fill_unlaunched(offs, launch, qt)
-        if launch:
-            tile("dual", x, scale_mode, elem_dtype, blocked, q, s, qt, st, offs, scale_block, token_align)
-        elif x.numel():  # no groups: every row is past them
+        _fill_unlaunched(offs, False, qt)
+        if x.numel():  # no groups: every row is past them
             rows_past_groups(x, scale_mode, elem_dtype, q, s, 0, blocked, scale_block)
         return _e8m0(q, s, qt, st)
 
@@ -440,16 +454,46 @@ def _gate_up_launcher(arch: str, w1, scale_mode, elem_dtype, blocked, gate_up_ti
     return run
 
 
+def _grouped_launcher(arch: str, direction: str, x, scale_mode, elem_dtype, blocked, groups: int, scale_block,
+                      token_align: int = 0):
+    """``run(x, offs)``: the tile kernel's one-launch ``direction`` cast of a 2-D ``x`` (of this one's shape and
+    dtype, on its device) in ``groups`` > 0 token groups, ``x`` not empty: ``offs`` checked
+    (:func:`check_offsets`), the outputs allocated (padding that must read zero zeroed in one launch), the kernel
+    run (its tail CTAs cast the rows past ``offs[-1]``).  ``direction``: ``"dual"``, ``"colwise"``, or
+    ``"rowwise"`` with blocked 128-block scales (the grouped-M layout).  The ops' grouped one-launch casts and
+    their launch plans (:func:`_plans`) both run it, so a plan gives the op's bytes."""
+    m, shape, dev = x.shape[0], tuple(x.shape), x.device
+    fn = compile_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, True, False,
+                       scale_block, "cast", bool(token_align), False, _keep_run(x.dtype, scale_block, "cast", True))
+    if direction == "dual":
+        specs = _dual_specs(shape, blocked, groups, token_align)
+    elif direction == "colwise":
+        specs = (_output_spec(_colwise_shapes(token_align), shape, blocked, groups),)
+    else:
+        specs = (_output_spec(rowwise_shapes, shape, blocked, groups),)
+    unused = _unused_outputs(dev, elem_dtype, blocked)
+    amax = _no_amax(dev)
+
+    def run(x, offs):
+        check_offsets(offs, m)  # bad offsets raise ValueError (one host read, unless known to be safe)
+        outs = _alloc_outputs(specs, elem_dtype, dev)
+        fn(x.unsqueeze(0), *_tile_slots(direction, outs, False, unused), offs, _tile_starts(offs), *amax)
+        return _e8m0(*outs)
+    return run
+
+
 def _plans(arch: str) -> dict:
-    """Launch plans for the eager casts without groups (:attr:`Backend.plans`), 2-D activations and 3-D weights,
-    either scale block: the compiled kernel(s) and the output allocation, fixed once per (shape, dtypes, flags);
-    the op's checks already passed for that key."""
+    """Launch plans for the eager casts (:attr:`Backend.plans`): 2-D activations and 3-D weights, either scale block;
+    token groups where the op casts them in one launch (dual and colwise casts; rowwise with blocked 128-block
+    scales): the compiled kernel(s) and the output allocation, fixed once per (shape, dtypes, flags, the offsets'
+    shape); the op's checks already passed for that key.  A grouped plan still checks each call's offsets
+    (:func:`_grouped_launcher`).  The SwiGLU casts' plans: :func:`_swiglu_plans`."""
     e8m0 = torch.float8_e8m0fnu
 
     def rowwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, blocks_2d=False):
-        if offs is None and (x.dim() == 3 or scale_block == 128):  # these run on the tile kernel
+        if offs is not None or x.dim() == 3 or scale_block == 128:  # these run on the tile kernel (or no plan)
             return tiled_rowwise(x, scale_mode, elem_dtype, blocked, offs, scale_block, blocks_2d)
-        if offs is not None or x.dim() != 2 or x.numel() == 0:
+        if x.dim() != 2 or x.numel() == 0:
             return None
         fn = compile_quant("rowwise", _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False,
                            False)
@@ -465,9 +509,19 @@ def _plans(arch: str) -> dict:
     def tiled(direction):
         """The tile kernel's plan: 2-D (as E = 1) or 3-D input, one launch (either scale block)."""
         def plan(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, *tail):
-            # tail: the op's remaining arguments, (blocks_2d,) rowwise or (token_align, blocks_2d) colwise / dual
-            blocks_2d = bool(tail[-1]) if tail else False
-            if offs is not None or x.dim() not in (2, 3) or x.numel() == 0 or (len(tail) > 1 and tail[0]):
+            # tail: the op's remaining arguments as the library passes them (blocks_2d only when set): () or
+            # (True,) rowwise, (token_align,) or (token_align, True) colwise / dual
+            if direction == "rowwise":
+                token_align, blocks_2d = 0, bool(tail and tail[0])
+            else:
+                token_align, blocks_2d = (tail[0] if tail else 0), len(tail) > 1 and bool(tail[1])
+            if offs is not None:  # token groups: the one-launch grouped casts
+                if (x.dim() != 2 or x.numel() == 0 or offs.numel() == 0 or blocks_2d
+                        or (direction == "rowwise" and not (blocked and scale_block == 128))):
+                    return None
+                return _grouped_launcher(arch, direction, x, scale_mode, elem_dtype, blocked, offs.shape[0],
+                                         scale_block, token_align)
+            if x.dim() not in (2, 3) or x.numel() == 0 or token_align:
                 return None
             three_d = x.dim() == 3
             fn = compile_quant(direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, False,
@@ -520,42 +574,78 @@ def _swiglu_limits(first, *rest):
     return _scale_limits((first.shape[0], width), True, None if offs is None else offs.numel(), token_align)
 
 
-def _swiglu_ops(arch: str) -> dict:
-    """``swiglu_quant`` / ``dswiglu_quant`` on the fused kernel (:class:`SwiGLUQuantKernel`), same signature and
-    outputs as the reference implementations (inputs already checked by the op)."""
+def _swiglu_launcher(arch: str, direction: str, inputs: tuple, scale_mode, elem_dtype, blocked, emit_hp, groups,
+                     scale_block, token_align):
+    """``run(*inputs, offs)``: ``swiglu_quant`` (``direction="fwd"``, inputs ``(h13,)``) or ``dswiglu_quant``
+    (``"bwd"``, ``(dh, h13)``) on the fused kernel (:class:`SwiGLUQuantKernel`) for inputs of these shapes and
+    dtypes on their device, ``groups`` token groups (None: no ``offs``): ``offs`` checked, the outputs allocated,
+    the kernel(s) run.  The ops and their launch plans (:func:`_swiglu_plans`) both run it (inputs already checked
+    by the op)."""
+    x = inputs[0]
+    m, dev = x.shape[0], x.device
+    width = inputs[-1].shape[1] // 2 if direction == "fwd" else inputs[-1].shape[1]  # the cast's K: I fwd, 2I bwd
+    specs = _dual_specs((m, width), blocked, groups, token_align)
+    hp_shape = (m, width) if emit_hp else (0,)
+    # I == 0: nothing to compute (and no grid to launch); no groups: every row is past them, all zeros; else the
+    # kernel's tail CTAs zero the rows past offs[-1] (activation, data, plain scales)
+    launch = m > 0 and width > 0 and groups != 0
+    grouped = groups is not None
+    kernels = {}
 
-    def run(direction, inputs, width, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block, token_align):
-        x = inputs[0]
-        m, dev = x.shape[0], x.device
-        g = None if offs is None else offs.shape[0]
+    def build(sb, phase):  # the compiled kernel of a (scale block, phase): looked up once per launcher
+        if (sb, phase) not in kernels:
+            kernels[sb, phase] = compile_swiglu_quant(
+                direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, grouped, emit_hp, sb,
+                phase, _IN[inputs[-1].dtype], bool(token_align),
+                _sm_count(dev) if sb == 128 and phase == "cast" and arch == "sm_90a"
+                and SWIGLU_PERSISTENT[direction, grouped] else 0)
+        return kernels[sb, phase]
+
+    one_pass = (_one_pass_dtype(inputs), _one_pass_shape(direction, width))
+
+    def run(*args):
+        *ins, offs = args
         if offs is not None:
             check_offsets(offs, m)  # bad offsets raise ValueError (one host read, unless known to be safe)
-        q, s, qt, st = _dual_outputs(x, elem_dtype, blocked, g, token_align, (m, width))
-        hp = torch.empty((m, width) if emit_hp else (0,), dtype=x.dtype, device=dev)
-        # I == 0: nothing to compute (and no grid to launch); no groups: every row is past them, all zeros; else
-        # the kernel's tail CTAs zero the rows past offs[-1] (activation, data, plain scales)
-        launch = m > 0 and width > 0 and g != 0
+        q, s, qt, st = _alloc_outputs(specs, elem_dtype, dev)
+        hp = torch.empty(hp_shape, dtype=ins[0].dtype, device=dev)
         _fill_unlaunched(offs, launch, q, qt, hp, *(() if blocked else (s,)))
         if launch:
-            hp_arg = hp.unsqueeze(0) if emit_hp else _placeholder(dev, x.dtype, (1, 32, 32))
-            args = (*(t.unsqueeze(0) for t in inputs), q.unsqueeze(0), _batch(s, False), qt.unsqueeze(0),
-                    _batch(st, False), hp_arg, *_group_args(dev, offs))
-            _launch_swiglu(lambda sb, phase: compile_swiglu_quant(
-                direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, offs is not None,
-                emit_hp, sb, phase, _IN[inputs[-1].dtype], bool(token_align),
-                _sm_count(dev) if sb == 128 and phase == "cast" and arch == "sm_90a"
-                and SWIGLU_PERSISTENT[direction, offs is not None] else 0),
-                args, dev, (m, width), offs,
-                scale_block, _one_pass_dtype(inputs), _one_pass_shape(direction, width))
+            hp_arg = hp.unsqueeze(0) if emit_hp else _placeholder(dev, ins[0].dtype, (1, 32, 32))
+            kargs = (*(t.unsqueeze(0) for t in ins), q.unsqueeze(0), _batch(s, False), qt.unsqueeze(0),
+                     _batch(st, False), hp_arg, *_group_args(dev, offs))
+            _launch_swiglu(build, kargs, dev, (m, width), offs, scale_block, *one_pass)
         return (*_e8m0(q, s, qt, st), hp)
+    return run
+
+
+def _swiglu_ops(arch: str) -> dict:
+    """``swiglu_quant`` / ``dswiglu_quant`` on the fused kernel (:func:`_swiglu_launcher`), same signature and
+    outputs as the reference implementations (inputs already checked by the op)."""
 
     def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32, token_align=0):
-        return run("fwd", (h13,), h13.shape[1] // 2, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block,
-                   token_align)
+        return _swiglu_launcher(arch, "fwd", (h13,), scale_mode, elem_dtype, blocked, emit_hp,
+                                None if offs is None else offs.shape[0], scale_block, token_align)(h13, offs)
 
     def dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32, token_align=0):
-        return run("bwd", (dh, h13), h13.shape[1], scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block,
-                   token_align)
+        return _swiglu_launcher(arch, "bwd", (dh, h13), scale_mode, elem_dtype, blocked, emit_hp,
+                                None if offs is None else offs.shape[0], scale_block, token_align)(dh, h13, offs)
+
+    return {"swiglu_quant": swiglu_quant, "dswiglu_quant": dswiglu_quant}
+
+
+def _swiglu_plans(arch: str) -> dict:
+    """Launch plans of ``swiglu_quant`` / ``dswiglu_quant`` (:attr:`Backend.plans`): :func:`_swiglu_launcher` made
+    once per key (the op's arguments but the tensors' values), called as ``run(h13, offs)`` /
+    ``run(dh, h13, offs)``."""
+
+    def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32, token_align=0):
+        return _swiglu_launcher(arch, "fwd", (h13,), scale_mode, elem_dtype, blocked, emit_hp,
+                                None if offs is None else offs.shape[0], scale_block, token_align)
+
+    def dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32, token_align=0):
+        return _swiglu_launcher(arch, "bwd", (dh, h13), scale_mode, elem_dtype, blocked, emit_hp,
+                                None if offs is None else offs.shape[0], scale_block, token_align)
 
     return {"swiglu_quant": swiglu_quant, "dswiglu_quant": dswiglu_quant}
 
@@ -591,7 +681,7 @@ for _name, (_, _arch, _) in _ARCHS.items():
         priority=10,
         unavailable_reason=_unavailable(_name),
         ops={**_ops(_arch), **_swiglu_ops(_arch), **_gemm.OPS},
-        plans=_plans(_arch),
+        plans={**_plans(_arch), **_swiglu_plans(_arch)},
         limits={**_QUANT_LIMITS, **_SWIGLU_LIMITS, **_gemm.LIMITS},
         fuses_mlp="mm_swiglu_quant" in _gemm.OPS,
         fuses_grouped_mlp="mm_swiglu_quant" in _gemm.OPS and getattr(_gemm, "FUSED_GROUPED", False),
