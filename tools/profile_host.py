@@ -384,13 +384,14 @@ def queued_step_ms(step, dev, steps: int = 10, hold_ms: float = 100.0) -> float:
     return start.elapsed_time(end) / steps
 
 
-def grouped_step(steps: int, weight_blocks: str = "1x128", plain: bool = True) -> dict:
+def grouped_step(steps: int, weight_blocks: str = "1x128", plain: bool = True, quick: bool = False) -> dict:
     """One fwd + bwd step of the bench's grouped experts (T=32768 D=2048 I=1536 E=8, bf16) in the fast mode, in
     plain MXFP8 and as bf16 ``torch._grouped_mm``: do_bench wall ms; host ms, the median time the host takes to
     queue one step that starts on an idle GPU (so nothing in it waits for the GPU: the counts read returns at
     once; ``steps`` steps queued back to back would instead measure the GPU once its launch queue fills); GPU
     kernel ms and launches per step (torch.profiler), its 15 longest kernels, and the MXFP8 steps' sampled
-    Python frames.  First run on the H200 on 2026-12-01 (ninth session, docs/sm90_gemm.md)."""
+    Python frames.  ``quick``: wall, queued, host, kernel ms and the ops' host us only (no gaps, memory,
+    profiles or timeline).  First run on the H200 on 2026-12-01 (ninth session, docs/sm90_gemm.md)."""
     from cute_mxfp8 import MXFP8Config
     from cute_mxfp8.cli.bench import _time_ms
     from cute_mxfp8.cli.bench_mlp import _grouped, _step, kernel_breakdown
@@ -415,6 +416,13 @@ def grouped_step(steps: int, weight_blocks: str = "1x128", plain: bool = True) -
             report[label] = {"wall_ms": wall, "queued_ms": queued, "host_ms": host_ms,
                              "kernel_ms": sum(r[2] for r in kernels),
                              "launches": sum(r[1] for r in kernels), "top_kernels": kernels[:15]}
+            if quick:
+                if label != "bf16":
+                    report[label]["per_op_us"] = per_op_host_us(step)
+                    print(label, "ops' host us:", [[r[0], round(r[1]), round(r[2])]
+                                                   for r in report[label]["per_op_us"]])
+                print(label, {k: round(v, 3) for k, v in report[label].items() if isinstance(v, (int, float))})
+                continue
             report[label]["gaps"] = step_gaps(step, dev)
             print(label, "GPU idle between kernels:", json.dumps(report[label]["gaps"]))
             report[label]["gaps_queued"] = step_gaps(step, dev, hold_ms=100.0)
@@ -447,6 +455,20 @@ def grouped_step(steps: int, weight_blocks: str = "1x128", plain: bool = True) -
     return report
 
 
+def _without_group_plans() -> None:
+    """Make no launch plan for the token-group casts and the SwiGLU casts (their keys hold ``"offs"`` or name
+    those ops): they take the full path on every call, as before they had plans."""
+    from cute_mxfp8.ops import backends as B
+
+    remember = B.remember_plan
+
+    def no_group_plans(key, launcher):
+        grouped = key[0] in ("swiglu_quant", "dswiglu_quant") or "offs" in key
+        remember(key, None if grouped else launcher)
+
+    B.remember_plan = no_group_plans
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=20000)
@@ -456,9 +478,16 @@ def main():
     ap.add_argument("--weight-blocks", default="1x128", choices=("1x128", "128x128"),
                     help="--grouped: the fast mode's weight scale blocks (MXFP8Config(hopper_weight_blocks=...))")
     ap.add_argument("--no-plain", action="store_true", help="--grouped: the fast mode and bf16 only")
+    ap.add_argument("--quick", action="store_true",
+                    help="--grouped: times and the ops' host us only (no gaps, memory, profiles, timeline)")
+    ap.add_argument("--group-plans", default="on", choices=("on", "off"),
+                    help="off: no launch plans for the token-group and SwiGLU casts (the host path before "
+                         "2026-12-05), for an A/B in separate processes")
     args = ap.parse_args()
+    if args.group_plans == "off":
+        _without_group_plans()
     if args.grouped:
-        report = grouped_step(50, args.weight_blocks, plain=not args.no_plain)
+        report = grouped_step(50, args.weight_blocks, plain=not args.no_plain, quick=args.quick)
         if args.out:
             with open(f"{args.out}/host_grouped.json", "w") as f:
                 json.dump(report, f, indent=1)
