@@ -113,6 +113,42 @@ def test_planned_swiglu_casts_equal_the_full_path(case, scale_block, rng):
         assert any(k[0] == name and run is not None for k, run in B.PLANS.items()), name  # the plan ran
 
 
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("scale_block", [32, 128])
+def test_planned_gemms_equal_the_full_path(scale_block, rng):
+    """``mm`` (with and without a bias; 128 x 128 weight blocks in the fast mode), ``grouped_mm`` and
+    ``grouped_mm_wgrad`` (``split_halves`` in the fast mode) repeat through their launch plans: the same bits as
+    the ops' implementations on fresh operands and offsets each call."""
+    m, n, k, e = 384, 256, 256, 3
+    kw = dict(scale_block=scale_block)
+    b2d = scale_block == 128
+    for it in range(3):
+        x = torch.randn(m, k, generator=rng).to("cuda", torch.bfloat16)
+        w = torch.randn(e, n, k, generator=rng).to("cuda", torch.bfloat16)
+        bias = torch.randn(n, generator=rng).to("cuda", torch.bfloat16)
+        a, a_s = ops.quantize_rowwise(x, **kw)
+        b, b_s = ops.quantize_rowwise(w[0], blocks_2d=b2d, **kw)
+        for bias_ in (None, bias):
+            got = ops.mm(a, a_s, b, b_s, bias=bias_, b_blocks_2d=b2d, **kw)
+            want = L.mm_impl(a, a_s, b, b_s, torch.bfloat16, "", bias_, scale_block, b2d)
+            assert torch.equal(got, want), ("mm", it, bias_ is None)
+        offs = _random_offs(m, e, rng)
+        ga, ga_s = ops.quantize_rowwise(x, offs=offs, **kw)
+        gb, gb_s = ops.quantize_rowwise(w, blocks_2d=b2d, **kw)
+        got = ops.grouped_mm(ga, ga_s, gb, gb_s, offs, b_blocks_2d=b2d, **kw)
+        assert torch.equal(got, L.grouped_mm_impl(ga, ga_s, gb, gb_s, offs, torch.bfloat16, "", scale_block, b2d))
+        dy = torch.randn(m, n, generator=rng).to("cuda", torch.bfloat16)
+        align = 128 if b2d else 0
+        (ca, ca_s), (cb, cb_s) = (ops.quantize_colwise(t, offs=offs, token_align=align, **kw) for t in (dy, x))
+        woffs = ops.padded_offsets(offs) if align else offs
+        got = ops.grouped_mm_wgrad(ca, ca_s, cb, cb_s, woffs, split_halves=b2d, out_dtype=torch.bfloat16, **kw)
+        want = L.grouped_mm_wgrad_impl(ca, ca_s, cb, cb_s, woffs, torch.bfloat16, "", scale_block, b2d)
+        assert torch.equal(got, want), ("wgrad", it)
+    for name in ("mm", "grouped_mm", "grouped_mm_wgrad"):
+        assert any(k[0] == name and run is not None for k, run in B.PLANS.items()), name  # the plan ran
+
+
 def _gate_up_key(w1, w3, blocked, blocks_2d, direction="dual"):
     return ("quantize_gate_up", w1.shape, w1.dtype, w1.device, w3.shape, w3.dtype, w3.device, "rceil",
             torch.float8_e4m3fn, blocked, 0, None, 128, blocks_2d, direction, None)
@@ -382,6 +418,32 @@ def test_grouped_and_swiglu_plans_run_from_the_second_call_on(rng):
         with pytest.raises(TypeError, match="emit_hp"):  # 1 == True as a key: never answered by the plan
             ops.swiglu_quant(h13, emit_hp=1)
         assert len(calls) == 4
+    finally:
+        del B._BACKENDS["probe"]
+        B.register_backend(ref)
+    assert not B.PLANS
+
+
+def test_gemm_plans_skip_the_checks_and_run_the_op(monkeypatch, rng):
+    """A GEMM's launch plan is the backend's op itself (``backends.same_op_plans``): from the second call of a
+    key on, the library's implementation (its checks, the backend choice) is skipped and the op runs; a call with
+    another shape, a bias, or a flag of another type goes the full way."""
+    ref = B._BACKENDS["reference"]
+    ran = []
+    ops_ = {**ref.ops, "mm": lambda *args: ran.append("mm") or ref.ops["mm"](*args)}
+    B.register_backend(B.Backend("probe", 100, lambda d: None, ops=ops_, plans=B.same_op_plans(ops_, ["mm"])))
+    full = []
+    impl = L.mm_impl
+    monkeypatch.setattr(L, "mm_impl", lambda *args: full.append(1) or impl(*args))
+    try:
+        (a, a_s), (b, b_s) = (ops.quantize_rowwise(torch.randn(r, 64, generator=rng)) for r in (32, 96))
+        outs = [ops.mm(a, a_s, b, b_s) for _ in range(3)]
+        assert ran == ["mm"] * 3 and len(full) == 1  # calls 2 and 3 ran the plan
+        assert all(torch.equal(o, outs[0]) for o in outs)
+        ops.mm(a, a_s, b, b_s, bias=torch.zeros(96))  # a bias: another key
+        with pytest.raises(ValueError, match="scale_block"):  # 32.0 == 32 as a key: never answered by the plan
+            ops.mm(a, a_s, b, b_s, scale_block=32.0)
+        assert len(full) == 2 and len(ran) == 4  # (the wrapper refused 32.0 before the library)
     finally:
         del B._BACKENDS["probe"]
         B.register_backend(ref)

@@ -307,36 +307,43 @@ def _offs_ready(offs: Tensor) -> bool:
             and not torch._C._functorch.is_functorch_wrapped_tensor(offs))
 
 
-def _swiglu_planned(name: str, tensors: tuple, offs, flags: tuple, backend):
-    """(key, launcher or None) of an eager ``swiglu_quant`` / ``dswiglu_quant`` call, as :func:`_cast`'s: the key
-    holds the tensors' shapes, dtypes and devices, ``flags`` (the op's other arguments; exact types), the backend
-    request and ``CUTE_MXFP8_BACKEND``; key None: this call takes the full path (traced, a flag of another type, an
-    unhashable argument)."""
-    scale_mode, elem_dtype, blocked, emit_hp, scale_block, token_align = flags
-    if (torch.compiler.is_compiling() or type(blocked) is not bool or type(emit_hp) is not bool
-            or type(scale_block) is not int or type(token_align) is not int
-            or not all(type(t) in _PLAIN for t in tensors) or (offs is not None and type(offs) not in _PLAIN)):
-        return None, None
-    key = (name, *((t.shape, t.dtype, t.device) for t in tensors), *flags, backend, os.environ.get(B.ENV_VAR))
+def _plan_key(name: str, tensors: tuple, offs, flags: tuple, backend):
+    """The launch-plan key of an eager call of op ``name`` (as :func:`_cast`'s): the shapes, dtypes and devices of
+    ``tensors`` (None for an optional one left out), ``flags`` (the op's other arguments, whose exact types the
+    caller checked), the backend request and ``CUTE_MXFP8_BACKEND``, and the shape, dtype and device of ``offs``.
+    None: the call takes the full path (traced, a tensor of another type, an unhashable argument)."""
+    if (torch.compiler.is_compiling() or not all(t is None or type(t) in _PLAIN for t in tensors)
+            or (offs is not None and type(offs) not in _PLAIN)):
+        return None
+    key = (name, *(None if t is None else (t.shape, t.dtype, t.device) for t in tensors), *flags, backend,
+           os.environ.get(B.ENV_VAR))
     if offs is not None:
         key += ("offs", offs.shape, offs.dtype, offs.device)
     try:
-        run = B.PLANS.get(key)
-    except TypeError:
-        return None, None
-    if run is not None and not (all(_plan_ready(t) for t in tensors) and (offs is None or _offs_ready(offs))):
-        run = None
-    return key, run
+        hash(key)
+    except TypeError:  # the full path says what is wrong with the argument
+        return None
+    return key
 
 
-def _remember_swiglu_plan(key, name: str, tensors: tuple, offs, flags: tuple, backend) -> None:
-    """After a direct full-path call of ``key``: ask the backend that ran it for a launch plan."""
-    if (key is not None and key not in B.PLANS and all(_plan_ready(t) for t in tensors)
-            and (offs is None or _offs_ready(offs))):
-        scale_mode, elem_dtype, blocked, emit_hp, scale_block, token_align = flags
-        B.remember_plan(key, B.make_plan(name, tensors[0].device, backend,
-                                         (*tensors, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block,
-                                          token_align)))
+def _plans_may_take(tensors: tuple, offs) -> bool:
+    """Whether a launch plan may run on (or be made from) these tensors: :func:`_plan_ready` /
+    :func:`_offs_ready`."""
+    return all(t is None or _plan_ready(t) for t in tensors) and (offs is None or _offs_ready(offs))
+
+
+def _planned(key, tensors: tuple, offs):
+    """The launch plan of ``key`` if there is one and it may take this call's tensors, else None."""
+    run = None if key is None else B.PLANS.get(key)
+    return run if run is not None and _plans_may_take(tensors, offs) else None
+
+
+def _remember(key, name: str, tensors: tuple, offs, args: tuple, backend) -> None:
+    """After a direct full-path call of ``key``: ask the backend that ran it for a launch plan, made from ``args``
+    (the implementation's arguments, as the library passes them)."""
+    if key is not None and key not in B.PLANS and _plans_may_take(tensors, offs):
+        device = next(t.device for t in tensors if t is not None)
+        B.remember_plan(key, B.make_plan(name, device, backend, args))
 
 
 def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
@@ -362,12 +369,24 @@ def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: t
             ``sm100`` kernel applies every scale anyway.
     Returns: (M, N) in ``out_dtype``, contiguous.
     """
+    tensors = (a, a_scales, b, b_scales, bias)
+    key = None
+    if type(out_dtype) is torch.dtype and type(scale_block) is int and type(b_blocks_2d) is bool:
+        key = _plan_key("mm", tensors, None, (out_dtype, scale_block, b_blocks_2d), backend)
+        run = _planned(key, tensors, None)
+        if run is not None:
+            return L._as_declared(run(a, a_scales, b, b_scales, out_dtype, bias, scale_block,
+                                      *((True,) if b_blocks_2d else ())))
     S.check_scale_block(scale_block)
     S.check_b_blocks_2d(b_blocks_2d, scale_block)
     _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales,
                 **({} if bias is None else {"bias": bias}))
-    op = _op(L.mm_impl, L._mm, (a, a_scales, b, b_scales, bias))
-    return op(a, a_scales, b, b_scales, out_dtype, backend or "", bias, scale_block, b_blocks_2d)
+    op = _op(L.mm_impl, L._mm, tensors)
+    out = op(a, a_scales, b, b_scales, out_dtype, backend or "", bias, scale_block, b_blocks_2d)
+    if op is L.mm_impl:
+        _remember(key, "mm", tensors, None, (a, a_scales, b, b_scales, out_dtype, bias, scale_block,
+                                             *((True,) if b_blocks_2d else ())), backend)
+    return out
 
 
 def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, *,
@@ -393,12 +412,24 @@ def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: T
     with the same group count give wrong results that no check can see.  The reference backend validates the
     values (``ValueError``); the kernel backends read them only on the device (no sync) and stay in bounds.
     """
+    tensors = (a, a_scales, b, b_scales)
+    key = None
+    if type(out_dtype) is torch.dtype and type(scale_block) is int and type(b_blocks_2d) is bool:
+        key = _plan_key("grouped_mm", tensors, offs, (out_dtype, scale_block, b_blocks_2d), backend)
+        run = _planned(key, tensors, offs)
+        if run is not None:
+            return L._as_declared(run(a, a_scales, b, b_scales, offs, out_dtype, scale_block,
+                                      *((True,) if b_blocks_2d else ())))
     _check_offs(offs, required=True)
     S.check_scale_block(scale_block)
     _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales)
     S.check_b_blocks_2d(b_blocks_2d, scale_block)
-    op = _op(L.grouped_mm_impl, L._grouped_mm, (a, a_scales, b, b_scales, offs))
-    return op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block, b_blocks_2d)
+    op = _op(L.grouped_mm_impl, L._grouped_mm, (*tensors, offs))
+    out = op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block, b_blocks_2d)
+    if op is L.grouped_mm_impl:
+        _remember(key, "grouped_mm", tensors, offs, (a, a_scales, b, b_scales, offs, out_dtype, scale_block,
+                                                     *((True,) if b_blocks_2d else ())), backend)
+    return out
 
 
 def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, *,
@@ -429,13 +460,24 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
     ``token_align=128``, :func:`padded_offsets` of those.  The reference backend validates the values
     (``ValueError``); the kernel backends read them only on the device (no sync) and stay in bounds.
     """
+    tensors = (a, a_scales, b, b_scales)
+    key = None
+    if type(out_dtype) is torch.dtype and type(scale_block) is int and type(split_halves) is bool:
+        key = _plan_key("grouped_mm_wgrad", tensors, offs, (out_dtype, scale_block, split_halves), backend)
+        run = _planned(key, tensors, offs)
+        if run is not None:
+            return L._as_declared(run(a, a_scales, b, b_scales, offs, out_dtype, scale_block, split_halves))
     _check_offs(offs, required=True)
     S.check_scale_block(scale_block)
     _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales)
     if type(split_halves) is not bool:  # (before the dispatcher, whose schema would take 1 as True)
         raise TypeError(f"split_halves must be a bool, got {type(split_halves).__name__}")
-    op = _op(L.grouped_mm_wgrad_impl, L._grouped_mm_wgrad, (a, a_scales, b, b_scales, offs))
-    return op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block, split_halves)
+    op = _op(L.grouped_mm_wgrad_impl, L._grouped_mm_wgrad, (*tensors, offs))
+    out = op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block, split_halves)
+    if op is L.grouped_mm_wgrad_impl:
+        _remember(key, "grouped_mm_wgrad", tensors, offs,
+                  (a, a_scales, b, b_scales, offs, out_dtype, scale_block, split_halves), backend)
+    return out
 
 
 def padded_offsets(offs: Tensor, token_align: int = 128) -> Tensor:
@@ -474,10 +516,13 @@ def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dt
         ``(h_row, h_row_scales, h_col, h_col_scales, h_hp)`` with the layouts of :func:`quantize_dual` for an
         (M, I) tensor.
     """
-    flags = (scale_mode, elem_dtype, blocked, emit_hp, scale_block, token_align)
-    key, run = _swiglu_planned("swiglu_quant", (h13,), offs, flags, backend)
-    if run is not None:
-        return run(h13, offs)
+    key = None
+    if type(blocked) is bool and type(emit_hp) is bool and type(scale_block) is int and type(token_align) is int:
+        key = _plan_key("swiglu_quant", (h13,), offs, (scale_mode, elem_dtype, blocked, emit_hp, scale_block,
+                                                        token_align), backend)
+        run = _planned(key, (h13,), offs)
+        if run is not None:
+            return run(h13, offs)
     _check_types(blocked, emit_hp, offs, backend, h13=h13)
     _check_token_align(token_align, offs)
     if not _direct(h13, offs):
@@ -485,7 +530,8 @@ def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dt
                                token_align)
     out = L.swiglu_quant_impl(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block,
                               token_align)
-    _remember_swiglu_plan(key, "swiglu_quant", (h13,), offs, flags, backend)
+    _remember(key, "swiglu_quant", (h13,), offs,
+              (h13, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block, token_align), backend)
     return out
 
 
@@ -504,10 +550,13 @@ def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dt
     Returns:
         ``(dh13_row, row_scales, dh13_col, col_scales, dh13_hp)``, layouts of :func:`quantize_dual` for (M, 2I).
     """
-    flags = (scale_mode, elem_dtype, blocked, emit_hp, scale_block, token_align)
-    key, run = _swiglu_planned("dswiglu_quant", (dh, h13), offs, flags, backend)
-    if run is not None:
-        return run(dh, h13, offs)
+    key = None
+    if type(blocked) is bool and type(emit_hp) is bool and type(scale_block) is int and type(token_align) is int:
+        key = _plan_key("dswiglu_quant", (dh, h13), offs, (scale_mode, elem_dtype, blocked, emit_hp, scale_block,
+                                                            token_align), backend)
+        run = _planned(key, (dh, h13), offs)
+        if run is not None:
+            return run(dh, h13, offs)
     _check_types(blocked, emit_hp, offs, backend, dh=dh, h13=h13)
     _check_token_align(token_align, offs)
     if not _direct(dh, h13, offs):
@@ -515,7 +564,8 @@ def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dt
                                 scale_block, token_align)
     out = L.dswiglu_quant_impl(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block,
                                token_align)
-    _remember_swiglu_plan(key, "dswiglu_quant", (dh, h13), offs, flags, backend)
+    _remember(key, "dswiglu_quant", (dh, h13), offs,
+              (dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block, token_align), backend)
     return out
 
 

@@ -96,6 +96,13 @@ PLANS: dict = {}
 _MAX_PLANS = 4096
 
 
+def same_op_plans(ops: dict, names) -> dict:
+    """Launch plans that are the ops themselves (for :attr:`Backend.plans`), for ``names`` in ``ops``: a repeat of
+    a key then skips the wrappers' and the library's checks, the backend choice and the limits, which the key
+    fixes; the op does its own work (allocation, compile-cache lookup, launch) on every call."""
+    return {name: (lambda op: lambda *args: op)(ops[name]) for name in names if name in ops}
+
+
 def make_plan(op: str, device, requested: str | None, args: tuple):
     """The chosen backend's launcher for calls like ``op(*args)`` (None when it has none)."""
     plan = _BACKENDS[resolve_backend(device, requested, op, args)].plans.get(op)

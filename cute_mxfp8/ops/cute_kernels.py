@@ -29,7 +29,7 @@ from ..jit import SM100_TARGET, compile_quant, compile_swiglu_quant
 from ..swiglu import pack_gate_up
 from . import gemm_sm90, gemm_sm100
 from .gemm_common import sm_count as _sm_count
-from .backends import Backend, register_backend
+from .backends import Backend, register_backend, same_op_plans
 from .gate_up import GATE_UP_DIRECTIONS, pack_gate_up_casts
 from .gemm_common import offs_limits
 from .group_meta import check_offsets, derived_tensors, host_copy, validated_end
@@ -681,7 +681,8 @@ for _name, (_, _arch, _) in _ARCHS.items():
         priority=10,
         unavailable_reason=_unavailable(_name),
         ops={**_ops(_arch), **_swiglu_ops(_arch), **_gemm.OPS},
-        plans={**_plans(_arch), **_swiglu_plans(_arch)},
+        plans={**_plans(_arch), **_swiglu_plans(_arch),
+               **same_op_plans(_gemm.OPS, ("mm", "grouped_mm", "grouped_mm_wgrad"))},
         limits={**_QUANT_LIMITS, **_SWIGLU_LIMITS, **_gemm.LIMITS},
         fuses_mlp="mm_swiglu_quant" in _gemm.OPS,
         fuses_grouped_mlp="mm_swiglu_quant" in _gemm.OPS and getattr(_gemm, "FUSED_GROUPED", False),
