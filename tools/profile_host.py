@@ -456,14 +456,15 @@ def grouped_step(steps: int, weight_blocks: str = "1x128", plain: bool = True, q
 
 
 def _without_group_plans() -> None:
-    """Make no launch plan for the token-group casts and the SwiGLU casts (their keys hold ``"offs"`` or name
-    those ops): they take the full path on every call, as before they had plans."""
+    """Make no launch plan for the token-group casts, the SwiGLU casts and the GEMMs (keys holding ``"offs"`` or
+    naming those ops): they take the full path on every call, as before 2026-12-05 (the weights' casts keep
+    theirs)."""
     from cute_mxfp8.ops import backends as B
 
     remember = B.remember_plan
 
     def no_group_plans(key, launcher):
-        grouped = key[0] in ("swiglu_quant", "dswiglu_quant") or "offs" in key
+        grouped = key[0] in ("swiglu_quant", "dswiglu_quant", "mm", "grouped_mm", "grouped_mm_wgrad") or "offs" in key
         remember(key, None if grouped else launcher)
 
     B.remember_plan = no_group_plans
@@ -481,8 +482,8 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="--grouped: times and the ops' host us only (no gaps, memory, profiles, timeline)")
     ap.add_argument("--group-plans", default="on", choices=("on", "off"),
-                    help="off: no launch plans for the token-group and SwiGLU casts (the host path before "
-                         "2026-12-05), for an A/B in separate processes")
+                    help="off: no launch plans for the token-group and SwiGLU casts and the GEMMs (the host "
+                         "path before 2026-12-05), for an A/B in separate processes")
     args = ap.parse_args()
     if args.group_plans == "off":
         _without_group_plans()
