@@ -444,10 +444,30 @@ def test_gemm_plans_skip_the_checks_and_run_the_op(monkeypatch, rng):
         with pytest.raises(ValueError, match="scale_block"):  # 32.0 == 32 as a key: never answered by the plan
             ops.mm(a, a_s, b, b_s, scale_block=32.0)
         assert len(full) == 2 and len(ran) == 4  # (the wrapper refused 32.0 before the library)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # the full path runs ops with autocast off: no plan
+            ops.mm(a, a_s, b, b_s)
+        assert len(full) == 3 and len(ran) == 5
     finally:
         del B._BACKENDS["probe"]
         B.register_backend(ref)
     assert not B.PLANS
+
+
+def test_swiglu_launchers_keep_no_input_alive():
+    """A SwiGLU cast's launcher (what its launch plan keeps) holds shapes and dtypes, not the first call's tensors:
+    the unfused MLP frees its GEMM1 output right after the cast."""
+    import gc
+    import weakref
+
+    from cute_mxfp8.ops import cute_kernels as CK
+
+    h13, dh = torch.randn(64, 128), torch.randn(64, 64)
+    runs = [CK._swiglu_launcher("sm_90a", "fwd", (h13,), "rceil", torch.float8_e4m3fn, True, False, None, 128, 0),
+            CK._swiglu_launcher("sm_90a", "bwd", (dh, h13), "rceil", torch.float8_e4m3fn, True, True, 2, 128, 128)]
+    refs = [weakref.ref(h13), weakref.ref(dh)]
+    del h13, dh
+    gc.collect()
+    assert all(r() is None for r in refs) and len(runs) == 2
 
 
 def test_eager_wrappers_run_the_implementation_and_traced_calls_the_custom_op(monkeypatch, rng):

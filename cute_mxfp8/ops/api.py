@@ -38,6 +38,7 @@ from ..swiglu import GATE_UP_TILE
 from . import backends as B
 from . import library as L
 from . import shapes as S
+from .amp import _autocast_enabled
 
 E4M3 = torch.float8_e4m3fn
 # nn.Parameter is a Tensor subclass without a __torch_function__ of its own: the ops see a plain tensor
@@ -293,11 +294,13 @@ def _plan_ready(x: Tensor) -> bool:
     """Whether a launch plan may run on ``x`` (or be made from it; :func:`_cast`, :func:`quantize_gate_up`):
     contiguous, strided, 16-byte aligned, not a functorch wrapper, no autograd graph to build, no torch function /
     dispatch mode (:func:`_direct`'s conditions, spelled out with the cheapest checks: the planned call's host time
-    is what plans are for)."""
+    is what plans are for), and autocast off for its device (the full path runs the op with autocast off; a plan
+    runs it as it is)."""
     return (x.is_contiguous() and x.layout == torch.strided and not x.data_ptr() % 16
             and not (x.requires_grad and torch.is_grad_enabled())
             and not torch._C._functorch.is_functorch_wrapped_tensor(x)
-            and not torch._C._is_torch_function_mode_enabled() and not torch._C._len_torch_dispatch_stack())
+            and not torch._C._is_torch_function_mode_enabled() and not torch._C._len_torch_dispatch_stack()
+            and not _autocast_enabled(x.device.type))
 
 
 def _offs_ready(offs: Tensor) -> bool:

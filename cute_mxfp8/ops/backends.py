@@ -59,9 +59,15 @@ class Backend:
     fuses_mlp: bool = False
     # ... and does so with token groups too (its fused ops take ``offs``)
     fuses_grouped_mlp: bool = False
-    # op name -> ``plan(*op_args) -> launcher or None``: a launcher ``run(x)`` repeats the op for later eager calls
-    # whose key (shape, dtypes, flags, device) equals this one's, without re-checking what the key fixes
-    # (:func:`cute_mxfp8.ops.api` keeps them; host time per call, issue 15)
+    # op name -> ``plan(*op_args) -> launcher or None``: ``op_args`` are exactly the arguments the library passes
+    # the implementation (``ops[op]``) on the first call of a key; the launcher repeats the op for later eager calls
+    # whose key (tensor shapes, dtypes, devices, the other arguments; with token groups the offsets' shape) equals
+    # this one's, without re-checking what the key fixes (:mod:`cute_mxfp8.ops.api` keeps them; host time per
+    # call).  It is called with the call's tensors: ``run(x)`` for a cast without ``offs``, ``run(x, offs)`` with
+    # them, ``run(h13, offs)`` / ``run(dh, h13, offs)`` for the SwiGLU casts, and the GEMMs' launcher with every
+    # implementation argument (:func:`same_op_plans`).  A plan must do per call whatever depends on values the
+    # key does not fix (offsets' values: the kernel backends' grouped casts check them); return None for calls it
+    # does not take (e.g. ``offs`` given), which then take the full path every time.
     plans: dict[str, Callable] = field(default_factory=dict)
 
     def refusal(self, op: str, device: torch.device, args: tuple | None) -> str | None:

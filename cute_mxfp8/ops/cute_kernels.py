@@ -326,7 +326,8 @@ def _ops(arch: str) -> dict:
     def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, blocks_2d=False):
         grouped = offs is not None and blocked  # plain rowwise scales do not depend on the groups
         if grouped and scale_block == 128 and x.numel() and offs.numel():  # one launch: its tail CTAs cast the
-            # rows past offs[-1]
+            # rows past offs[-1] (offsets checked before anything compiles; the launcher checks them again, cached)
+            check_offsets(offs, x.shape[0])
             return _grouped_launcher(arch, "rowwise", x, scale_mode, elem_dtype, True, offs.shape[0], 128)(x, offs)
         if offs is not None:
             check_offsets(offs, x.shape[0])  # validated either way
@@ -354,6 +355,7 @@ def _ops(arch: str) -> dict:
     def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0,
                          blocks_2d=False):
         if offs is not None and x.numel() and offs.numel():
+            check_offsets(offs, x.shape[0])
             return _grouped_launcher(arch, "colwise", x, scale_mode, elem_dtype, blocked, offs.shape[0], scale_block,
                                      token_align)(x, offs)
         if offs is not None:
@@ -371,6 +373,7 @@ def _ops(arch: str) -> dict:
                       blocks_2d=False):
         g = None if offs is None else offs.shape[0]
         if offs is not None and x.numel() and g:  # one launch: the kernel's tail CTAs cast the rows past offs[-1]
+            check_offsets(offs, x.shape[0])
             return _grouped_launcher(arch, "dual", x, scale_mode, elem_dtype, blocked, g, scale_block,
                                      token_align)(x, offs)
         if offs is not None:
@@ -581,8 +584,8 @@ def _swiglu_launcher(arch: str, direction: str, inputs: tuple, scale_mode, elem_
     dtypes on their device, ``groups`` token groups (None: no ``offs``): ``offs`` checked, the outputs allocated,
     the kernel(s) run.  The ops and their launch plans (:func:`_swiglu_plans`) both run it (inputs already checked
     by the op)."""
-    x = inputs[0]
-    m, dev = x.shape[0], x.device
+    m, dev = inputs[0].shape[0], inputs[0].device
+    in_dtype, h13_dtype = inputs[0].dtype, inputs[-1].dtype  # (the launcher keeps no input tensor alive)
     width = inputs[-1].shape[1] // 2 if direction == "fwd" else inputs[-1].shape[1]  # the cast's K: I fwd, 2I bwd
     specs = _dual_specs((m, width), blocked, groups, token_align)
     hp_shape = (m, width) if emit_hp else (0,)
@@ -590,16 +593,14 @@ def _swiglu_launcher(arch: str, direction: str, inputs: tuple, scale_mode, elem_
     # kernel's tail CTAs zero the rows past offs[-1] (activation, data, plain scales)
     launch = m > 0 and width > 0 and groups != 0
     grouped = groups is not None
-    kernels = {}
 
-    def build(sb, phase):  # the compiled kernel of a (scale block, phase): looked up once per launcher
-        if (sb, phase) not in kernels:
-            kernels[sb, phase] = compile_swiglu_quant(
-                direction, _IN[x.dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, grouped, emit_hp, sb,
-                phase, _IN[inputs[-1].dtype], bool(token_align),
-                _sm_count(dev) if sb == 128 and phase == "cast" and arch == "sm_90a"
-                and SWIGLU_PERSISTENT[direction, grouped] else 0)
-        return kernels[sb, phase]
+    def build(sb, phase):  # the compiled kernel of a (scale block, phase), looked up per launch (so the module's
+        # switches, SWIGLU_ONE_PASS and SWIGLU_PERSISTENT, hold for plans made before a change too)
+        return compile_swiglu_quant(
+            direction, _IN[in_dtype], _ELEM[elem_dtype], scale_mode, blocked, arch, False, grouped, emit_hp, sb,
+            phase, _IN[h13_dtype], bool(token_align),
+            _sm_count(dev) if sb == 128 and phase == "cast" and arch == "sm_90a"
+            and SWIGLU_PERSISTENT[direction, grouped] else 0)
 
     one_pass = (_one_pass_dtype(inputs), _one_pass_shape(direction, width))
 
@@ -608,10 +609,10 @@ def _swiglu_launcher(arch: str, direction: str, inputs: tuple, scale_mode, elem_
         if offs is not None:
             check_offsets(offs, m)  # bad offsets raise ValueError (one host read, unless known to be safe)
         q, s, qt, st = _alloc_outputs(specs, elem_dtype, dev)
-        hp = torch.empty(hp_shape, dtype=ins[0].dtype, device=dev)
+        hp = torch.empty(hp_shape, dtype=in_dtype, device=dev)
         _fill_unlaunched(offs, launch, q, qt, hp, *(() if blocked else (s,)))
         if launch:
-            hp_arg = hp.unsqueeze(0) if emit_hp else _placeholder(dev, ins[0].dtype, (1, 32, 32))
+            hp_arg = hp.unsqueeze(0) if emit_hp else _placeholder(dev, in_dtype, (1, 32, 32))
             kargs = (*(t.unsqueeze(0) for t in ins), q.unsqueeze(0), _batch(s, False), qt.unsqueeze(0),
                      _batch(st, False), hp_arg, *_group_args(dev, offs))
             _launch_swiglu(build, kargs, dev, (m, width), offs, scale_block, *one_pass)
