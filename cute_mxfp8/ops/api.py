@@ -349,6 +349,24 @@ def _remember(key, name: str, tensors: tuple, offs, args: tuple, backend) -> Non
         B.remember_plan(key, B.make_plan(name, device, backend, args))
 
 
+def _with_plan(name: str, tensors: tuple, offs, flags: tuple, exact: bool, backend, run_args: tuple,
+               plan_args: tuple, full):
+    """One eager call of a wrapper with launch plans (the SwiGLU casts, the GEMMs): the plan of its key
+    (:func:`_plan_key` of ``tensors``, ``offs``, ``flags``; no key unless the flags have ``exact`` types) called with
+    ``run_args`` when there is one that may take the call; otherwise ``full()`` (the wrapper's checks and the op;
+    returns ``(out, direct)``) and, after a ``direct`` call, a plan made from ``plan_args`` (the implementation's
+    arguments)."""
+    key = _plan_key(name, tensors, offs, flags, backend) if exact else None
+    run = _planned(key, tensors, offs)
+    if run is not None:
+        out = run(*run_args)
+        return tuple(map(L._as_declared, out)) if isinstance(out, tuple) else L._as_declared(out)
+    out, direct = full()
+    if direct:
+        _remember(key, name, tensors, offs, plan_args, backend)
+    return out
+
+
 def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: torch.dtype = torch.bfloat16,
        bias: Tensor | None = None, backend: str | None = None, scale_block: int = 32,
        b_blocks_2d: bool = False) -> Tensor:
@@ -372,24 +390,18 @@ def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: t
             ``sm100`` kernel applies every scale anyway.
     Returns: (M, N) in ``out_dtype``, contiguous.
     """
+    def full():
+        S.check_scale_block(scale_block)
+        S.check_b_blocks_2d(b_blocks_2d, scale_block)
+        _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales,
+                    **({} if bias is None else {"bias": bias}))
+        op = _op(L.mm_impl, L._mm, tensors)
+        return op(a, a_scales, b, b_scales, out_dtype, backend or "", bias, scale_block, b_blocks_2d), op is L.mm_impl
+
     tensors = (a, a_scales, b, b_scales, bias)
-    key = None
-    if type(out_dtype) is torch.dtype and type(scale_block) is int and type(b_blocks_2d) is bool:
-        key = _plan_key("mm", tensors, None, (out_dtype, scale_block, b_blocks_2d), backend)
-        run = _planned(key, tensors, None)
-        if run is not None:
-            return L._as_declared(run(a, a_scales, b, b_scales, out_dtype, bias, scale_block,
-                                      *((True,) if b_blocks_2d else ())))
-    S.check_scale_block(scale_block)
-    S.check_b_blocks_2d(b_blocks_2d, scale_block)
-    _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales,
-                **({} if bias is None else {"bias": bias}))
-    op = _op(L.mm_impl, L._mm, tensors)
-    out = op(a, a_scales, b, b_scales, out_dtype, backend or "", bias, scale_block, b_blocks_2d)
-    if op is L.mm_impl:
-        _remember(key, "mm", tensors, None, (a, a_scales, b, b_scales, out_dtype, bias, scale_block,
-                                             *((True,) if b_blocks_2d else ())), backend)
-    return out
+    args = (a, a_scales, b, b_scales, out_dtype, bias, scale_block, *L._flag(b_blocks_2d))
+    exact = type(out_dtype) is torch.dtype and type(scale_block) is int and type(b_blocks_2d) is bool
+    return _with_plan("mm", tensors, None, (out_dtype, scale_block, b_blocks_2d), exact, backend, args, args, full)
 
 
 def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, *,
@@ -415,24 +427,20 @@ def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: T
     with the same group count give wrong results that no check can see.  The reference backend validates the
     values (``ValueError``); the kernel backends read them only on the device (no sync) and stay in bounds.
     """
+    def full():
+        _check_offs(offs, required=True)
+        S.check_scale_block(scale_block)
+        _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales)
+        S.check_b_blocks_2d(b_blocks_2d, scale_block)
+        op = _op(L.grouped_mm_impl, L._grouped_mm, (*tensors, offs))
+        return (op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block, b_blocks_2d),
+                op is L.grouped_mm_impl)
+
     tensors = (a, a_scales, b, b_scales)
-    key = None
-    if type(out_dtype) is torch.dtype and type(scale_block) is int and type(b_blocks_2d) is bool:
-        key = _plan_key("grouped_mm", tensors, offs, (out_dtype, scale_block, b_blocks_2d), backend)
-        run = _planned(key, tensors, offs)
-        if run is not None:
-            return L._as_declared(run(a, a_scales, b, b_scales, offs, out_dtype, scale_block,
-                                      *((True,) if b_blocks_2d else ())))
-    _check_offs(offs, required=True)
-    S.check_scale_block(scale_block)
-    _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales)
-    S.check_b_blocks_2d(b_blocks_2d, scale_block)
-    op = _op(L.grouped_mm_impl, L._grouped_mm, (*tensors, offs))
-    out = op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block, b_blocks_2d)
-    if op is L.grouped_mm_impl:
-        _remember(key, "grouped_mm", tensors, offs, (a, a_scales, b, b_scales, offs, out_dtype, scale_block,
-                                                     *((True,) if b_blocks_2d else ())), backend)
-    return out
+    args = (a, a_scales, b, b_scales, offs, out_dtype, scale_block, *L._flag(b_blocks_2d))
+    exact = type(out_dtype) is torch.dtype and type(scale_block) is int and type(b_blocks_2d) is bool
+    return _with_plan("grouped_mm", tensors, offs, (out_dtype, scale_block, b_blocks_2d), exact, backend, args,
+                      args, full)
 
 
 def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: Tensor, *,
@@ -463,24 +471,21 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
     ``token_align=128``, :func:`padded_offsets` of those.  The reference backend validates the values
     (``ValueError``); the kernel backends read them only on the device (no sync) and stay in bounds.
     """
+    def full():
+        _check_offs(offs, required=True)
+        S.check_scale_block(scale_block)
+        _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales)
+        if type(split_halves) is not bool:  # (before the dispatcher, whose schema would take 1 as True)
+            raise TypeError(f"split_halves must be a bool, got {type(split_halves).__name__}")
+        op = _op(L.grouped_mm_wgrad_impl, L._grouped_mm_wgrad, (*tensors, offs))
+        return (op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block, split_halves),
+                op is L.grouped_mm_wgrad_impl)
+
     tensors = (a, a_scales, b, b_scales)
-    key = None
-    if type(out_dtype) is torch.dtype and type(scale_block) is int and type(split_halves) is bool:
-        key = _plan_key("grouped_mm_wgrad", tensors, offs, (out_dtype, scale_block, split_halves), backend)
-        run = _planned(key, tensors, offs)
-        if run is not None:
-            return L._as_declared(run(a, a_scales, b, b_scales, offs, out_dtype, scale_block, split_halves))
-    _check_offs(offs, required=True)
-    S.check_scale_block(scale_block)
-    _check_call(backend, out_dtype, a=a, a_scales=a_scales, b=b, b_scales=b_scales)
-    if type(split_halves) is not bool:  # (before the dispatcher, whose schema would take 1 as True)
-        raise TypeError(f"split_halves must be a bool, got {type(split_halves).__name__}")
-    op = _op(L.grouped_mm_wgrad_impl, L._grouped_mm_wgrad, (*tensors, offs))
-    out = op(a, a_scales, b, b_scales, offs, out_dtype, backend or "", scale_block, split_halves)
-    if op is L.grouped_mm_wgrad_impl:
-        _remember(key, "grouped_mm_wgrad", tensors, offs,
-                  (a, a_scales, b, b_scales, offs, out_dtype, scale_block, split_halves), backend)
-    return out
+    args = (a, a_scales, b, b_scales, offs, out_dtype, scale_block, split_halves)
+    exact = type(out_dtype) is torch.dtype and type(scale_block) is int and type(split_halves) is bool
+    return _with_plan("grouped_mm_wgrad", tensors, offs, (out_dtype, scale_block, split_halves), exact, backend,
+                      args, args, full)
 
 
 def padded_offsets(offs: Tensor, token_align: int = 128) -> Tensor:
@@ -519,23 +524,16 @@ def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dt
         ``(h_row, h_row_scales, h_col, h_col_scales, h_hp)`` with the layouts of :func:`quantize_dual` for an
         (M, I) tensor.
     """
-    key = None
-    if type(blocked) is bool and type(emit_hp) is bool and type(scale_block) is int and type(token_align) is int:
-        key = _plan_key("swiglu_quant", (h13,), offs, (scale_mode, elem_dtype, blocked, emit_hp, scale_block,
-                                                        token_align), backend)
-        run = _planned(key, (h13,), offs)
-        if run is not None:
-            return run(h13, offs)
-    _check_types(blocked, emit_hp, offs, backend, h13=h13)
-    _check_token_align(token_align, offs)
-    if not _direct(h13, offs):
-        return L._swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block,
-                               token_align)
-    out = L.swiglu_quant_impl(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block,
-                              token_align)
-    _remember(key, "swiglu_quant", (h13,), offs,
-              (h13, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block, token_align), backend)
-    return out
+    def full():
+        _check_types(blocked, emit_hp, offs, backend, h13=h13)
+        _check_token_align(token_align, offs)
+        op = _op(L.swiglu_quant_impl, L._swiglu_quant, (h13, offs))
+        return (op(h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block, token_align),
+                op is L.swiglu_quant_impl)
+
+    flags = (scale_mode, elem_dtype, blocked, emit_hp, scale_block, token_align)
+    return _with_plan("swiglu_quant", (h13,), offs, flags, _exact_swiglu_flags(*flags[2:]), backend, (h13, offs),
+                      (h13, *flags[:4], offs, *flags[4:]), full)
 
 
 def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dtype = E4M3,
@@ -553,23 +551,22 @@ def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dt
     Returns:
         ``(dh13_row, row_scales, dh13_col, col_scales, dh13_hp)``, layouts of :func:`quantize_dual` for (M, 2I).
     """
-    key = None
-    if type(blocked) is bool and type(emit_hp) is bool and type(scale_block) is int and type(token_align) is int:
-        key = _plan_key("dswiglu_quant", (dh, h13), offs, (scale_mode, elem_dtype, blocked, emit_hp, scale_block,
-                                                            token_align), backend)
-        run = _planned(key, (dh, h13), offs)
-        if run is not None:
-            return run(dh, h13, offs)
-    _check_types(blocked, emit_hp, offs, backend, dh=dh, h13=h13)
-    _check_token_align(token_align, offs)
-    if not _direct(dh, h13, offs):
-        return L._dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "",
-                                scale_block, token_align)
-    out = L.dswiglu_quant_impl(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block,
-                               token_align)
-    _remember(key, "dswiglu_quant", (dh, h13), offs,
-              (dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block, token_align), backend)
-    return out
+    def full():
+        _check_types(blocked, emit_hp, offs, backend, dh=dh, h13=h13)
+        _check_token_align(token_align, offs)
+        op = _op(L.dswiglu_quant_impl, L._dswiglu_quant, (dh, h13, offs))
+        return (op(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, backend or "", scale_block,
+                   token_align), op is L.dswiglu_quant_impl)
+
+    flags = (scale_mode, elem_dtype, blocked, emit_hp, scale_block, token_align)
+    return _with_plan("dswiglu_quant", (dh, h13), offs, flags, _exact_swiglu_flags(*flags[2:]), backend,
+                      (dh, h13, offs), (dh, h13, *flags[:4], offs, *flags[4:]), full)
+
+
+def _exact_swiglu_flags(blocked, emit_hp, scale_block, token_align) -> bool:
+    """Whether a SwiGLU cast's flags have the exact types a plan key needs (True == 1: the full path refuses 1)."""
+    return (type(blocked) is bool and type(emit_hp) is bool and type(scale_block) is int
+            and type(token_align) is int)
 
 
 def _check_gate_up_tile(gate_up_tile) -> None:
