@@ -190,7 +190,7 @@ def per_op_host_us(step, reps: int = 30) -> list[list]:
         real[(mod, name)] = fn
 
         def run(*args, **kw):
-            calls.append((name, fn, args, kw))
+            calls.append((name, fn, args, kw, torch.is_grad_enabled()))
             return fn(*args, **kw)
 
         setattr(mod, name, run)
@@ -205,8 +205,11 @@ def per_op_host_us(step, reps: int = 30) -> list[list]:
         for (mod, name), fn in real.items():
             setattr(mod, name, fn)
     rows = []
-    for name, fn, args, kw in calls:
-        times = _idle_gpu_us(lambda: fn(*args, **kw), reps)  # called here, before the loop moves on
+    for name, fn, args, kw, grad in calls:
+        def call(fn=fn, args=args, kw=kw, grad=grad):  # in the grad mode of the step's call (the autograd
+            with torch.set_grad_enabled(grad):  # Function runs its ops under no_grad: plans need it)
+                return fn(*args, **kw)
+        times = _idle_gpu_us(call, reps)  # called here, before the loop moves on
         rows.append([name, statistics.median(times), min(times)])
     torch.cuda.synchronize()
     return rows
