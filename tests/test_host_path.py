@@ -453,6 +453,18 @@ def test_gemm_plans_skip_the_checks_and_run_the_op(monkeypatch, rng):
     assert not B.PLANS
 
 
+def test_first_calls_under_vmap_keep_no_plan(rng):
+    """A first eager call under ``torch.vmap`` (batched tensors have no data pointer) takes the full path and asks
+    for no plan: it gives the per-sample results, as later calls do."""
+    x = torch.randn(3, 64, 64, generator=rng, dtype=torch.bfloat16) * 8
+    h13 = torch.randn(3, 32, 64, generator=rng)
+    for fn, inp in ((lambda t: ops.quantize_rowwise(t, blocked=False)[0].view(torch.uint8), x),
+                    (lambda t: ops.swiglu_quant(t, blocked=False)[0].view(torch.uint8), h13)):
+        for _ in range(2):
+            got = torch.vmap(fn)(inp)
+            assert torch.equal(got, torch.stack([fn(t) for t in inp]))
+
+
 def test_swiglu_launchers_keep_no_input_alive():
     """A SwiGLU cast's launcher (what its launch plan keeps) holds shapes and dtypes, not the first call's tensors:
     the unfused MLP frees its GEMM1 output right after the cast."""

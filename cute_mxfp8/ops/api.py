@@ -296,9 +296,9 @@ def _plan_ready(x: Tensor) -> bool:
     dispatch mode (:func:`_direct`'s conditions, spelled out with the cheapest checks: the planned call's host time
     is what plans are for), and autocast off for its device (the full path runs the op with autocast off; a plan
     runs it as it is)."""
-    return (x.is_contiguous() and x.layout == torch.strided and not x.data_ptr() % 16
+    return (not torch._C._functorch.is_functorch_wrapped_tensor(x)  # (first: a vmap-batched tensor has no
+            and x.layout == torch.strided and x.is_contiguous() and not x.data_ptr() % 16  # data pointer)
             and not (x.requires_grad and torch.is_grad_enabled())
-            and not torch._C._functorch.is_functorch_wrapped_tensor(x)
             and not torch._C._is_torch_function_mode_enabled() and not torch._C._len_torch_dispatch_stack()
             and not _autocast_enabled(x.device.type))
 
@@ -306,8 +306,8 @@ def _plan_ready(x: Tensor) -> bool:
 def _offs_ready(offs: Tensor) -> bool:
     """Whether a launch plan may take ``offs`` (with an ``x`` that is :func:`_plan_ready`): contiguous (what the
     kernels' limits ask), strided, not a functorch wrapper."""
-    return (offs.is_contiguous() and offs.layout == torch.strided
-            and not torch._C._functorch.is_functorch_wrapped_tensor(offs))
+    return (not torch._C._functorch.is_functorch_wrapped_tensor(offs) and offs.layout == torch.strided
+            and offs.is_contiguous())
 
 
 def _plan_key(name: str, tensors: tuple, offs, flags: tuple, backend):
