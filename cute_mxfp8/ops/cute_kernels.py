@@ -325,12 +325,11 @@ def _ops(arch: str) -> dict:
 
     def quantize_rowwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, blocks_2d=False):
         grouped = offs is not None and blocked  # plain rowwise scales do not depend on the groups
-        if grouped and scale_block == 128 and x.numel() and offs.numel():  # one launch: its tail CTAs cast the
-            # rows past offs[-1] (offsets checked before anything compiles; the launcher checks them again, cached)
+        if offs is not None:  # validated either way, before anything compiles (a launcher checks again, cached)
             check_offsets(offs, x.shape[0])
+        if grouped and scale_block == 128 and x.numel() and offs.numel():  # one launch: its tail CTAs cast the
+            # rows past offs[-1]
             return _grouped_launcher(arch, "rowwise", x, scale_mode, elem_dtype, True, offs.shape[0], 128)(x, offs)
-        if offs is not None:
-            check_offsets(offs, x.shape[0])  # validated either way
         q, s = _outputs(rowwise_shapes, x, elem_dtype, blocked, offs.shape[0] if grouped else None)
         if x.numel() == 0:
             return _e8m0(q, s)
@@ -354,12 +353,11 @@ def _ops(arch: str) -> dict:
 
     def quantize_colwise(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0,
                          blocks_2d=False):
-        if offs is not None and x.numel() and offs.numel():
-            check_offsets(offs, x.shape[0])
-            return _grouped_launcher(arch, "colwise", x, scale_mode, elem_dtype, blocked, offs.shape[0], scale_block,
-                                     token_align)(x, offs)
         if offs is not None:
             check_offsets(offs, x.shape[0])
+        if offs is not None and x.numel() and offs.numel():
+            return _grouped_launcher(arch, "colwise", x, scale_mode, elem_dtype, blocked, offs.shape[0], scale_block,
+                                     token_align)(x, offs)
         qt, st = _outputs(_colwise_shapes(token_align), x, elem_dtype, blocked,
                           None if offs is None else offs.shape[0])
         launch = x.numel() > 0 and (offs is None or offs.numel() > 0)
@@ -372,12 +370,11 @@ def _ops(arch: str) -> dict:
     def quantize_dual(x, scale_mode, elem_dtype, blocked, offs=None, scale_block=32, token_align=0,
                       blocks_2d=False):
         g = None if offs is None else offs.shape[0]
-        if offs is not None and x.numel() and g:  # one launch: the kernel's tail CTAs cast the rows past offs[-1]
-            check_offsets(offs, x.shape[0])
-            return _grouped_launcher(arch, "dual", x, scale_mode, elem_dtype, blocked, g, scale_block,
-                                     token_align)(x, offs)
         if offs is not None:
             check_offsets(offs, x.shape[0])
+        if offs is not None and x.numel() and g:  # one launch: the kernel's tail CTAs cast the rows past offs[-1]
+            return _grouped_launcher(arch, "dual", x, scale_mode, elem_dtype, blocked, g, scale_block,
+                                     token_align)(x, offs)
         q, s, qt, st = _dual_outputs(x, elem_dtype, blocked, g, token_align)
         if offs is None:
             if x.numel():
@@ -620,21 +617,6 @@ def _swiglu_launcher(arch: str, direction: str, inputs: tuple, scale_mode, elem_
     return run
 
 
-def _swiglu_ops(arch: str) -> dict:
-    """``swiglu_quant`` / ``dswiglu_quant`` on the fused kernel (:func:`_swiglu_launcher`), same signature and
-    outputs as the reference implementations (inputs already checked by the op)."""
-
-    def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32, token_align=0):
-        return _swiglu_launcher(arch, "fwd", (h13,), scale_mode, elem_dtype, blocked, emit_hp,
-                                None if offs is None else offs.shape[0], scale_block, token_align)(h13, offs)
-
-    def dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32, token_align=0):
-        return _swiglu_launcher(arch, "bwd", (dh, h13), scale_mode, elem_dtype, blocked, emit_hp,
-                                None if offs is None else offs.shape[0], scale_block, token_align)(dh, h13, offs)
-
-    return {"swiglu_quant": swiglu_quant, "dswiglu_quant": dswiglu_quant}
-
-
 def _swiglu_plans(arch: str) -> dict:
     """Launch plans of ``swiglu_quant`` / ``dswiglu_quant`` (:attr:`Backend.plans`): :func:`_swiglu_launcher` made
     once per key (the op's arguments but the tensors' values), called as ``run(h13, offs)`` /
@@ -647,6 +629,23 @@ def _swiglu_plans(arch: str) -> dict:
     def dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32, token_align=0):
         return _swiglu_launcher(arch, "bwd", (dh, h13), scale_mode, elem_dtype, blocked, emit_hp,
                                 None if offs is None else offs.shape[0], scale_block, token_align)
+
+    return {"swiglu_quant": swiglu_quant, "dswiglu_quant": dswiglu_quant}
+
+
+def _swiglu_ops(arch: str) -> dict:
+    """``swiglu_quant`` / ``dswiglu_quant`` on the fused kernel, same signature and outputs as the reference
+    implementations (inputs already checked by the op): the plan's launcher (:func:`_swiglu_plans`), made and run
+    once."""
+    plans = _swiglu_plans(arch)
+
+    def swiglu_quant(h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32, token_align=0):
+        return plans["swiglu_quant"](h13, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block,
+                                     token_align)(h13, offs)
+
+    def dswiglu_quant(dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs=None, scale_block=32, token_align=0):
+        return plans["dswiglu_quant"](dh, h13, scale_mode, elem_dtype, blocked, emit_hp, offs, scale_block,
+                                      token_align)(dh, h13, offs)
 
     return {"swiglu_quant": swiglu_quant, "dswiglu_quant": dswiglu_quant}
 
