@@ -272,3 +272,14 @@ def test_torch_export_save_load_reproduces_eager(rng):
     _same_bytes(tuple(loaded.module()(*args)), tuple(want))
     fresh = (torch.randn(m, d, generator=rng), *args[1:])  # the program is not specialized to the traced values
     _same_bytes(tuple(loaded.module()(*fresh)), tuple(model(*fresh)))
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (1,), (5,), (2, 1, 3), (1, 1), (3, 0, 2), (0, 1, 4), (8, 1, 64), (2, 3, 4)])
+def test_outputs_take_the_strides_of_torch_empty(shape):
+    """Every op output leaves the library with torch.empty(shape)'s strides (what the fakes declare); the host-side
+    stride helper agrees with torch on empty and size-1 dims, and a tensor with other strides is copied."""
+    assert L._contiguous_strides(torch.Size(shape)) == torch.empty(shape).stride()
+    t = torch.randn(tuple(reversed(shape))).permute(tuple(reversed(range(len(shape)))))  # reversed strides
+    assert t.shape == shape
+    out = L._as_declared(t)
+    assert out.stride() == torch.empty(shape).stride() and torch.equal(out, t)
