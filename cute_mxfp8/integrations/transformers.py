@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..ops.autograd import mxfp8_swiglu_mlp
+from ..ops.group_meta import mark_safe
 
 NAME = "cute_mxfp8"
 
@@ -66,9 +67,11 @@ def mxfp8_experts_forward(self: nn.Module, hidden_states: Tensor, top_k_index: T
     Args:
         hidden_states: (T, D) bf16/fp32.  top_k_index: (T, k) expert ids.  top_k_weights: (T, k) routing weights.
     Returns: (T, D), ``sum_j top_k_weights[t, j] * expert_{top_k_index[t, j]}(x[t])`` in ``hidden_states.dtype``.
-    Uses ``self.mxfp8_config`` (an :class:`~cute_mxfp8.MXFP8Config`) when the module has one.  No host sync: the
-    group offsets are computed on the device.  Raises ValueError for a layout it does not take
-    (:func:`experts_layout_reason`)."""
+    Uses ``self.mxfp8_config`` (an :class:`~cute_mxfp8.MXFP8Config`) when the module has one.  No host sync with
+    the GPU backends: the group offsets are computed on the device, valid by construction (non-decreasing, within
+    ``[0, T k]``), and marked so (:func:`cute_mxfp8.ops.group_meta.mark_safe`), so the grouped casts do not read
+    them back to check them (the ``reference`` backend and ``wgrad_with_hp``'s per-group fp32 wgrads still read
+    them).  Raises ValueError for a layout it does not take (:func:`experts_layout_reason`)."""
     why = experts_layout_reason(self)
     if why is not None:
         raise ValueError(f"cute_mxfp8 experts implementation: {type(self).__name__}: {why}; use "
@@ -81,6 +84,7 @@ def mxfp8_experts_forward(self: nn.Module, hidden_states: Tensor, top_k_index: T
     x = hidden_states[perm // k]  # (T k, D), grouped by expert; sentinel ids (>= E) sort to the tail
     ends = torch.searchsorted(ids, torch.arange(1, e + 1, device=ids.device, dtype=ids.dtype))
     offs = ends.to(torch.int32)  # rows past offs[-1] (sentinels) come back as zeros
+    mark_safe(offs, x.shape[0])  # (searchsorted of sorted ids: non-decreasing within [0, T k], no check needed)
     w1 = self.gate_up_proj[:, :i].contiguous()  # copies (autograd flows back into gate_up_proj)
     w3 = self.gate_up_proj[:, i:].contiguous()
     y = mxfp8_swiglu_mlp(x, w1, self.down_proj, w3, offs, getattr(self, "mxfp8_config", None))
