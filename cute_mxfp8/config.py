@@ -11,7 +11,10 @@ from .formats import ELEM_DTYPES, SCALE_MODES
 
 @dataclass(frozen=True)
 class MXFP8Config:
-    """How the MXFP8 layers quantize.
+    """How the MXFP8 layers quantize (frozen: ``dataclasses.replace`` makes a changed copy).
+
+    Raises ValueError at construction for any field outside the values below, a value of the wrong type included
+    (``wgrad_with_hp=1``, ``backend=""``), naming the field.
 
     Attributes:
         scale_mode: ``"rceil"`` (default; cuBLAS / TransformerEngine) or ``"floor"`` (OCP MX v1.0).

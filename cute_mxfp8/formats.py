@@ -224,6 +224,7 @@ def quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, scale_mode: str = "rceil",
         ValueError: unsupported dtype, scale mode, element dtype or scale block, ``x.shape[dim]`` not a multiple
         of 32, or ``blocks_2d`` without ``scale_block=128``, on a 1-D tensor or along a leading dim.
         TypeError: ``x`` not a tensor, or ``blocks_2d`` not a bool.
+        IndexError: ``dim`` out of range for ``x``'s rank (as torch's own dim arguments).
     """
     check_scale_block(scale_block)
     if type(blocks_2d) is not bool:
@@ -265,8 +266,16 @@ def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, *, dim: int = -1,
                      out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Inverse of :func:`quantize_mxfp8`: ``data.float() * 2**(b - 127)`` per block (b = 255 gives NaN).
 
-    ``data`` is e4m3/e5m2 of any shape, ``scales`` (plain layout, e8m0 or uint8) has ``data``'s shape with
-    ``data.shape[dim] // 32`` along ``dim``.  Returns ``out_dtype`` (fp32 default) of ``data``'s shape.
+    ``data`` is e4m3/e5m2 of rank >= 1 and any strides, ``scales`` (e8m0 or their uint8 bytes) in the *plain*
+    layout: ``data``'s shape with ``data.shape[dim] // 32`` along ``dim`` (blocked scales: convert them with
+    :func:`from_blocked_scales` first).  Returns ``out_dtype`` (a floating ``torch.dtype``, fp32 default) of
+    ``data``'s shape.  A ``scale_block=128`` cast dequantizes the same way (its scales are repeated per 32).
+
+    Raises:
+        TypeError: ``data`` or ``scales`` not a tensor, or ``out_dtype`` not a ``torch.dtype``.
+        ValueError: other element / scale dtypes, rank-0 data, ``data.shape[dim] % 32 != 0``, scales whose shape
+            is not the plain layout's (blocked scales included), a non-floating ``out_dtype``.
+        IndexError: ``dim`` out of range.
     """
     for name, t in (("data", data), ("scales", scales)):
         if not isinstance(t, torch.Tensor):
@@ -276,6 +285,8 @@ def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, *, dim: int = -1,
     if data.dim() == 0:
         raise ValueError("dequantize_mxfp8 needs data of rank >= 1")
     _check_scales_dtype(scales)
+    if not isinstance(out_dtype, torch.dtype):
+        raise TypeError(f"dequantize_mxfp8: out_dtype must be a torch.dtype (e.g. torch.bfloat16), got {out_dtype!r}")
     if not out_dtype.is_floating_point:
         raise ValueError(f"out_dtype must be a floating-point dtype, got {out_dtype}")
     dim = _normalize_dim(dim, data.dim())

@@ -2,10 +2,11 @@
 
 Fused layout ("h13" / "W13"), two variants, both gate first:
 
-* concatenated (``tile=None``, what the reference, SM90 and grouped paths use): ``h13[..., :I]`` is the gate
+* concatenated (``tile=None``, what the unfused MLP and the reference use): ``h13[..., :I]`` is the gate
   pre-activation g = x·w1ᵀ and ``h13[..., I:]`` the up projection u = x·w3ᵀ; likewise ``W13 = [w1; w3]`` stacked
   along the output-feature dim, shape (2I, D) (or (E, 2I, D) per expert).
-* interleaved per tile (``tile=T``, the SM100 GEMM's fused SwiGLU epilogues, ``T =`` :data:`GATE_UP_TILE`):
+* interleaved per tile (``tile=T``, the SM90 and SM100 GEMMs' fused SwiGLU epilogues, dense and grouped,
+  ``T =`` :data:`GATE_UP_TILE`):
   feature chunk t of width 2T holds gate features ``[T t, T t + T)`` then the matching up features, so every
   GEMM N-tile of 128 (or 256) columns holds the gate and up columns of the same 64 (128) h columns.  Needs
   I % T == 0.  W13 rows, h13 / dh13 columns and W13-colwise columns all use it on that path.

@@ -557,6 +557,17 @@ def test_cases_D_dequantize_scale_byte_0(out_dtype):
     assert bool(torch.isnan(out2[0, :32]).all()) and out2[0, 32:].tolist() == [2.0] * 32
 
 
+
+@pytest.mark.parametrize("out_dtype, err", [("float32", TypeError), (None, TypeError), (torch.int32, ValueError)])
+def test_dequantize_refuses_an_out_dtype_that_is_no_floating_dtype_by_name(out_dtype, err):
+    data, scales = quantize_mxfp8(torch.randn(2, 64))
+    with pytest.raises(err, match="out_dtype"):
+        dequantize_mxfp8(data, scales, out_dtype=out_dtype)
+    with pytest.raises(IndexError, match="out of range"):
+        dequantize_mxfp8(data, scales, dim=2)
+    with pytest.raises(ValueError, match="do not match"):  # blocked scales are not the plain layout
+        dequantize_mxfp8(data, to_blocked_scales(scales))
+
 # ---------------------------------------------------------------------------------------------------------
 # property tests on random data
 # ---------------------------------------------------------------------------------------------------------

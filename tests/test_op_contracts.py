@@ -283,3 +283,13 @@ def test_outputs_take_the_strides_of_torch_empty(shape):
     assert t.shape == shape
     out = L._as_declared(t)
     assert out.stride() == torch.empty(shape).stride() and torch.equal(out, t)
+
+
+def test_register_backend_refuses_what_is_not_a_backend():
+    from cute_mxfp8.ops import backends as B
+
+    before = B.registered_backends()
+    for bad in ("sm90", None, B.Backend("", 1, lambda d: None)):
+        with pytest.raises(TypeError, match="Backend with a non-empty str name"):
+            ops.register_backend(bad)
+    assert B.registered_backends() == before

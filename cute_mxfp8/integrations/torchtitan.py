@@ -92,9 +92,10 @@ if _MISSING is None:
 
     class MXFP8GroupedExperts(GroupedExperts):
         """torchtitan's ``GroupedExperts`` with ``forward(x_RD, num_tokens_per_expert_E)`` in MXFP8: rows of x
-        sorted by expert, counts (E,) integer on x's device, never read on the host (no device sync: negative
-        counts count as 0 and the groups end at R, :func:`cute_mxfp8.nn.modules.device_offsets_from_counts`);
-        rows past the counts' sum give zeros.
+        sorted by expert, counts (E,) of an integer dtype (moved to x's device first if elsewhere), made into
+        offsets on that device and never read on the host by the GPU backends (no device sync: negative counts
+        count as 0 and the groups end at R, :func:`cute_mxfp8.nn.modules.device_offsets_from_counts`; the
+        ``reference`` backend reads them); rows past the counts' sum give zeros.
         Returns (R, D) in x's dtype."""
 
         @dataclass(kw_only=True, slots=True)
@@ -134,9 +135,11 @@ if _MISSING is None:
 
         Config fields: ``fqns`` (module names; a config is converted when its name contains one of them, all when
         empty), ``feed_forward`` / ``experts`` (which kinds to convert, both by default), ``mxfp8`` (the
-        :class:`~cute_mxfp8.MXFP8Config` the converted modules use; ``None`` = defaults).  ``convert`` returns the
-        same tree, changed in place; ``converted`` lists the names it changed (empty means nothing matched, which
-        is logged, not raised: torchtitan applies converters to every model flavor alike)."""
+        :class:`~cute_mxfp8.MXFP8Config` the converted modules use; ``None`` = defaults).  ``convert`` changes the
+        tree in place and returns it (a new config object only when the root config itself is a stock FFN /
+        experts config, which has no parent to change); ``converted`` lists the names it changed, accumulated over
+        the converter's calls (empty means nothing matched, which is logged, not raised: torchtitan applies
+        converters to every model flavor alike)."""
 
         @dataclass(kw_only=True, slots=True)
         class Config(QuantizationConverter.Config):

@@ -60,8 +60,10 @@ def converted_config(module: nn.Module) -> MXFP8Config | None:
 
 @dataclass
 class ConversionReport:
-    """What :func:`convert_to_mxfp8` did: ``converted`` lists (fqn, new module type), ``skipped`` lists
-    (fqn, reason).  ``str(report)`` is a readable summary."""
+    """What :func:`convert_to_mxfp8` did: ``converted`` lists (fqn, label), the label a str naming what the module
+    now runs (the new module's class name, e.g. ``"MXFP8SwiGLUMLP"``, or ``"MXFP8 experts forward (transformers)"``
+    for a Hugging Face experts module, which keeps its class); ``skipped`` lists (fqn, reason).  ``str(report)``
+    is a readable summary."""
 
     converted: list[tuple[str, str]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
@@ -335,8 +337,8 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
             skipped when their config differs from ``config``), and so are candidates whose weights
             ``quantize_weights_`` wrapped with a config other than ``config`` (they already run in MXFP8 with
             theirs; reported as skipped).
-        filter_fn: ``filter_fn(module, fqn) -> bool``, asked about each candidate (a Linear, SwiGLU FFN or
-            grouped-experts module) before it is converted; False keeps that candidate, and for an FFN / experts
+        filter_fn: ``filter_fn(module, fqn) -> bool``, asked about each candidate (a Linear, SwiGLU FFN,
+            grouped-experts module or Hugging Face experts module) before it is converted; False keeps that candidate, and for an FFN / experts
             module everything inside it, in high precision (default: convert all).
         config: :class:`MXFP8Config` for every converted module (default ``MXFP8Config()``).
     Returns:
@@ -345,8 +347,8 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
         forward is not the SwiGLU math, unknown experts layouts) and ``nn.Linear`` subclasses with their own
         forward are listed in ``report.skipped`` and logged.
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``, ``filter_fn`` not callable, or ``config`` not an
-        :class:`MXFP8Config`.
+        TypeError: ``model`` is not an ``nn.Module``, ``filter_fn`` not callable (or not taking the two
+        arguments above), or ``config`` not an :class:`MXFP8Config`.
         ValueError: ``config.backend`` names no registered backend.
     """
     check_model_and_filter("convert_to_mxfp8", "to convert in place", model, filter_fn, "(module, fully qualified "

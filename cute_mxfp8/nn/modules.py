@@ -169,8 +169,11 @@ def _require_fast_mode_hidden(cls_name: str, config: MXFP8Config, hidden_dim: in
 class MXFP8Linear(nn.Linear):
     """``nn.Linear`` whose forward, dgrad and wgrad GEMMs run in MXFP8 (see :func:`cute_mxfp8.ops.mxfp8_linear`).
 
-    Args: as ``nn.Linear``, plus ``config`` (:class:`MXFP8Config`).  ``in_features`` and ``out_features`` must be
-    multiples of 32 (ValueError otherwise).  Input (..., in_features) bf16/fp32 -> (..., out_features) same dtype.
+    Args: as ``nn.Linear``, plus ``config`` (:class:`MXFP8Config`; None: the defaults).  ``in_features`` and
+    ``out_features`` must be multiples of 32.  Input (..., in_features) bf16/fp32 -> (..., out_features) same dtype.
+    Raises (at construction): TypeError for a size that is not an int (``32.0``, a bool) or a ``config`` that is
+    not an :class:`MXFP8Config`; ValueError for a size that is not a multiple of 32, an fp16 (or other non
+    bf16 / fp32) ``dtype``, or a ``config.backend`` that names no registered backend.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None,
@@ -213,9 +216,14 @@ class MXFP8SwiGLUMLP(nn.Module):
 
     Args:
         dim: D (model dim), hidden_dim: I; both multiples of 32 (I of 128 with ``hopper_block_k=128``; ValueError).
-        config: :class:`MXFP8Config`.
+        device, dtype: of the three bias-free Linears' weights (bf16 or fp32), as ``nn.Linear``'s.
+        config: :class:`MXFP8Config` (None: the defaults).
         names: the child names of (gate, down, up), default ``("w1", "w2", "w3")``; state dict keys follow them.
     Input (..., D) bf16/fp32 -> (..., D) same dtype.
+    Raises (at construction): TypeError for a size that is not an int (``32.0``, a bool) or a ``config`` that is
+    not an :class:`MXFP8Config`; ValueError for a size that is not a multiple of 32, an fp16 (or other non
+    bf16 / fp32) ``dtype``, or a ``config.backend`` that names no registered backend.  ``names`` that are not three distinct
+    identifiers free on the module raise ValueError.
     """
 
     def __init__(self, dim: int, hidden_dim: int, device=None, dtype=None, config: MXFP8Config | None = None,
@@ -275,13 +283,16 @@ class MXFP8GroupedExperts(nn.Module):
 
     Args:
         dim: D, hidden_dim: I (multiples of 32; I of 128 with ``hopper_block_k=128``: ValueError), num_experts: E.
+        device, dtype: of the three (E, ., .) weights (bf16 or fp32); drawn from a truncated normal with std
+            ``1 / sqrt(fan_in)`` unless on the meta device.
+        config: :class:`MXFP8Config` (None: the defaults).
         names: the parameter names of (w1 (E, I, D), w2 (E, D, I), w3 (E, I, D)), default ``("w1", "w2", "w3")``.
         validate_counts: read CUDA counts on the host and check them (ValueError for negative counts or a sum past
             T), at the cost of one device sync per forward.  Default False: CUDA counts stay on the device (no
             sync, as ``torch._grouped_mm`` with device offsets) and are made safe there instead: a negative count
             counts as 0 and the groups end at T.  Counts given on the CPU or as ints are always checked.  Still
-            read once per step with device counts: 32-block rowwise-only grouped casts (``wgrad_with_hp=True``, or
-            frozen expert weights without the fast mode), the reference backend, and the ops of a
+            read once per step with device counts: the ``wgrad_with_hp=True`` backward (its per-group fp32
+            wgrads), the reference backend, and the ops of a
             ``torch.compile``-d module (inside the op: device counts still trace as one graph, ``fullgraph=True``
             included).  CPU counts and ``validate_counts=True`` are read before the ops (under
             ``torch.compile`` a graph break, so ``fullgraph=True`` needs device counts); a list of ints is a
@@ -290,6 +301,10 @@ class MXFP8GroupedExperts(nn.Module):
     ``forward(x, num_tokens_per_expert)``: ``x`` (T, D) bf16/fp32 with tokens sorted by expert, the first
     ``num_tokens_per_expert[0]`` rows for expert 0 and so on; ``num_tokens_per_expert`` (E,) integer tensor (or E
     ints), ``sum <= T`` (rows past the sum give zeros).  Returns (T, D) in ``x.dtype``.
+    Raises (at construction): TypeError for a size that is not an int, a non-bool ``validate_counts`` or a
+    ``config`` that is not an :class:`MXFP8Config`; ValueError for dims that are not multiples of 32 (I of 128
+    with ``hopper_block_k=128``), ``num_experts < 0``, a non bf16 / fp32 ``dtype``, bad ``names`` or an unregistered
+    ``config.backend``.
     """
 
     validate_counts = False  # the class default: modules pickled before the attribute existed keep working

@@ -84,8 +84,14 @@ class MXFP8TrainingWeight(Tensor):
         inner: the weight, a plain bf16/fp32 tensor: (N, K) for ``F.linear``, (E, N, K) for grouped experts
             (``torch._grouped_mm`` receives its (E, K, N) transpose).  Shared, not copied.
         config: :class:`~cute_mxfp8.MXFP8Config` (None: defaults).
+        requires_grad: the wrapper's ``requires_grad`` (None: ``inner``'s).  The wrapper holds ``inner`` detached;
+            gradients flow to the wrapper (the parameter), as for any leaf.
     Raises:
         TypeError: ``inner`` is not a bf16/fp32 tensor (or is already wrapped), or ``config`` is not an MXFP8Config.
+        ValueError: ``config.backend`` names no registered backend.
+    The shape is not checked here (FSDP2 and torch.compile re-wrap shards and fakes of any shape): an ``F.linear``
+    / ``torch._grouped_mm`` call on a wrapped weight that is not (N, K) / (E, N, K) with N and K multiples of 32
+    raises the MXFP8 functions' ValueError naming the dim; :func:`quantize_weights_` wraps only weights that pass.
     The wrapper reports ``inner``'s shape, strides, dtype and device; ``.inner`` returns the plain tensor.
     """
 
@@ -266,15 +272,16 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
         config: :class:`~cute_mxfp8.MXFP8Config` for every wrapped weight (None: defaults).
         filter_fn: ``(module, param_name, param) -> bool`` choosing the parameters to wrap.  Default: the
             ``weight`` of every ``nn.Linear`` (subclasses included) whose dims are multiples of 32, and every 3-D
-            (E, N, K) parameter of other modules (not embeddings or convolutions) whose last two dims are (grouped
-            experts, used through ``torch._grouped_mm``); parameters lazy modules have not materialized are left
-            plain (logged; a ``filter_fn`` choosing one gets a ValueError).  A wrapped weight used by anything but ``F.linear`` / the 2d-3d
-            ``torch._grouped_mm`` simply runs in high precision.
+            (E, N, K) parameter of other modules (not embeddings or convolutions) with E > 0 and N, K multiples
+            of 32 (grouped experts, used through ``torch._grouped_mm``); parameters lazy modules have not
+            materialized are left plain (logged; a ``filter_fn`` choosing one gets a ValueError).  A wrapped
+            weight used by anything but ``F.linear`` / the 2d-3d ``torch._grouped_mm`` simply runs in high
+            precision.
     Returns:
         The fully qualified names of the wrapped parameters.
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``, ``filter_fn`` not callable, ``config`` not an
-        MXFP8Config, or ``filter_fn`` chose a parameter that is not bfloat16 / float32 (the default filter
+        TypeError: ``model`` is not an ``nn.Module``, ``filter_fn`` not callable (or not taking the three
+        arguments above), ``config`` not an MXFP8Config, or ``filter_fn`` chose a parameter that is not bfloat16 / float32 (the default filter
         leaves such weights plain and logs them, as ``convert_to_mxfp8`` does).
         ValueError: the model's parameters are already sharded (DTensors): wrap before ``fully_shard``;
         ``config.backend`` names no registered backend; or ``filter_fn`` chose a parameter that is not 2-D / 3-D

@@ -8,15 +8,27 @@ Conventions shared by every function here (the numerics and layouts of :mod:`cut
   (:func:`cute_mxfp8.formats.to_blocked_scales`); ``blocked=False`` the plain layout.  The GEMM ops take blocked.
 * ``offs``: int32 cumulative END offsets of token groups, shape (G,), ``offs[-1] <= M``; empty groups and groups
   of any size are legal.  Rows at or past ``offs[-1]`` belong to no group: they get no grouped scales and zero
-  colwise data, while rowwise data (and plain rowwise scales) still quantize them from ``x``.  Bad offsets raise
-  ``ValueError`` whatever the layout (checking them reads ``offs`` on the host: one device sync), except offsets
-  made on the device by :func:`cute_mxfp8.nn.modules.device_offsets_from_counts` (what ``MXFP8GroupedExperts``
-  does with CUDA counts): those are valid by construction and not read on the host, except by the 32-block
-  grouped rowwise-only cast (its kernel leaves the rows past ``offs[-1]`` to a second launch).
+  colwise data, while rowwise data (and plain rowwise scales) still quantize them from ``x``.  ``offs`` that is
+  not an int32 1-D tensor on ``x``'s device raises ``ValueError`` (a list too).  Its *values* (non-decreasing,
+  within ``[0, M]``) are checked with ``ValueError`` by the casts and SwiGLU casts on every backend and by every
+  op of the ``reference`` backend: checking reads ``offs`` on the host (one device sync, once per offsets tensor
+  and version), except for offsets made valid on the device and marked so
+  (:func:`cute_mxfp8.ops.group_meta.mark_safe`: :func:`cute_mxfp8.nn.modules.device_offsets_from_counts`, what
+  ``MXFP8GroupedExperts`` does with CUDA counts, and the transformers experts forward), which are not read.  The
+  kernel backends' grouped GEMMs (``grouped_mm``, ``grouped_mm_wgrad``, the fused ``mm_*_quant`` with ``offs``)
+  read offsets only on the device and clamp them into range: out-of-contract values there give a meaningless but
+  in-bounds result, not an error.
+* ``scale_mode`` ``"rceil"`` (default; cuBLAS's "block scaling factors for FP8 with UE8M0 scales": the smallest
+  power of two ``>= amax / max_elem``) or ``"floor"`` (OCP MX v1.0: ``2**(floor(log2(amax)) - emax_elem)``);
+  ``elem_dtype`` ``torch.float8_e4m3fn`` (default) or ``torch.float8_e5m2``.  :mod:`cute_mxfp8.formats` has the
+  full math (rounding, saturation, NaN / Inf and zero blocks).
+* Inputs of any strides are accepted: a non-contiguous tensor is copied to a contiguous one first (one more pass
+  over it), then the same kernel runs, so the bytes equal those of the contiguous copy.
 * ``backend``: ``None`` picks automatically (``CUTE_MXFP8_BACKEND`` if set, else the best backend for the
   device); an explicit backend that cannot run raises :class:`~cute_mxfp8.ops.backends.BackendUnavailableError`.
 * Bad shapes, dtypes, devices or offsets raise ``ValueError`` naming the rule, before any kernel runs; an argument
-  of the wrong type (a tensor argument that is not one, a flag that is not a bool) raises ``TypeError``.  Under
+  of the wrong type (a tensor argument other than ``offs`` that is not one, a flag that is not a bool) raises
+  ``TypeError``.  Under
   ``torch.compile`` the ops' fake impls raise the same errors while tracing, which torch reports as its
   ``TorchRuntimeError`` with the message inside; offsets' values are checked when the program runs.
 * In eager mode every wrapper here calls the op's implementation directly (see :func:`_direct`),
@@ -229,8 +241,11 @@ def quantize_dual(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dty
                   blocked: bool = True, offs: Tensor | None = None, backend: str | None = None,
                   scale_block: int = 32, token_align: int = 0, blocks_2d: bool = False):
     """Rowwise and colwise quantization from one read of ``x``: ``(row_data, row_scales, col_data, col_scales)``,
-    each exactly as :func:`quantize_rowwise` and :func:`quantize_colwise` return them (``K % 32 == 0``;
-    ``scale_block`` and ``blocks_2d`` as there; ``token_align`` applies to the colwise outputs only)."""
+    each exactly as :func:`quantize_rowwise` and :func:`quantize_colwise` return them for the same arguments:
+    ``x`` (M, K) bf16/fp32 (with ``offs``: token groups along M, each cast's grouped layout) or (E, N, K) expert
+    weights, ``K % 32 == 0`` (and ``N % 32 == 0`` for 3-D); ``scale_block`` and ``blocks_2d`` as there;
+    ``token_align`` applies to the colwise outputs only; ``scale_mode``, ``elem_dtype``, ``blocked`` and ``backend`` as in the module conventions.  Raises
+    what those two raise."""
     return _cast("quantize_dual", L.quantize_dual_impl, L._quantize_dual, x, scale_mode, elem_dtype, blocked,
                  offs, backend, scale_block, token_align, blocks_2d)
 
@@ -245,8 +260,8 @@ def quantize_gate_up(w1: Tensor, w3: Tensor, *, scale_mode: str = "rceil", elem_
 
     Args:
         w1, w3: (I, D) or (E, I, D), bf16/fp32, ``I % 32 == 0`` and ``D % 32 == 0``.
-        gate_up_tile: 0 for the concatenated ``[w1; w3]`` layout; T (a multiple of 32 dividing I; the SM100
-            fused epilogues use :data:`cute_mxfp8.swiglu.GATE_UP_TILE`) for runs of T gate then T up features.
+        gate_up_tile: 0 for the concatenated ``[w1; w3]`` layout; T (a multiple of 32 dividing I; the SM90 and
+            SM100 fused epilogues use :data:`cute_mxfp8.swiglu.GATE_UP_TILE`) for runs of T gate then T up features.
         scale_block: 32 or 128 (:func:`quantize_rowwise`); 128 needs ``I % 128 == 0`` and ``gate_up_tile`` 0 or
             a multiple of 128, so that no 128-block of W13 along 2I mixes gate and up features (ValueError).
         blocks_2d: 128 x 128 blocks of each projection (:func:`quantize_rowwise`; with ``scale_block=128``, whose
@@ -373,8 +388,10 @@ def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: t
     """MXFP8 GEMM ``out = a · bᵀ (+ bias)`` with fp32 accumulation.
 
     Args:
-        a: (M, K) and b: (N, K) MXFP8 data, both K-major (blocks along K), ``K % 32 == 0``.
-        a_scales, b_scales: blocked scales of (M, K/32) and (N, K/32) (``quantize_rowwise(..., blocked=True)``).
+        a: (M, K) and b: (N, K) MXFP8 data (e4m3 or e5m2 each), both K-major (blocks along K), ``K % 32 == 0``.
+        a_scales, b_scales: E8M0 blocked scales of (M, K/32) and (N, K/32), flat 1-D tensors of
+            :func:`cute_mxfp8.formats.blocked_scales_numel` bytes (``quantize_rowwise(..., blocked=True)``; plain
+            2-D scales are refused).
         out_dtype: bf16 (default) or fp32.
         bias: optional (N,) bf16/fp32, added in fp32 to the fp32 accumulator before the one rounding to
             ``out_dtype`` (never rounded on its own first), as cuBLAS's bias epilogue does.
@@ -389,6 +406,9 @@ def mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, *, out_dtype: t
             reads only the first row's scale of each block); the reference checks the promise (ValueError); the
             ``sm100`` kernel applies every scale anyway.
     Returns: (M, N) in ``out_dtype``, contiguous.
+    Raises: TypeError for a non-tensor operand or a non-bool ``b_blocks_2d``; ValueError for shapes, dtypes
+    (fp16 ``out_dtype`` or bias included), scale buffers of the wrong size, devices, or ``scale_block`` /
+    ``b_blocks_2d`` values (naming the fix); BackendUnavailableError for a ``backend`` that cannot run it.
     """
     def full():
         S.check_scale_block(scale_block)
@@ -421,7 +441,8 @@ def grouped_mm(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, offs: T
             ``reference`` backend checks it (ValueError); the ``sm100`` kernel ignores the hint.
         b_blocks_2d: states that every expert of ``b`` was quantized in 128 x 128 blocks (as :func:`mm`).
     Returns: (M, N) in ``out_dtype``; rows at or past ``offs[-1]`` are zero.
-    Raises: ValueError for bad offsets, shapes, dtypes or ``scale_block`` (naming the fix).
+    Raises: ValueError for shapes, dtypes, ``scale_block`` or an ``offs`` that is not an int32 (G,) tensor (its
+    values: the reference backend only, below), naming the fix.
 
     ``offs`` must be the offsets ``a`` was quantized with: the scales' layout depends on them, and other offsets
     with the same group count give wrong results that no check can see.  The reference backend validates the
@@ -464,7 +485,8 @@ def grouped_mm_wgrad(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, o
             fast-mode kernel (``scale_block=128``) writes that layout directly; the other kernels' outputs are
             rearranged by one copy.
     Returns: (G, N, K) in ``out_dtype`` (or (2, G, N / 2, K), above); an empty group's slice is exactly zero.
-    Raises: ValueError for bad offsets, shapes, dtypes or ``scale_block`` (naming the fix).
+    Raises: ValueError for shapes, dtypes, ``scale_block`` or an ``offs`` that is not an int32 (G,) tensor (its
+    values: the reference backend only, below), naming the fix.
 
     ``offs`` must be the offsets ``a`` and ``b`` were quantized with (their scale layout depends on them; other
     offsets with the same group count give wrong results no check can see), or for operands cast with
@@ -513,16 +535,21 @@ def swiglu_quant(h13: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dt
     """Fused SwiGLU + dual MXFP8 quantization (forward): ``h = silu(g) · u`` in fp32 from ``h13 = [g | u]``.
 
     Args:
-        h13: (M, 2I) bf16/fp32 in the fused gate/up layout (:mod:`cute_mxfp8.swiglu`), ``I % 32 == 0``.
+        h13: (M, 2I) bf16/fp32, the concatenated ``[g | u]`` layout (gate columns ``[0, I)``, up ``[I, 2I)``;
+            :mod:`cute_mxfp8.swiglu`; the interleaved layout is the fused GEMM epilogues' only), ``I % 32 == 0``.
         emit_hp: also return ``h`` in ``h13.dtype``; otherwise the last output is an empty (0,) tensor.
         offs: token groups (grouped experts): colwise blocks never cross a group end.  Unlike the quantize ops,
             rows at or past ``offs[-1]`` (padding tokens) are zero in every output, rowwise and ``h`` included.
         scale_block: 32 or 128, h's casts as :func:`quantize_dual`.
         token_align: 0, or 128 with ``offs``: h's colwise outputs in the padded group layout of
             :func:`quantize_colwise`.
+        scale_mode, elem_dtype, blocked, backend: as in the module conventions.
     Returns:
         ``(h_row, h_row_scales, h_col, h_col_scales, h_hp)`` with the layouts of :func:`quantize_dual` for an
         (M, I) tensor.
+    Raises: TypeError for a non-tensor ``h13`` or non-bool flags; ValueError for its dtype, an odd width or one
+    not a multiple of 64, ``offs`` / ``token_align`` / ``scale_block`` values (naming the fix);
+    BackendUnavailableError for a ``backend`` that cannot run it.
     """
     def full():
         _check_types(blocked, emit_hp, offs, backend, h13=h13)
@@ -542,14 +569,19 @@ def dswiglu_quant(dh: Tensor, h13: Tensor, *, scale_mode: str = "rceil", elem_dt
     """Fused SwiGLU backward + dual MXFP8 quantization: ``dg = dh·u·silu'(g)``, ``du = dh·silu(g)`` in fp32.
 
     Args:
-        dh: (M, I) upstream gradient of ``h``; h13: (M, 2I) saved pre-activation ``[g | u]``.
+        dh: (M, I) upstream gradient of ``h``; h13: (M, 2I) saved pre-activation, concatenated ``[g | u]``; each
+            bf16 or fp32 (they may differ), ``I % 32 == 0``.
         emit_hp: also return ``dh13 = [dg | du]`` in ``dh.dtype``; otherwise an empty (0,) tensor.
         offs: token groups, as for :func:`swiglu_quant` (rows at or past ``offs[-1]`` are zero in every output).
         scale_block: 32 or 128, dh13's casts as :func:`quantize_dual` (128-blocks along 2I may hold dg and du).
         token_align: 0, or 128 with ``offs``: dh13's colwise outputs in the padded group layout of
             :func:`quantize_colwise`.
+        scale_mode, elem_dtype, blocked, backend: as in the module conventions.
     Returns:
         ``(dh13_row, row_scales, dh13_col, col_scales, dh13_hp)``, layouts of :func:`quantize_dual` for (M, 2I).
+    Raises: TypeError for non-tensor inputs or non-bool flags; ValueError for dtypes, shapes that do not match
+    (``h13`` must be ``dh``'s rows x 2I), ``offs`` / ``token_align`` / ``scale_block`` values (naming the fix);
+    BackendUnavailableError for a ``backend`` that cannot run it.
     """
     def full():
         _check_types(blocked, emit_hp, offs, backend, dh=dh, h13=h13)
@@ -592,13 +624,18 @@ def mm_swiglu_quant(a: Tensor, a_scales: Tensor, b13: Tensor, b13_scales: Tensor
         gate_up_tile: must be :data:`cute_mxfp8.swiglu.GATE_UP_TILE` (64), stating that b13 is interleaved: a
             concatenated ``[w1; w3]`` has the same shape and would give wrong results (ValueError otherwise).
         elem_dtype / scale_mode: h's MXFP8 cast.  emit_hp: also return h in fp32 (else an empty (0,)).
+        out_dtype: h13's dtype, bf16 (default) or fp32.  backend: as in the module conventions.
         offs: token groups (2d-3d, as :func:`grouped_mm`): ``a`` with grouped-M scales, ``b13`` (E, 2I, K) with
             (E, numel) scales; rows at or past ``offs[-1]`` of every output are zero.  The SM90 and
-            SM100 kernels take ``offs`` (SM100: compile-checked only, no SM100 GPU has run it).
+            SM100 kernels take ``offs`` (SM100: compile-checked only, no SM100 GPU has run it); as for
+            :func:`grouped_mm`, only the reference backend checks its values.
     Returns:
         ``(h13, h_row, h_row_scales, h_col, h_col_scales, h_hp)``: h13 (M, 2I) ``out_dtype`` interleaved like b13;
         the h outputs as :func:`quantize_dual` of an (M, I) tensor with blocked scales (grouped layouts with
         ``offs``: colwise blocks never cross a group end).
+    Raises: TypeError for non-tensor operands or flags of the wrong type; ValueError for another
+    ``gate_up_tile``, shapes, dtypes (an fp16 ``out_dtype`` included), scale buffer sizes, ``offs`` that is not
+    an int32 (G,) tensor; BackendUnavailableError for a ``backend`` that cannot run it.
     """
     _check_gate_up_tile(gate_up_tile)
     _check_offs(offs)
@@ -619,11 +656,14 @@ def mm_dswiglu_quant(a: Tensor, a_scales: Tensor, b: Tensor, b_scales: Tensor, h
             h13: (M, 2I) bf16/fp32 in the interleaved gate/up layout (``mm_swiglu_quant``'s first output).
         gate_up_tile: must be 64, stating that h13 is interleaved (as for :func:`mm_swiglu_quant`).
         emit_hp: also return dh13 in fp32 (else an empty (0,)).
+        scale_mode, elem_dtype, backend: dh13's MXFP8 cast and the backend, as in the module conventions.
         offs: token groups (2d-3d): ``b`` (E, I, D) with (E, numel) scales, as for :func:`mm_swiglu_quant`; rows
-            at or past ``offs[-1]`` of dh13 are zero whatever h13 holds there.
+            at or past ``offs[-1]`` of dh13 are zero whatever h13 holds there (values checked by the reference
+            backend only).
     Returns:
         ``(dh13_row, row_scales, dh13_col, col_scales, dh13_hp)``: :func:`quantize_dual` of the (M, 2I) dh13 in
         the interleaved layout, blocked scales (grouped layouts with ``offs``).
+    Raises: as :func:`mm_swiglu_quant`.
     """
     _check_gate_up_tile(gate_up_tile)
     _check_offs(offs)

@@ -12,7 +12,8 @@ Every GEMM operand is quantized along that GEMM's contraction dim (the MLP data 
   it rowwise only: :func:`_w13_dgrad_in_backward`); w2 and w13 wgrads (2d-2d grouped when grouped).
 * ``wgrad_with_hp``: the weight gradients use the saved high-precision tensors instead (x, h, dy, dh13; h and
   dh13 in the activation dtype in the fast mode, where GEMM1 and the w2 dgrad write it).
-* Fused epilogues (``MXFP8Config.fused_epilogues``, default on the ``sm100`` backend for dense MLPs): GEMM1 is
+* Fused epilogues (``MXFP8Config.fused_epilogues``; by default on where the ``sm90`` or ``sm100`` backend runs
+  the GEMMs, dense and grouped, when I % 64 == 0, and never with ``hopper_block_k=128``): GEMM1 is
   ``mm_swiglu_quant`` and the w2 dgrad ``mm_dswiglu_quant``, with W13, h13 and dh13 in the interleaved gate/up
   layout (:mod:`cute_mxfp8.swiglu`); the other GEMMs are unchanged.
 
@@ -545,7 +546,8 @@ def mxfp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, config=N
 
     Args:
         x: (..., K) bf16/fp32; weight: (N, K); bias: (N,) or None.  ``K % 32 == 0`` and ``N % 32 == 0``.
-        config: :class:`cute_mxfp8.config.MXFP8Config` (default one if None).
+        config: :class:`cute_mxfp8.config.MXFP8Config` (default one if None).  x, weight and bias each bf16 or
+            fp32 (x is cast to the autocast dtype first under ``torch.autocast``).
         weight_operands: None (``weight`` is quantized here), or an object whose ``rowwise()`` returns the
             weight's forward operand ``(data, blocked scales)`` exactly as :func:`~cute_mxfp8.ops.quantize_rowwise`
             of ``weight`` would, and whose ``colwise()`` (called in backward) returns its dgrad operand as
@@ -555,7 +557,11 @@ def mxfp8_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, config=N
             which the reference backend checks).  The FSDP2 MXFP8 all-gather passes the all-gathered shards this
             way (:mod:`cute_mxfp8.nn.fsdp`; plain MXFP8 only); ``weight`` then only gives shape, dtype and the
             gradient.
-    Returns: (..., N) in ``x.dtype``.
+    Returns: (..., N) in ``x.dtype``; gradients in each input's dtype.
+    Raises: TypeError for x or weight that is not a tensor or a ``config`` that is not an MXFP8Config;
+    ValueError for a weight that is not 2-D, dtypes other than bf16 / fp32 (fp16 included), shapes that do not
+    match, K or N not a multiple of 32 (checked in the forward, so no backward fails on them);
+    :class:`~cute_mxfp8.ops.backends.BackendUnavailableError` for a ``config.backend`` that cannot run here.
     """
     api._check_tensors(x=x, weight=weight)
     if weight.dim() != 2:
@@ -574,11 +580,17 @@ def mxfp8_grouped_mm(x: Tensor, weight: Tensor, offs: Tensor, config=None, *, we
     """Grouped ``out[rows of g] = x[rows of g] · weight[g]ᵀ`` in MXFP8 (2d-3d forward and dgrad, 2d-2d wgrad).
 
     Args:
-        x: (M, K) tokens sorted by group; weight: (E, N, K); offs: (E,) int32 cumulative end offsets.
+        x: (M, K) tokens sorted by group, bf16/fp32; weight: (E, N, K) bf16/fp32, ``K % 32 == 0``,
+            ``N % 32 == 0``; offs: (E,) int32 cumulative end offsets (``offs[-1] <= M``; rows past it give zeros).
+        config: :class:`cute_mxfp8.config.MXFP8Config` (default one if None).
         weight_operands: None (``weight`` is quantized here), or the experts' (E, N, K) operands as
             :func:`mxfp8_linear` takes them (``rowwise()`` / ``colwise()`` as ``quantize_rowwise`` /
             ``quantize_colwise`` of ``weight`` with the config's casts would return them).
-    Returns: (M, N) in ``x.dtype``; rows at or past ``offs[-1]`` are zero.
+    Returns: (M, N) in ``x.dtype``; rows at or past ``offs[-1]`` are zero; gradients in each input's dtype.
+    Raises: TypeError for x or weight that is not a tensor or a ``config`` that is not an MXFP8Config;
+    ValueError for ``offs`` that is not an int32 (E,) tensor (its values as :mod:`cute_mxfp8.ops.api` says), a
+    weight that is not 3-D, dtypes other than bf16 / fp32, shapes that do not match, K or N not a multiple of 32;
+    :class:`~cute_mxfp8.ops.backends.BackendUnavailableError` for a ``config.backend`` that cannot run here.
     """
     api._check_tensors(x=x, weight=weight)
     api._check_offs(offs, required=True)
@@ -597,10 +609,17 @@ def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor
 
     Args:
         x: (..., D) bf16/fp32 (2-D (M, D) sorted by expert when ``offs`` is given).
-        w1, w3: (I, D) or (E, I, D); w2: (D, I) or (E, D, I); ``D % 32 == 0``, ``I % 32 == 0`` (``I % 128 == 0``
-            with ``MXFP8Config(hopper_block_k=128)`` where it applies; ValueError otherwise).
+        w1, w3: (I, D) or (E, I, D); w2: (D, I) or (E, D, I); all three bf16 or fp32, w1 and w3 in one dtype;
+            ``D % 32 == 0``, ``I % 32 == 0`` (``I % 128 == 0`` with ``MXFP8Config(hopper_block_k=128)`` where it
+            applies).
         offs: None (dense) or (E,) int32 cumulative end offsets of the token groups (grouped experts).
-    Returns: x's shape and dtype.
+        config: :class:`cute_mxfp8.config.MXFP8Config` (default one if None).
+    Returns: x's shape and dtype; gradients in each input's dtype.
+    Raises: TypeError for an argument that is not a tensor or a ``config`` that is not an MXFP8Config;
+    ValueError for ``offs`` that is not an int32 (E,) tensor (its values as :mod:`cute_mxfp8.ops.api` says),
+    weights of the wrong rank or shapes, dtypes other than bf16 / fp32, w1 and w3 in two dtypes, D or I not a
+    multiple of 32 (128 above), ``fused_epilogues=True`` with I % 64 != 0;
+    :class:`~cute_mxfp8.ops.backends.BackendUnavailableError` for a ``config.backend`` that cannot run here.
     """
     if offs is not None:
         api._check_offs(offs, required=True)

@@ -91,7 +91,13 @@ _ORDER: list[str] = []  # registered names, highest priority first (kept sorted 
 
 
 def register_backend(backend: Backend) -> None:
-    """Add or replace a backend (launch plans made for the old set are dropped)."""
+    """Add or replace a backend (launch plans made for the old set are dropped).
+
+    ``backend``: a :class:`Backend` (``from cute_mxfp8.ops.backends import Backend``) with a non-empty str name;
+    one of the same name is replaced.  TypeError for anything else."""
+    if not isinstance(backend, Backend) or not isinstance(backend.name, str) or not backend.name:
+        raise TypeError(f"register_backend takes a cute_mxfp8.ops.backends.Backend with a non-empty str name, got "
+                        f"{backend!r}")
     _BACKENDS[backend.name] = backend
     _ORDER[:] = [b.name for b in sorted(_BACKENDS.values(), key=lambda b: -b.priority)]
     PLANS.clear()

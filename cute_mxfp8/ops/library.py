@@ -6,7 +6,7 @@ and pass ``torch.library.opcheck``; the real impl returns exactly those strides 
 with autocast off (:func:`_call`).  The real impl validates the inputs and calls the implementation chosen by
 :func:`cute_mxfp8.ops.backends.get_impl` (``backend=""`` means "automatic"; see that module for the rules).
 
-Public, documented entry points are the wrappers at the bottom of this file (re-exported by ``cute_mxfp8.ops``).
+Public, documented entry points are the wrappers in :mod:`cute_mxfp8.ops.api` (re-exported by ``cute_mxfp8.ops``).
 """
 
 from __future__ import annotations
