@@ -69,15 +69,22 @@ def test_bench_profile_takes_a_count_and_says_where_it_applies(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "mlp", "--profile", "-1"])
     assert "--profile: must be an integer >= 0, got -1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "mlp", "--rounds", "0"])
+    assert "--rounds: must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert main(["bench", "quantize", "--rounds", "5", "--device", "cpu"]) == 0
+    assert "--rounds applies to the mlp group only; ignored for ['quantize']" in capsys.readouterr().out
     assert main(["bench", "quantize", "--profile", "2", "--device", "cpu"]) == 0
     assert "--profile applies to the mlp group only; ignored for ['quantize']" in capsys.readouterr().out
 
 
 def test_bench_mlp_in_the_fast_mode_says_so_and_records_it(tmp_path, capsys):
     path = tmp_path / "mlp.json"
-    assert main(["bench", "mlp", "--hopper-block-k", "128", "--device", "cpu", "--json", str(path)]) == 0
+    assert main(["bench", "mlp", "--hopper-block-k", "128", "--device", "cpu", "--json", str(path), "--rounds",
+                 "1"]) == 0
     out = json.loads(path.read_text())
     assert out["mlp_hopper_block_k"] == 128 and out["mlp_steps"] and out["mlp_steps"][0][3] > 0
+    assert out["mlp_rounds"] == 1 and all(len(r[9]) == len(r[10]) == 1 for r in out["mlp_steps"])
     # the grouped step too: torch._grouped_mm runs on the CPU (it was skipped as "needs CUDA")
     assert [r[0] for r in out["mlp_steps"]] == ["SwiGLU MLP", "grouped experts"]
     assert "Hopper fast mode: MXFP8Config(hopper_block_k=128, hopper_weight_blocks='1x128')" in \
@@ -86,7 +93,13 @@ def test_bench_mlp_in_the_fast_mode_says_so_and_records_it(tmp_path, capsys):
     path2 = tmp_path / "mlp2.json"
     assert main(["bench", "mlp", "--hopper-block-k", "128", "--hopper-weight-blocks", "128x128", "--device", "cpu",
                  "--json", str(path2)]) == 0
-    assert json.loads(path2.read_text())["mlp_hopper_weight_blocks"] == "128x128"
+    out2 = json.loads(path2.read_text())
+    assert out2["mlp_hopper_weight_blocks"] == "128x128" and out2["mlp_rounds"] == 3
+    for name, shape, b, q, ratio, _, _, lo, hi, b_rounds, q_rounds in out2["mlp_steps"]:
+        # medians of 3 alternating rounds; the ratio is the median of the rounds' ratios, within their range
+        assert len(b_rounds) == len(q_rounds) == 3 and all(t > 0 for t in b_rounds + q_rounds)
+        assert b == sorted(b_rounds)[1] and q == sorted(q_rounds)[1]
+        assert ratio == sorted(qq / bb for bb, qq in zip(b_rounds, q_rounds))[1] and lo <= ratio <= hi
     assert "hopper_weight_blocks='128x128'" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="needs --hopper-block-k 128"):
         main(["bench", "mlp", "--hopper-weight-blocks", "128x128", "--device", "cpu"])

@@ -372,6 +372,8 @@ def main(args) -> int:
                          f"have neither: add gemm or mlp, or drop --plot")
     if getattr(args, "profile", 0) and "mlp" not in groups:
         print(f"bench: --profile applies to the mlp group only; ignored for {groups}")
+    if (getattr(args, "rounds", 3) or 3) != 3 and "mlp" not in groups:
+        print(f"bench: --rounds applies to the mlp group only; ignored for {groups}")
     large = device.type == "cuda"
     hopper_block_k = getattr(args, "hopper_block_k", 32) or 32
     weight_blocks = getattr(args, "hopper_weight_blocks", "1x128") or "1x128"
@@ -449,18 +451,24 @@ def main(args) -> int:
 
         from cute_mxfp8 import MXFP8Config
 
+        rounds = getattr(args, "rounds", 3) or 3
         mlp = mlp_rows(device, _time_ms, profile=getattr(args, "profile", 0) or 0,
-                       config=MXFP8Config(hopper_block_k=hopper_block_k, hopper_weight_blocks=weight_blocks))
+                       config=MXFP8Config(hopper_block_k=hopper_block_k, hopper_weight_blocks=weight_blocks),
+                       rounds=rounds)
         if hopper_block_k == 128:
             print(f"MXFP8 modules in the Hopper fast mode: MXFP8Config(hopper_block_k=128, hopper_weight_blocks="
                   f"{weight_blocks!r}) (SM100 ignores it)")
-        print(tabulate([[w, s, f"{b:.2f}", f"{q:.2f}", f"{r:.2f}x", "" if pb is None else f"{pb:.0f}",
-                         "" if pq is None else f"{pq:.0f}"] for w, s, b, q, r, pb, pq in mlp],
-                       headers=["fwd+bwd step", "shape", "bf16 ms", "MXFP8 ms", "MXFP8 / bf16", "bf16 peak MiB",
-                                "MXFP8 peak MiB"]))
+        print(tabulate([[w, s, f"{b:.2f}", f"{q:.2f}", f"{r:.3f}x", f"{lo:.3f}-{hi:.3f}",
+                         "" if pb is None else f"{pb:.0f}", "" if pq is None else f"{pq:.0f}"]
+                        for w, s, b, q, r, pb, pq, lo, hi, *_ in mlp],
+                       headers=["fwd+bwd step", "shape", "bf16 ms", "MXFP8 ms", "MXFP8 / bf16",
+                                f"ratio range ({rounds} rounds)", "bf16 peak MiB", "MXFP8 peak MiB"]))
+        print(f"step times: medians of {rounds} alternating rounds per step (bf16 / MXFP8 first in turn); the "
+              f"ratio: the median of the rounds' ratios")
     result = {"device": str(device), "copy_gbps": copy_gbps, "launch_overhead_us": overhead,
               "rows": [asdict(r) for r in rows], "mlp_steps": mlp, "skipped_baselines": SKIPPED_BASELINES,
-              "mlp_hopper_block_k": hopper_block_k, "mlp_hopper_weight_blocks": weight_blocks}
+              "mlp_hopper_block_k": hopper_block_k, "mlp_hopper_weight_blocks": weight_blocks,
+              "mlp_rounds": getattr(args, "rounds", 3) or 3}
     if getattr(args, "json", None):
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

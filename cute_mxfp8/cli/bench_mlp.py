@@ -8,6 +8,8 @@ step time, the ratio MXFP8 / bf16, and the peak memory the step allocates above 
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 import torch.nn.functional as F
 
@@ -116,11 +118,17 @@ def _grouped_mm_problem(device: torch.device) -> str | None:
     return None
 
 
-def mlp_rows(device: torch.device, time_ms, profile: int = 0, config=None) -> list[list]:
-    """One row per workload: [workload, shape, bf16 ms, MXFP8 ms, ratio, bf16 peak MiB, MXFP8 peak MiB].
+def mlp_rows(device: torch.device, time_ms, profile: int = 0, config=None, rounds: int = 3) -> list[list]:
+    """One row per workload: [workload, shape, bf16 ms, MXFP8 ms, MXFP8 / bf16, bf16 peak MiB, MXFP8 peak MiB,
+    lowest ratio, highest ratio, bf16 ms per round, MXFP8 ms per round].
 
-    ``profile`` > 0 (CUDA only) also prints, per workload, that many of the MXFP8 step's GPU kernels by time.
-    ``config``: the MXFP8 modules' :class:`~cute_mxfp8.MXFP8Config` (default one if None)."""
+    The two steps are timed ``rounds`` times each, alternating (bf16 first in even rounds, MXFP8 first in odd ones),
+    so a drift of the machine during the run (clocks, temperature, other tenants) reaches both alike: the ms
+    columns are the medians over the rounds, the ratio the median of the rounds' ratios, with its lowest and
+    highest beside it.  ``profile`` > 0 (CUDA only) also prints, per workload, that many of the MXFP8 step's GPU
+    kernels by time.  ``config``: the MXFP8 modules' :class:`~cute_mxfp8.MXFP8Config` (default one if None)."""
+    if type(rounds) is not int or rounds < 1:
+        raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
     rows = []
     if profile > 0 and device.type != "cuda":
         print("bench mlp: --profile needs a CUDA device (torch.profiler's GPU kernel times); ignored on the CPU")
@@ -134,10 +142,13 @@ def mlp_rows(device: torch.device, time_ms, profile: int = 0, config=None) -> li
         x = torch.randn(*xshape, device=device, dtype=torch.bfloat16, requires_grad=True)
         dy = torch.randn(*xshape, device=device, dtype=torch.bfloat16)
         mxfp8 = mx if counts is None else (lambda x, mx=mx, counts=counts: mx(x, counts))
-        times, peaks = [], []
-        for fn in (bf16, mxfp8):
-            peaks.append(_peak_mib(fn, x, dy, device, list(mx.parameters())))
-            times.append(time_ms(lambda fn=fn: _step(fn, x, dy), device, budget_s=1.0))
+        peaks = [_peak_mib(fn, x, dy, device, list(mx.parameters())) for fn in (bf16, mxfp8)]
+        per_round = ([], [])  # bf16's, MXFP8's
+        for r in range(rounds):
+            for which in ((0, 1) if r % 2 == 0 else (1, 0)):
+                fn = (bf16, mxfp8)[which]
+                per_round[which].append(time_ms(lambda fn=fn: _step(fn, x, dy), device, budget_s=1.0 / rounds))
+        ratios = [q / b for b, q in zip(*per_round)]
         label = " ".join(f"{k.upper()}={v}" for k, v in shape.items())
         if profile > 0 and device.type == "cuda":
             from tabulate import tabulate
@@ -146,6 +157,7 @@ def mlp_rows(device: torch.device, time_ms, profile: int = 0, config=None) -> li
             print(tabulate([[k, f"{n:g}", f"{ms:.3f}", f"{pct:.1f}"]
                             for k, n, ms, pct in kernel_breakdown(lambda: _step(mxfp8, x, dy), device, profile)],
                            headers=["kernel", "launches", "ms", "%"]))
-        rows.append([name, label, times[0], times[1], times[1] / times[0], *peaks])
+        rows.append([name, label, statistics.median(per_round[0]), statistics.median(per_round[1]),
+                     statistics.median(ratios), *peaks, min(ratios), max(ratios), *per_round])
         del bf16, mx, mxfp8, x, dy
     return rows

@@ -111,6 +111,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p_bench.add_argument("--profile", metavar="N", type=_non_negative, default=0,
                          help="mlp group on CUDA: also print the N GPU kernels that take the most time in each "
                               "MXFP8 step (torch.profiler)")
+    p_bench.add_argument("--rounds", metavar="N", type=_positive, default=3,
+                         help="mlp group: time each step N times, alternating bf16 and MXFP8, and report the medians "
+                              "and the range of the per-round ratios (default: %(default)s)")
     p_bench.add_argument("--hopper-block-k", type=int, choices=[32, 128], default=32,
                          help="128: the Hopper fast mode; the mlp group's modules take MXFP8Config(hopper_block_k="
                               "128), the quantize and swiglu groups time scale_block=128 casts against the same op "
