@@ -152,7 +152,8 @@ def test_hf_experts_layout_it_cannot_take_is_refused_by_name(seed):
 def test_hf_experts_offsets_are_vouched_for_so_the_casts_do_not_read_them(seed, monkeypatch):
     """The experts forward makes its group offsets on the device (searchsorted of the sorted expert ids: valid by
     construction) and marks them safe for its T * k rows, so the GPU backends' grouped casts take them without a
-    host read (check_offsets skips them); the values are the per-expert ends of the sorted ids."""
+    host read (check_offsets skips them); the values are the per-expert ends of the sorted ids, and each expert's
+    rows are its tokens in order."""
     from cute_mxfp8.integrations import transformers as mx_hf
     from cute_mxfp8.ops import group_meta
 
@@ -162,14 +163,17 @@ def test_hf_experts_offsets_are_vouched_for_so_the_casts_do_not_read_them(seed, 
     real = mx_hf.mxfp8_swiglu_mlp
 
     def spy(x, w1, w2, w3, offs, config=None):
-        seen.append((x.shape[0], offs, group_meta.safe_bound(offs)))
+        seen.append((x, offs, group_meta.safe_bound(offs)))
         return real(x, w1, w2, w3, offs, config)
 
     monkeypatch.setattr(mx_hf, "mxfp8_swiglu_mlp", spy)
     ids = torch.tensor([[3, 0], [1, 3], [0, 2], [3, 1], [2, 0]])  # 5 tokens, top-2 of 4 experts
-    mx_hf.mxfp8_experts_forward(experts, torch.randn(5, 64), ids, torch.rand(5, 2))
-    (rows, offs, bound), = seen
-    assert rows == 10 and bound == 10
+    hidden = torch.randn(5, 64)
+    mx_hf.mxfp8_experts_forward(experts, hidden, ids, torch.rand(5, 2))
+    (x, offs, bound), = seen
+    assert x.shape[0] == 10 and bound == 10
+    # each expert's rows in token order (a stable sort): the colwise casts' token blocks are device-independent
+    assert torch.equal(x, hidden[[0, 2, 4, 1, 3, 2, 4, 0, 1, 3]])
     assert offs.dtype == torch.int32 and offs.tolist() == [3, 5, 7, 10]
     # the check the casts run passes without reading them: a read would raise here
     monkeypatch.setattr(group_meta, "validated_end", lambda *a: pytest.fail("offsets read back"))

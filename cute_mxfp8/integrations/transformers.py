@@ -80,7 +80,9 @@ def mxfp8_experts_forward(self: nn.Module, hidden_states: Tensor, top_k_index: T
     k = top_k_index.shape[-1]
     e, i2, _ = self.gate_up_proj.shape
     i = i2 // 2
-    ids, perm = torch.sort(top_k_index.reshape(-1))
+    # stable: each expert's rows keep the tokens' order on every device and sort algorithm, so the token blocks of
+    # the colwise casts (the wgrad's operands) hold the same tokens everywhere
+    ids, perm = torch.sort(top_k_index.reshape(-1), stable=True)
     x = hidden_states[perm // k]  # (T k, D), grouped by expert; sentinel ids (>= E) sort to the tail
     ends = torch.searchsorted(ids, torch.arange(1, e + 1, device=ids.device, dtype=ids.dtype))
     offs = ends.to(torch.int32)  # rows past offs[-1] (sentinels) come back as zeros
