@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from cute_mxfp8 import MXFP8Config
-from cute_mxfp8.ops import mxfp8_grouped_mm, mxfp8_linear, mxfp8_swiglu_mlp
+from cute_mxfp8.ops import mxfp8_grouped_mm, mxfp8_linear, mxfp8_swiglu_mlp, mxfp8_swiglu_mlp_packed
 
 
 def sqnr(ref: torch.Tensor, x: torch.Tensor) -> float:
@@ -140,6 +140,52 @@ def test_fused_epilogue_mlp_equals_unfused(hp, dtype, grouped, rng):
         torch.testing.assert_close(dx1, dx0, rtol=1e-5, atol=1e-6 * float(dx0.abs().max()))
     else:  # the fp32 dx rounded to bf16: one bf16 ulp where the summation order tips the rounding
         torch.testing.assert_close(dx1, dx0, rtol=2 ** -7, atol=1e-6 * float(dx0.float().abs().max()))
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "fused", "wgrad_with_hp", "fast", "fast_128x128", "fast_hp"])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_packed_w13_mlp_equals_the_split_weights(recipe, grouped, rng):
+    """mxfp8_swiglu_mlp_packed(x, [w1; w3], w2) is mxfp8_swiglu_mlp(x, w1, w2, w3) bit for bit: output, dx, dw2,
+    and W13's gradient equal to [dw1; dw3] (per expert), in every recipe (the 32-block MLP unfused and with the
+    fused epilogues' interleaved layout, wgrad_with_hp, the Hopper fast mode with 1x128 and 128 x 128 weight
+    blocks); grouped with an empty group and rows past offs[-1].  With x frozen only W13's gradient is computed."""
+    cfg = dict(mxfp8={}, fused=dict(fused_epilogues=True), wgrad_with_hp=dict(wgrad_with_hp=True),
+               fast=dict(hopper_block_k=128), fast_128x128=dict(hopper_block_k=128, hopper_weight_blocks="128x128"),
+               fast_hp=dict(hopper_block_k=128, wgrad_with_hp=True))[recipe]
+    config = MXFP8Config(backend="reference", **cfg)
+    m, d, i = 300, 128, 256
+    e = (3,) if grouped else ()
+    offs = torch.tensor([100, 100, 260], dtype=torch.int32) if grouped else None
+    x = torch.randn(m, d, generator=rng).to(torch.bfloat16)
+    w1, w2, w3 = ((torch.randn(*e, *s, generator=rng) / 10).to(torch.bfloat16) for s in ((i, d), (d, i), (i, d)))
+    dy = torch.randn(m, d, generator=rng).to(torch.bfloat16)
+    for x_grad in (True, False):
+        xs, w1s, w2s, w3s = (t.clone().requires_grad_(r) for t, r in ((x, x_grad), (w1, True), (w2, True), (w3, True)))
+        xp, w13p, w2p = x.clone().requires_grad_(x_grad), torch.cat([w1, w3], dim=-2).requires_grad_(), \
+            w2.clone().requires_grad_()
+        y_split = mxfp8_swiglu_mlp(xs, w1s, w2s, w3s, offs, config)
+        y_packed = mxfp8_swiglu_mlp_packed(xp, w13p, w2p, offs, config)
+        assert torch.equal(y_split, y_packed)
+        y_split.backward(dy)
+        y_packed.backward(dy)
+        assert torch.equal(w13p.grad, torch.cat([w1s.grad, w3s.grad], dim=-2)) and w13p.grad.is_contiguous()
+        assert torch.equal(w2p.grad, w2s.grad) and w13p.grad.dtype == torch.bfloat16
+        assert (xp.grad is None) == (not x_grad)
+        if x_grad:
+            assert torch.equal(xp.grad, xs.grad)
+    assert float(w13p.grad.float().abs().sum()) > 0
+
+
+def test_packed_w13_refuses_what_is_not_two_halves():
+    x = torch.randn(8, 64)
+    with pytest.raises(ValueError, match="odd 97"):
+        mxfp8_swiglu_mlp_packed(x, torch.randn(97, 64), torch.randn(64, 48))
+    with pytest.raises(ValueError, match=r"w2 has shape \(64, 64\), expected \(64, 48\)"):
+        mxfp8_swiglu_mlp_packed(x, torch.randn(96, 64), torch.randn(64, 64))
+    with pytest.raises(ValueError, match=r"w13 must be \(E, 2I, D\) with offs"):
+        mxfp8_swiglu_mlp_packed(x, torch.randn(64, 64), torch.randn(64, 32), torch.tensor([8], dtype=torch.int32))
+    with pytest.raises(TypeError, match="w13"):
+        mxfp8_swiglu_mlp_packed(x, [1.0], torch.randn(64, 32))
 
 
 @pytest.mark.parametrize("fused", [False, True])

@@ -160,13 +160,14 @@ def test_hf_experts_offsets_are_vouched_for_so_the_casts_do_not_read_them(seed, 
     _, model = _moe("mixtral", seed)
     experts = model.model.layers[0].mlp.experts
     seen = []
-    real = mx_hf.mxfp8_swiglu_mlp
+    real = mx_hf.mxfp8_swiglu_mlp_packed
 
-    def spy(x, w1, w2, w3, offs, config=None):
+    def spy(x, w13, w2, offs, config=None):
+        assert w13 is experts.gate_up_proj and w2 is experts.down_proj  # the parameters themselves: no copies
         seen.append((x, offs, group_meta.safe_bound(offs)))
-        return real(x, w1, w2, w3, offs, config)
+        return real(x, w13, w2, offs, config)
 
-    monkeypatch.setattr(mx_hf, "mxfp8_swiglu_mlp", spy)
+    monkeypatch.setattr(mx_hf, "mxfp8_swiglu_mlp_packed", spy)
     ids = torch.tensor([[3, 0], [1, 3], [0, 2], [3, 1], [2, 0]])  # 5 tokens, top-2 of 4 experts
     hidden = torch.randn(5, 64)
     mx_hf.mxfp8_experts_forward(experts, hidden, ids, torch.rand(5, 2))

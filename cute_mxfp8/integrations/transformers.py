@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..ops.autograd import mxfp8_swiglu_mlp
+from ..ops.autograd import mxfp8_swiglu_mlp_packed
 from ..ops.group_meta import mark_safe
 
 NAME = "cute_mxfp8"
@@ -61,8 +61,9 @@ def experts_layout_reason(experts: nn.Module) -> str | None:
 def mxfp8_experts_forward(self: nn.Module, hidden_states: Tensor, top_k_index: Tensor,
                           top_k_weights: Tensor) -> Tensor:
     """The transformers experts-forward signature on the MXFP8 grouped SwiGLU MLP
-    (:func:`cute_mxfp8.ops.mxfp8_swiglu_mlp` with token-group offsets: 2d-3d GEMMs forward and dgrad, 2d-2d
-    wgrad).
+    (:func:`cute_mxfp8.ops.mxfp8_swiglu_mlp_packed` with token-group offsets: 2d-3d GEMMs forward and dgrad, 2d-2d
+    wgrad), on ``gate_up_proj`` (E, 2I, D) = [gate; up] itself (no copy of either half; its gradient in its own
+    layout) and ``down_proj`` (E, D, I).
 
     Args:
         hidden_states: (T, D) bf16/fp32.  top_k_index: (T, k) expert ids.  top_k_weights: (T, k) routing weights.
@@ -78,8 +79,7 @@ def mxfp8_experts_forward(self: nn.Module, hidden_states: Tensor, top_k_index: T
                          "experts_implementation='grouped_mm' for this model")
     t, d = hidden_states.shape
     k = top_k_index.shape[-1]
-    e, i2, _ = self.gate_up_proj.shape
-    i = i2 // 2
+    e = self.gate_up_proj.shape[0]
     # stable: each expert's rows keep the tokens' order on every device and sort algorithm, so the token blocks of
     # the colwise casts (the wgrad's operands) hold the same tokens everywhere
     ids, perm = torch.sort(top_k_index.reshape(-1), stable=True)
@@ -87,9 +87,8 @@ def mxfp8_experts_forward(self: nn.Module, hidden_states: Tensor, top_k_index: T
     ends = torch.searchsorted(ids, torch.arange(1, e + 1, device=ids.device, dtype=ids.dtype))
     offs = ends.to(torch.int32)  # rows past offs[-1] (sentinels) come back as zeros
     mark_safe(offs, x.shape[0])  # (searchsorted of sorted ids: non-decreasing within [0, T k], no check needed)
-    w1 = self.gate_up_proj[:, :i].contiguous()  # copies (autograd flows back into gate_up_proj)
-    w3 = self.gate_up_proj[:, i:].contiguous()
-    y = mxfp8_swiglu_mlp(x, w1, self.down_proj, w3, offs, getattr(self, "mxfp8_config", None))
+    # gate_up_proj is W13 = [gate; up] as it is: no copy of either half, its gradient in its own layout
+    y = mxfp8_swiglu_mlp_packed(x, self.gate_up_proj, self.down_proj, offs, getattr(self, "mxfp8_config", None))
     y = y * top_k_weights.reshape(-1)[perm].unsqueeze(-1).to(y.dtype)
     out = torch.empty_like(y).index_copy_(0, perm, y)  # back to (token, slot) order
     return out.view(t, k, d).sum(dim=1).to(hidden_states.dtype)

@@ -20,7 +20,7 @@ from .api import (  # noqa: F401
     quantize_rowwise,
     swiglu_quant,
 )
-from .autograd import mxfp8_grouped_mm, mxfp8_linear, mxfp8_swiglu_mlp  # noqa: F401
+from .autograd import mxfp8_grouped_mm, mxfp8_linear, mxfp8_swiglu_mlp, mxfp8_swiglu_mlp_packed  # noqa: F401
 from .backends import (  # noqa: F401
     ENV_VAR,
     BackendUnavailableError,

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..config import resolve_config
-from ..swiglu import GATE_UP_TILE, split_gate_up
+from ..swiglu import GATE_UP_TILE, convert_gate_up, split_gate_up
 from . import api
 from .amp import autocast_input, autocast_off
 from .backends import fuses_mlp, resolve_backend
@@ -40,7 +40,7 @@ from .shapes import fast_mode_hidden_reason, mxfp8_dims_reason
 from .token_layout import prime_fast_schedules
 
 
-__all__ = ["mxfp8_linear", "mxfp8_grouped_mm", "mxfp8_swiglu_mlp"]
+__all__ = ["mxfp8_linear", "mxfp8_grouped_mm", "mxfp8_swiglu_mlp", "mxfp8_swiglu_mlp_packed"]
 
 
 def _gemm(a, a_s, b, b_s, offs, out_dtype, backend, scale_block, b_blocks_2d=False):
@@ -224,6 +224,20 @@ def _w13_dgrad_in_backward(scale_block: int, tile) -> bool:
     return scale_block == 128 and not tile
 
 
+def _w13_casts(w1, w3, tile, direction: str, scale_block: int, blocks_2d: bool, qw: dict):
+    """W13's casts in ``tile``'s layout (``direction`` as :func:`~.api.quantize_gate_up`'s): from w1 and w3, or,
+    with ``w3`` None, from ``w1`` holding them packed, ``[w1; w3]`` along dim -2 (:func:`mxfp8_swiglu_mlp_packed`):
+    cast as it is for the concatenated layout (no copy), re-packed first for the interleaved one (as the kernel
+    backends' cast of w1 and w3 packs a copy).  The same bytes either way: no scale block crosses the gate / up
+    boundary (I is a multiple of 32, of 128 with 128-blocks)."""
+    if w3 is not None:
+        return api.quantize_gate_up(w1, w3, gate_up_tile=tile or 0, scale_block=scale_block, blocks_2d=blocks_2d,
+                                    direction=direction, **qw)
+    w13 = convert_gate_up(w1, dim=-2, from_tile=None, to_tile=tile) if tile else w1
+    cast = {"dual": api.quantize_dual, "rowwise": api.quantize_rowwise, "colwise": api.quantize_colwise}[direction]
+    return cast(w13, scale_block=scale_block, blocks_2d=blocks_2d, **qw)
+
+
 def _weight_forward(weight, operands, scale_mode, elem_dtype, backend, scale_block, blocks_2d=False):
     """The weight's forward operand (rowwise): ``(row, row_s)``, cast here, or ``operands.rowwise()`` when
     ``operands`` is given (always 32-blocks: the config refuses the fast mode with the MXFP8 all-gather).
@@ -361,6 +375,8 @@ class _SwiGLUMLPFn(torch.autograd.Function):
     @_no_autocast
     def forward(ctx, x, w1, w2, w3, offs, scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, sb, w2d,
                 fused, grad):
+        # w3 None: w1 is W13 = [w1; w3] packed along dim -2 (mxfp8_swiglu_mlp_packed), whose gradient is returned
+        # in that layout in w1's place
         x2 = _rows(x)
         needs = _needs(ctx, grad)
         qw = dict(scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend)
@@ -370,8 +386,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         # W13's dgrad operand is cast in the backward from w1 and w3 where that is one more read of them
         # (_w13_dgrad_in_backward), so no (2I, D) fp8 copy of the weights is held from the forward to the backward
         late = _w13_dgrad_in_backward(sb, tile)
-        w13 = api.quantize_gate_up(w1, w3, gate_up_tile=tile or 0, scale_block=sb, blocks_2d=w2d,
-                                   direction="rowwise" if late or not needs[0] else "dual", **qw)
+        w13 = _w13_casts(w1, w3, tile, "rowwise" if late or not needs[0] else "dual", sb, w2d, qw)
         (w13_row, w13_row_s), (w13_col, w13_col_s) = w13[:2], (w13[2:] or (None, None))
         keep_w13 = late and needs[0]  # w1 and w3 for that cast: only where dx is computed
         w2_row, w2_row_s = _weight_forward(w2, None, scale_mode, elem_dtype, backend, sb, w2d)  # (colwise: backward)
@@ -382,7 +397,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
             prime_fast_schedules(offs, x2.shape[0], _schedule_arch(x2.device, backend))
         # what the backward computes: dh (the w2 dgrad and the dSwiGLU) for any gradient of x, w1 or w3; dW13 for
         # w1 or w3; dW2 for w2 (a frozen subset skips the others' casts, GEMMs and saved tensors)
-        need_w13 = needs[1] or needs[3]
+        need_w13 = needs[1] or needs[3]  # (needs[3] is False with W13 packed: w3 is None)
         need_w2 = needs[2]
         need_dh = needs[0] or need_w13
         x_row, x_row_s, x_col, x_col_s = _quant(x2, elem_dtype, scale_mode, backend, offs,
@@ -410,6 +425,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
                w2 if need_dh else None))
         ctx.cfg = (scale_mode, elem_dtype, grad_elem_dtype, wgrad_with_hp, backend, tile, sb, w2d)
         ctx.meta = (x.shape, x.dtype, w1.dtype, w2.dtype)
+        ctx.packed = w3 is None
         return _output(y, x.shape)
 
     @staticmethod
@@ -465,20 +481,23 @@ class _SwiGLUMLPFn(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             if w13_col is None:  # W13's dgrad operand, cast now that h13 and dh are freed (not held since the
                 # forward, and not beside the dSwiGLU, the grouped step's peak)
-                w13_col, w13_col_s = api.quantize_gate_up(w1, w3, scale_mode=scale_mode, elem_dtype=elem_dtype,
-                                                          gate_up_tile=tile or 0, backend=backend, scale_block=sb,
-                                                          blocks_2d=w2d, direction="colwise")
+                w13_col, w13_col_s = _w13_casts(w1, w3, tile, "colwise", sb, w2d,
+                                                dict(scale_mode=scale_mode, elem_dtype=elem_dtype, backend=backend))
             dx = _gemm(dh13_row, dh13_row_s, w13_col, w13_col_s, offs, x_dtype, backend, sb, w2d).reshape(x_shape)
         del dh13_row, dh13_row_s, w13_col, w13_col_s, w1, w3  # (M, 2I) and W13: freed before the w13 wgrad's output
         if need_w13:
+            split = not hp and bool(ta) and not ctx.packed  # (2, E, I, D): the fast grouped wgrad's split
             if hp:
                 dw13 = _hp_wgrad(dh13_hp, x_saved, offs)
             else:
                 # the fast mode's grouped dW13 comes as (2, E, I, D): dW1 and dW3 each contiguous, so autograd
                 # takes them as the parameters' gradients without a strided copy of each (W13 is [w1; w3] there;
-                # the two gradients are views of one buffer, freed when both are)
-                dw13 = _wgrad(dh13_col, dh13_col_s, x_saved, x_col_s, wg_offs, backend, sb, w13_dtype, bool(ta))
-            if not hp and ta:
+                # the two gradients are views of one buffer, freed when both are); for a packed W13 it comes as
+                # (E, 2I, D), W13's own layout
+                dw13 = _wgrad(dh13_col, dh13_col_s, x_saved, x_col_s, wg_offs, backend, sb, w13_dtype, split)
+            if ctx.packed:  # one gradient in W13's concatenated layout (from the interleaved one: one copy)
+                dw1 = (convert_gate_up(dw13, dim=-2, from_tile=tile, to_tile=None) if tile else dw13).to(w13_dtype)
+            elif split:
                 dw1, dw3 = dw13[0], dw13[1]
             else:
                 dw1, dw3 = (t.to(w13_dtype) for t in split_gate_up(dw13, dim=-2, tile=tile))
@@ -626,6 +645,29 @@ def mxfp8_swiglu_mlp(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, offs: Tensor
     return _swiglu_mlp(x, w1, w2, w3, offs, config)
 
 
+def mxfp8_swiglu_mlp_packed(x: Tensor, w13: Tensor, w2: Tensor, offs: Tensor | None = None,
+                            config=None) -> Tensor:
+    """:func:`mxfp8_swiglu_mlp` with the gate and up projections packed in one tensor, ``w13 = [w1; w3]`` along
+    dim -2 (Hugging Face's experts ``gate_up_proj``, torch.cat of w1 and w3): the same result and bytes, ``w13``'s
+    gradient in its own layout, and no copy of either half.  (Splitting a packed weight into ``w1`` / ``w3``
+    copies for :func:`mxfp8_swiglu_mlp` writes both every forward, keeps them alive until the backward where the
+    fast mode casts W13 there, and sends their gradients back through two full-size slice gradients.)  The casts
+    read ``w13`` itself in the concatenated layout (the Hopper fast mode, the unfused MLP); the fused-epilogue
+    path re-packs it into its interleaved layout once per cast, as it packs w1 and w3.
+
+    Args:
+        x: as :func:`mxfp8_swiglu_mlp`.
+        w13: (2I, D), or (E, 2I, D) with ``offs``; bf16 / fp32, rows ``[0, I)`` the gate projection w1, rows
+            ``[I, 2I)`` the up projection w3 (of each expert).
+        w2: (D, I) or (E, D, I), bf16 / fp32.  offs, config: as :func:`mxfp8_swiglu_mlp`.
+    Returns: x's shape and dtype; gradients in each input's dtype and layout.
+    Raises: as :func:`mxfp8_swiglu_mlp` (an odd ``w13.shape[-2]`` included: ValueError).
+    """
+    if offs is not None:
+        api._check_offs(offs, required=True)
+    return _swiglu_mlp(x, w13, w2, None, offs, config)
+
+
 def swiglu_mlp_from_counts(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, make_offs: Callable[[], Tensor],
                            config=None) -> Tensor:
     """:func:`mxfp8_swiglu_mlp` with token groups whose offsets ``make_offs()`` returns, called after the weights'
@@ -641,14 +683,24 @@ def swiglu_mlp_from_counts(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, make_o
 
 
 def _swiglu_mlp(x, w1, w2, w3, offs, config):
-    api._check_tensors(x=x, w1=w1, w2=w2, w3=w3)
+    """The checks and the Function; ``w3`` None: ``w1`` is W13 packed (:func:`mxfp8_swiglu_mlp_packed`)."""
+    packed = w3 is None
+    api._check_tensors(**({"x": x, "w13": w1, "w2": w2} if packed else {"x": x, "w1": w1, "w2": w2, "w3": w3}))
     grouped = offs is not None
+    name = "w13" if packed else "w1"
     if w1.dim() != (3 if grouped else 2):
-        raise ValueError(f"w1 must be {'(E, I, D) with offs' if grouped else '(I, D) without offs'}, got shape "
-                         f"{tuple(w1.shape)}" + ("" if grouped else "; pass offs for (E, I, D) expert weights"))
+        want = ("(E, 2I, D)" if packed else "(E, I, D)") if grouped else ("(2I, D)" if packed else "(I, D)")
+        raise ValueError(f"{name} must be {want} {'with' if grouped else 'without'} offs, got shape "
+                         f"{tuple(w1.shape)}" + ("" if grouped else "; pass offs for per-expert weights"))
     *e, i, d = w1.shape
-    _check_weight("w1", w1, (*e, i, d))
-    _check_weight("w3", w3, (*e, i, d))
+    if packed:
+        if i % 2:
+            raise ValueError(f"w13 must be [w1; w3] along dim -2 (2I rows), got an odd {i}")
+        i //= 2
+        _check_weight("w13", w1, (*e, 2 * i, d))
+    else:
+        _check_weight("w1", w1, (*e, i, d))
+        _check_weight("w3", w3, (*e, i, d))
     _check_weight("w2", w2, (*e, d, i))
     _check_input(x, d, rank2=grouped)
     _check_dims32(D=d, I=i)
