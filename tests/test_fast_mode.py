@@ -948,6 +948,35 @@ def test_fast_mode_mlp_on_sm90_matches_the_reference(grouped, rng):
         assert _sqnr(want, got) > 35
 
 
+@pytest.mark.gpu
+@sm90
+@pytest.mark.parametrize("recipe", [dict(hopper_block_k=128, hopper_weight_blocks="128x128"),
+                                    dict(hopper_block_k=128), dict()], ids=["fast_128x128", "fast", "mxfp8"])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_packed_w13_mlp_on_sm90_equals_the_split_weights(recipe, grouped, rng):
+    """On the sm90 kernels, ``mxfp8_swiglu_mlp_packed`` on ``[w1; w3]`` gives the split weights' output, dx, dw2
+    and ``[dw1; dw3]`` bit for bit (the fast mode's casts of the packed weight are the gate_up kernel's bytes; its
+    wgrad writes (E, 2I, D) instead of the two halves; the 32-block MLP re-packs into the fused epilogues'
+    interleaved layout), grouped with an empty group and rows past offs[-1]."""
+    e, d, i, m = 4, 256, 512, 1000
+    lead = (e,) if grouped else ()
+    x = torch.randn(m, d, generator=rng).cuda().to(torch.bfloat16)
+    w1, w2, w3 = (torch.randn(*lead, *s, generator=rng).div(s[1] ** 0.5).cuda().to(torch.bfloat16)
+                  for s in ((i, d), (d, i), (i, d)))
+    offs = torch.tensor([100, 100, 600, 990], dtype=torch.int32, device="cuda") if grouped else None
+    dy = torch.randn(m, d, generator=rng).cuda().to(torch.bfloat16)
+    cfg = MXFP8Config(**recipe)
+    split = [t.clone().requires_grad_() for t in (x, w1, w2, w3)]
+    packed = [t.clone().requires_grad_() for t in (x, torch.cat([w1, w3], dim=-2), w2)]
+    ys = ops.mxfp8_swiglu_mlp(*split, offs=offs, config=cfg)
+    yp = ops.mxfp8_swiglu_mlp_packed(*packed, offs=offs, config=cfg)
+    ys.backward(dy)
+    yp.backward(dy)
+    assert torch.equal(ys, yp) and torch.equal(split[0].grad, packed[0].grad)
+    assert torch.equal(split[2].grad, packed[2].grad)
+    assert torch.equal(torch.cat([split[1].grad, split[3].grad], dim=-2), packed[1].grad)
+
+
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100f"])
 def test_fast_mode_cast_kernels_compile_in_one_or_two_launches(arch):
     """scale_block=128 builds of every tile-kernel cast.  One launch (``phase="cast"``, what the ops run for the
