@@ -431,3 +431,29 @@ def test_the_fast_grouped_mlp_primes_offsets_made_safe_on_the_device(rng):
         cfg = MXFP8Config(hopper_block_k=block)
         assert torch.equal(mxfp8_swiglu_mlp(x, *ws, offs, cfg), mxfp8_swiglu_mlp(x, *ws, unmarked, cfg))
         assert (recorded(offs, "tile_starts") is not None) == primed and recorded(unmarked, "tile_starts") is None
+
+
+def test_lookups_record_nothing_and_the_aligned_layout_helpers_keep_their_formulas():
+    """host_copy / safe_bound only look (no cache entry left behind for an unseen tensor); aligned_width is the
+    documented bound (M + align * G), split_halves puts every group's first halves before all second halves, and
+    the 2d-2d wgrad limits take no groups as nothing to launch and refuse aligned operands past int32 indexing."""
+    from cute_mxfp8 import ops
+    from cute_mxfp8.ops import gemm_sm100, group_meta
+    from cute_mxfp8.ops import token_layout as TL
+
+    o = torch.tensor([1], dtype=torch.int32)
+    n = cached_entries()
+    assert group_meta.host_copy(o) is None and group_meta.safe_bound(o) is None
+    assert cached_entries() == n
+    assert TL.aligned_width(100, 3, 16) == 160 and TL.aligned_width(0, 0, 128) == 0
+    assert TL.split_halves(torch.arange(8.).view(2, 4, 1)).flatten().tolist() == [0, 1, 4, 5, 2, 3, 6, 7]
+    none = torch.empty(0, dtype=torch.int32)  # no groups: nothing launches, so no operand is refused
+    a, a_s = ops.quantize_colwise(torch.randn(70, 64), offs=none)
+    odd = torch.empty(a.shape[0] + 1, 70, dtype=a.dtype)[1:]  # contiguous, not 16-byte aligned
+    assert odd.data_ptr() % 16 and gemm_sm100.LIMITS["grouped_mm_wgrad"](odd, a_s, odd, a_s, none, torch.float32) is None
+    e4, e8 = torch.float8_e4m3fn, torch.float8_e8m0fnu
+    s16 = torch.empty(16, dtype=e8, device="meta")
+    big = TL.wgrad_limits(torch.empty(32, 2**15 - 1, dtype=e4, device="meta"), s16,
+                          torch.empty(2**16, 2**15 - 1, dtype=e4, device="meta"), s16,
+                          torch.tensor([2**15 - 1], dtype=torch.int32, device="meta"), 32)
+    assert big is not None and "would exceed 2147483647 elements" in big

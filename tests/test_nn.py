@@ -546,3 +546,22 @@ def test_layer_dtype_is_checked_before_any_tensor_and_zero_width_experts_build()
     lin.bias = nn.Parameter(lin.bias.half())
     with pytest.raises(ValueError, match="float16"):  # convert_to_mxfp8 skips the same Linear
         MXFP8Linear.from_linear(lin)
+
+
+@pytest.mark.parametrize("make", [lambda names: MXFP8SwiGLUMLP(64, 64, names=names),
+                                  lambda names: MXFP8GroupedExperts(64, 64, 2, names=names)], ids=["mlp", "experts"])
+def test_names_must_be_three_distinct_free_names(make):
+    with pytest.raises(ValueError, match="three distinct"):
+        make(("a", "a", "b"))
+    with pytest.raises(ValueError, match="'forward' is taken by the module's own attribute"):
+        make(("forward", "w2", "w3"))
+
+
+@pytest.mark.parametrize("counts", [[-1, 3], torch.tensor([-1, 3])], ids=["ints", "tensor"])
+def test_host_counts_refuse_minus_one_and_a_wrong_count_of_experts(counts):
+    from cute_mxfp8.nn.modules import offsets_from_counts
+
+    with pytest.raises(ValueError, match="must be >= 0"):
+        offsets_from_counts(counts, 2, 10, "cpu")
+    with pytest.raises(ValueError, match="must hold 3 integer counts"):
+        offsets_from_counts([1, 2], 3, 10, "cpu")

@@ -293,3 +293,65 @@ def test_register_backend_refuses_what_is_not_a_backend():
         with pytest.raises(TypeError, match="Backend with a non-empty str name"):
             ops.register_backend(bad)
     assert B.registered_backends() == before
+
+
+def _meta(*ts):
+    return tuple(t.to("meta") for t in ts)
+
+
+def _operands():
+    a, a_s = ops.quantize_rowwise(torch.randn(64, 64))
+    b, b_s = ops.quantize_rowwise(torch.randn(96, 64))
+    b13, b13_s = ops.quantize_rowwise(torch.randn(192, 64))  # I = 96: not a multiple of the gate/up tile 64
+    return a, a_s, b, b_s, b13, b13_s
+
+
+M = "meta"
+I32 = torch.int32
+BAD_CALLS = [  # (what, call, the message): every check of the ops' shared shape rules (ops/shapes.py)
+    ("offs on another device", lambda o: ops.quantize_rowwise(
+        torch.randn(64, 64), offs=torch.tensor([10, 64], dtype=I32, device=M), backend="reference"),
+     "offs is on meta but the data is on cpu"),
+    ("offs on another device (SwiGLU)", lambda o: ops.swiglu_quant(
+        torch.randn(64, 64), offs=torch.tensor([10, 64], dtype=I32, device=M), backend="reference"),
+     "offs is on meta but the data is on cpu"),
+    ("blocks_2d without scale_block 128", lambda o: ops.quantize_rowwise(torch.empty(64, 64, device=M), blocks_2d=True),
+     "needs scale_block=128"),
+    ("blocks_2d colwise", lambda o: ops.quantize_colwise(torch.empty(64, 64, device=M), blocks_2d=True),
+     "needs scale_block=128"),
+    ("K not a multiple of 32", lambda o: ops.quantize_rowwise(torch.empty(64, 48, device=M)),
+     "= 48 must be a multiple of the MX block size 32"),
+    ("2-D offs", lambda o: ops.swiglu_quant(torch.randn(64, 64), offs=torch.tensor([[10, 64]], dtype=I32),
+                                            backend="reference"), "offs must be a 1-D"),
+    ("2-D offs (fake)", lambda o: ops.quantize_rowwise(torch.empty(64, 64, device=M),
+                                                       offs=torch.tensor([[10, 64]], dtype=I32, device=M)),
+     "offs must be a 1-D"),
+    ("short scales (fake)", lambda o: ops.mm(*_meta(o[0], o[1][:-4], o[2], o[3])),
+     r"a_scales has shape \(508,\), expected \(512,\)"),
+    ("offs with 3-D weights", lambda o: ops.quantize_rowwise(torch.randn(2, 64, 64), offs=torch.tensor([10, 64],
+                                                                                                       dtype=I32),
+                                                             backend="reference"), "3-D \\(E, N, K\\) weights take none"),
+    ("offs with 3-D weights (fake)", lambda o: ops.quantize_rowwise(
+        torch.empty(2, 64, 64, device=M), offs=torch.tensor([10, 64], dtype=I32, device=M)),
+     "3-D \\(E, N, K\\) weights take none"),
+    ("bias length", lambda o: ops.mm(*o[:4], bias=torch.randn(64), backend="reference"),
+     r"bias has shape \(64,\), expected \(96,\)"),
+    ("bias length (fake)", lambda o: ops.mm(*_meta(*o[:4]), bias=torch.randn(64, device=M)),
+     r"bias has shape \(64,\), expected \(96,\)"),
+    ("odd h13 (fake)", lambda o: ops.swiglu_quant(torch.empty(64, 65, device=M)), "gate and up halves"),
+    ("W13 not in whole gate/up tiles (fake)", lambda o: ops.mm_swiglu_quant(*_meta(o[0], o[1], o[4], o[5]),
+                                                                            gate_up_tile=64),
+     "multiple of the gate/up tile 64"),
+    ("I not in whole gate/up tiles (fake)", lambda o: ops.mm_dswiglu_quant(*_meta(*o[:4]),
+                                                                           torch.empty(64, 192, device=M),
+                                                                           gate_up_tile=64),
+     "I = 96 must be a multiple of the gate/up tile 64"),
+]
+
+
+@pytest.mark.parametrize("what, call, match", BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
+def test_every_shape_rule_refuses_by_name_on_real_and_meta_tensors(what, call, match):
+    """The shape rules the fakes share with the real ops (meta tensors run the fakes, which is what torch.compile
+    traces): each refuses its bad input with the ValueError naming the fix, not a result or another error."""
+    with pytest.raises(ValueError, match=match):
+        call(_operands())

@@ -102,3 +102,9 @@ def test_the_split_tail_of_the_bench_steps():
     assert tail_split(704, 132, 64) == (44, 3) and tail_split(688, 132, 64) == (28, 4)
     assert tail_split(1408, 132, 64) == (88, 3) and tail_split(5504, 132, 16) == (0, 1)
     assert tail_split(0, 132, 8) == (0, 1) and tail_split(5, 132, 0) == (0, 1) and tail_split(4, 132, 2048) == (4, 8)
+
+
+def test_tail_split_takes_two_parts_where_two_are_fastest():
+    """198 tiles on 132 CTAs with 8 K tiles each: the 66-tile tail in 2 parts of 4 K tiles (3 or more parts would
+    each fall under the 4-K-tile minimum)."""
+    assert tail_split(198, 132, 8) == (66, 2)
