@@ -269,12 +269,13 @@ def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, *, dim: int = -1,
     ``data`` is e4m3/e5m2 of rank >= 1 and any strides, ``scales`` (e8m0 or their uint8 bytes) in the *plain*
     layout: ``data``'s shape with ``data.shape[dim] // 32`` along ``dim`` (blocked scales: convert them with
     :func:`from_blocked_scales` first).  Returns ``out_dtype`` (a floating ``torch.dtype``, fp32 default) of
-    ``data``'s shape.  A ``scale_block=128`` cast dequantizes the same way (its scales are repeated per 32).
+    ``data``'s shape (fp8 outputs are refused: they would saturate).  A ``scale_block=128`` cast dequantizes the same way (its scales are repeated per 32).
 
     Raises:
         TypeError: ``data`` or ``scales`` not a tensor, or ``out_dtype`` not a ``torch.dtype``.
         ValueError: other element / scale dtypes, rank-0 data, ``data.shape[dim] % 32 != 0``, scales whose shape
-            is not the plain layout's (blocked scales included), a non-floating ``out_dtype``.
+            is not the plain layout's (blocked scales included), an ``out_dtype`` that is not a 16-bit or
+            wider floating dtype.
         IndexError: ``dim`` out of range.
     """
     for name, t in (("data", data), ("scales", scales)):
@@ -287,8 +288,9 @@ def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, *, dim: int = -1,
     _check_scales_dtype(scales)
     if not isinstance(out_dtype, torch.dtype):
         raise TypeError(f"dequantize_mxfp8: out_dtype must be a torch.dtype (e.g. torch.bfloat16), got {out_dtype!r}")
-    if not out_dtype.is_floating_point:
-        raise ValueError(f"out_dtype must be a floating-point dtype, got {out_dtype}")
+    if not out_dtype.is_floating_point or out_dtype.itemsize < 2:
+        raise ValueError(f"out_dtype must be a floating-point dtype of 16 bits or more (bf16, fp16, fp32, fp64), "
+                         f"got {out_dtype}")
     dim = _normalize_dim(dim, data.dim())
     n = data.shape[dim]
     expect = list(data.shape)

@@ -72,7 +72,7 @@ def test_bench_profile_takes_a_count_and_says_where_it_applies(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "mlp", "--rounds", "0"])
     assert "--rounds: must be an integer >= 1, got 0" in capsys.readouterr().err
-    assert main(["bench", "quantize", "--rounds", "5", "--device", "cpu"]) == 0
+    assert main(["bench", "quantize", "--rounds", "3", "--device", "cpu"]) == 0  # (the default value, given)
     assert "--rounds applies to the mlp group only; ignored for ['quantize']" in capsys.readouterr().out
     assert main(["bench", "quantize", "--profile", "2", "--device", "cpu"]) == 0
     assert "--profile applies to the mlp group only; ignored for ['quantize']" in capsys.readouterr().out
@@ -95,6 +95,7 @@ def test_bench_mlp_in_the_fast_mode_says_so_and_records_it(tmp_path, capsys):
                  "--json", str(path2)]) == 0
     out2 = json.loads(path2.read_text())
     assert out2["mlp_hopper_weight_blocks"] == "128x128" and out2["mlp_rounds"] == 3
+    assert out2["mlp_step_fields"][4] == "mxfp8_over_bf16" and len(out2["mlp_step_fields"]) == 11
     for name, shape, b, q, ratio, _, _, lo, hi, b_rounds, q_rounds in out2["mlp_steps"]:
         # medians of 3 alternating rounds; the ratio is the median of the rounds' ratios, within their range
         assert len(b_rounds) == len(q_rounds) == 3 and all(t > 0 for t in b_rounds + q_rounds)

@@ -181,6 +181,24 @@ def test_hf_experts_offsets_are_vouched_for_so_the_casts_do_not_read_them(seed, 
     group_meta.check_offsets(offs, 10)
 
 
+def test_hf_experts_compile_fullgraph_and_refuse_3d_hidden_states(seed):
+    """The converted experts forward traces as one graph (its layout check probes no activation that is an
+    nn.SiLU, and skips the data-dependent probe while compiling), bit-equal to eager; hidden states that are not
+    (tokens, hidden) get a ValueError naming the layout."""
+    _, model = _moe("mixtral", seed)
+    convert_to_mxfp8(model)
+    experts = model.model.layers[0].mlp.experts
+    h = torch.randn(8, 64)
+    idx = torch.randint(0, 4, (8, 2))
+    w = torch.rand(8, 2)
+    eager = experts(h, idx, w)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda h, i, w: experts(h, i, w), fullgraph=True, backend="eager")(h, idx, w)
+    assert torch.equal(compiled, eager)
+    with pytest.raises(ValueError, match=r"hidden_states must be \(tokens, hidden\)"):
+        experts(h.view(2, 4, 64), idx, w)
+
+
 # ---- torchtitan 0.3.0 ------------------------------------------------------------------------------------------
 
 def test_torchtitan_modules_convert_with_their_names_and_init_hooks(rng):

@@ -300,6 +300,9 @@ def _time_ms(fn: Callable[[], object], device: torch.device, budget_s: float) ->
 
 
 _q = None  # cute_mxfp8.ops, imported lazily by main()
+# the fields of each ``mlp_steps`` row of the JSON, in order (bench_mlp.mlp_rows)
+MLP_STEP_FIELDS = ["workload", "shape", "bf16_ms", "mxfp8_ms", "mxfp8_over_bf16", "bf16_peak_mib", "mxfp8_peak_mib",
+                   "ratio_lowest", "ratio_highest", "bf16_ms_per_round", "mxfp8_ms_per_round"]
 SKIPPED_BASELINES: dict[str, str] = {}  # baseline name -> why it did not run here
 
 
@@ -372,7 +375,7 @@ def main(args) -> int:
                          f"have neither: add gemm or mlp, or drop --plot")
     if getattr(args, "profile", 0) and "mlp" not in groups:
         print(f"bench: --profile applies to the mlp group only; ignored for {groups}")
-    if (getattr(args, "rounds", 3) or 3) != 3 and "mlp" not in groups:
+    if getattr(args, "rounds", None) is not None and "mlp" not in groups:
         print(f"bench: --rounds applies to the mlp group only; ignored for {groups}")
     large = device.type == "cuda"
     hopper_block_k = getattr(args, "hopper_block_k", 32) or 32
@@ -451,7 +454,7 @@ def main(args) -> int:
 
         from cute_mxfp8 import MXFP8Config
 
-        rounds = getattr(args, "rounds", 3) or 3
+        rounds = getattr(args, "rounds", None) or 3
         mlp = mlp_rows(device, _time_ms, profile=getattr(args, "profile", 0) or 0,
                        config=MXFP8Config(hopper_block_k=hopper_block_k, hopper_weight_blocks=weight_blocks),
                        rounds=rounds)
@@ -468,7 +471,7 @@ def main(args) -> int:
     result = {"device": str(device), "copy_gbps": copy_gbps, "launch_overhead_us": overhead,
               "rows": [asdict(r) for r in rows], "mlp_steps": mlp, "skipped_baselines": SKIPPED_BASELINES,
               "mlp_hopper_block_k": hopper_block_k, "mlp_hopper_weight_blocks": weight_blocks,
-              "mlp_rounds": getattr(args, "rounds", 3) or 3}
+              "mlp_rounds": getattr(args, "rounds", None) or 3, "mlp_step_fields": MLP_STEP_FIELDS}
     if getattr(args, "json", None):
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

@@ -46,7 +46,7 @@ class Family:
         """A subset of :meth:`variants` in which every value of every varying argument, and every pair of values
         of two of them, occurs at least once (greedy: each pick covers the most pairs still missing; ties go to
         the first in :meth:`variants` order, so the subset is fixed).  The CI's compile check (``inspect
-        --pairwise``): about half the variants, every argument interaction of order two still built."""
+        --pairwise``): about 60 % of the variants, every argument interaction of order two still built."""
         full = self.variants()
         varying = [k for k in self.axes if len(self.axes[k]) > 1]
 

@@ -111,9 +111,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p_bench.add_argument("--profile", metavar="N", type=_non_negative, default=0,
                          help="mlp group on CUDA: also print the N GPU kernels that take the most time in each "
                               "MXFP8 step (torch.profiler)")
-    p_bench.add_argument("--rounds", metavar="N", type=_positive, default=3,
+    p_bench.add_argument("--rounds", metavar="N", type=_positive, default=None,
                          help="mlp group: time each step N times, alternating bf16 and MXFP8, and report the medians "
-                              "and the range of the per-round ratios (default: %(default)s)")
+                              "and the range of the per-round ratios (default: 3)")
     p_bench.add_argument("--hopper-block-k", type=int, choices=[32, 128], default=32,
                          help="128: the Hopper fast mode; the mlp group's modules take MXFP8Config(hopper_block_k="
                               "128), the quantize and swiglu groups time scale_block=128 casts against the same op "
@@ -135,7 +135,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                            help="compile in N processes (default: the CPU count)")
     p_inspect.add_argument("--pairwise", action="store_true",
                            help="compile only a subset of each kernel's variants in which every value of each "
-                                "argument and every pair of values of two arguments occur (about half; the CI "
+                                "argument and every pair of values of two arguments occur (about 60 %; the CI "
                                 "test's check; without it, every variant)")
     p_inspect.set_defaults(func=_run_inspect)
     return parser

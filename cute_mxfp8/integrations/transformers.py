@@ -35,7 +35,10 @@ __all__ = ["NAME", "experts_layout_reason", "mxfp8_experts_forward", "register"]
 
 def experts_layout_reason(experts: nn.Module) -> str | None:
     """None if ``experts`` (a transformers experts module) has the layout :func:`mxfp8_experts_forward` takes,
-    else the reason."""
+    else the reason.  The activation is SiLU when it is an ``nn.SiLU`` (what transformers' ``ACT2FN["silu"]``
+    makes) or ``F.silu``; another callable is probed on 25 points against ``F.silu``, which needs eager mode: under
+    ``torch.compile`` such an activation is not probed (it was when the module was converted, or at the first
+    eager call)."""
     gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
     if not isinstance(gate_up, Tensor) or not isinstance(down, Tensor) or gate_up.dim() != 3 or down.dim() != 3:
         return "no 3-D gate_up_proj (E, 2I, D) and down_proj (E, D, I) parameters"
@@ -48,11 +51,15 @@ def experts_layout_reason(experts: nn.Module) -> str | None:
     if i2 % 2 or tuple(down.shape) != (e, d, i2 // 2):
         return f"gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} are not (E, 2I, D), (E, D, I)"
     act = getattr(experts, "act_fn", None)
-    probe = torch.linspace(-6.0, 6.0, 25)
-    try:
-        silu = act is not None and torch.allclose(act(probe), F.silu(probe), rtol=1e-5, atol=1e-6)
-    except Exception:  # noqa: BLE001 -- any activation we cannot evaluate is not SiLU
-        silu = False
+    silu = type(act) is nn.SiLU or act is F.silu
+    if not silu and act is not None and torch.compiler.is_compiling():
+        return None  # (a data-dependent probe would break the graph: checked in eager calls)
+    if not silu:
+        probe = torch.linspace(-6.0, 6.0, 25)
+        try:
+            silu = act is not None and torch.allclose(act(probe), F.silu(probe), rtol=1e-5, atol=1e-6)
+        except Exception:  # noqa: BLE001 -- any activation we cannot evaluate is not SiLU
+            silu = False
     if not silu:
         return f"activation {type(act).__name__} is not SiLU (the MXFP8 experts compute SwiGLU)"
     return None
@@ -77,6 +84,9 @@ def mxfp8_experts_forward(self: nn.Module, hidden_states: Tensor, top_k_index: T
     if why is not None:
         raise ValueError(f"cute_mxfp8 experts implementation: {type(self).__name__}: {why}; use "
                          "experts_implementation='grouped_mm' for this model")
+    if not isinstance(hidden_states, Tensor) or hidden_states.dim() != 2:
+        raise ValueError(f"cute_mxfp8 experts forward: hidden_states must be (tokens, hidden) as transformers' "
+                         f"experts take them, got {getattr(hidden_states, 'shape', type(hidden_states).__name__)}")
     t, d = hidden_states.shape
     k = top_k_index.shape[-1]
     e = self.gate_up_proj.shape[0]

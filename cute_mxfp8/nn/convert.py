@@ -368,6 +368,11 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
     return report
 
 
+def _has_linears(module: nn.Module) -> bool:
+    """Whether ``module`` holds any ``nn.Linear`` below it (an FFN does; a 3-D experts module does not)."""
+    return any(isinstance(m, nn.Linear) for m in module.modules())
+
+
 def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_fn, report, gen) -> None:
     for name, child in list(parent.named_children()):
         fqn = f"{prefix}.{name}" if prefix else name
@@ -408,7 +413,8 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
         if kind != "MXFP8Linear":
             why = fast_mode_hidden_reason(cfg.hopper_block_k, dims["hidden_dim"])
             if why is not None:  # the fast mode runs Linears of any multiple-of-32 shape
-                _skip(report, fqn, f"{why}; its Linears are converted one by one")
+                _skip(report, fqn, f"{why}; its Linears are converted one by one" if _has_linears(child)
+                      else f"{why}; left in high precision")
                 _convert_children(child, fqn, cfg, filter_fn, report, gen)
                 continue
         _gather_high_precision(child, fqn)

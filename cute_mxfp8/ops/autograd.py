@@ -432,7 +432,7 @@ class _SwiGLUMLPFn(torch.autograd.Function):
     @_no_autocast
     @_frees_as_it_goes
     def backward(ctx, dy):
-        _first_order_only("mxfp8_swiglu_mlp")
+        _first_order_only("mxfp8_swiglu_mlp_packed" if ctx.packed else "mxfp8_swiglu_mlp")
         (x_col, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s), (x_hp, offs, w1, w3, w2) = _kept(
             ctx, "mxfp8_swiglu_mlp")
         x_saved = x_col if x_col is not None else (None if x_hp is None else _rows(x_hp))  # (for dW13 only)
@@ -531,7 +531,8 @@ def fused_epilogues_enabled(config, device, i: int, grouped: bool) -> bool:
         return i % GATE_UP_TILE == 0 and fuses_mlp(device, c.backend, grouped)
     if c.fused_epilogues and i % GATE_UP_TILE:
         raise ValueError(f"fused_epilogues=True needs I % {GATE_UP_TILE} == 0 (the interleaved gate/up layout), got "
-                         f"I = {i}: pad w1 and w3 EACH (and w2's columns) to a multiple of {GATE_UP_TILE}")
+                         f"I = {i}: pad the gate and up projections EACH (w1 and w3, or each half of a packed "
+                         f"w13; and w2's columns) to a multiple of {GATE_UP_TILE}")
     return c.fused_epilogues
 
 
@@ -649,7 +650,7 @@ def mxfp8_swiglu_mlp_packed(x: Tensor, w13: Tensor, w2: Tensor, offs: Tensor | N
                             config=None) -> Tensor:
     """:func:`mxfp8_swiglu_mlp` with the gate and up projections packed in one tensor, ``w13 = [w1; w3]`` along
     dim -2 (Hugging Face's experts ``gate_up_proj``, torch.cat of w1 and w3): the same result and bytes, ``w13``'s
-    gradient in its own layout, and no copy of either half.  (Splitting a packed weight into ``w1`` / ``w3``
+    gradient in its own layout, and no copies of its halves outside the casts.  (Splitting a packed weight into ``w1`` / ``w3``
     copies for :func:`mxfp8_swiglu_mlp` writes both every forward, keeps them alive until the backward where the
     fast mode casts W13 there, and sends their gradients back through two full-size slice gradients.)  The casts
     read ``w13`` itself in the concatenated layout (the Hopper fast mode, the unfused MLP); the fused-epilogue
@@ -701,13 +702,17 @@ def _swiglu_mlp(x, w1, w2, w3, offs, config):
     else:
         _check_weight("w1", w1, (*e, i, d))
         _check_weight("w3", w3, (*e, i, d))
+    if packed and tuple(w2.shape) != (*e, d, i):  # (which of the two is off: name both shapes)
+        raise ValueError(f"w2 has shape {tuple(w2.shape)}, expected {(*e, d, i)}: (D, I) for w13 of shape "
+                         f"{tuple(w1.shape)} = (2I, D) = [w1; w3] (a transposed w13 would be (D, 2I))")
     _check_weight("w2", w2, (*e, d, i))
     _check_input(x, d, rank2=grouped)
     _check_dims32(D=d, I=i)
     cfg = _cfg_args(config, x.device)  # ends with the operands' scale block and the weights' 128 x 128 blocks
     reason = fast_mode_hidden_reason(cfg[-2], i)
+    halves = "each half of w13 (rows [0, I) and [I, 2I))" if packed else "w1 and w3 EACH"
     if reason is not None:
-        raise ValueError(f"{reason}: pad w1 and w3 EACH (and w2's columns) to a multiple of 128, or use "
+        raise ValueError(f"{reason}: pad {halves} (and w2's columns) to a multiple of 128, or use "
                          f"hopper_block_k=32")
     return _SwiGLUMLPFn.apply(autocast_input(x), w1, w2, w3, offs, *cfg,
                               fused_epilogues_enabled(config, x.device, i, grouped), torch.is_grad_enabled())
