@@ -269,7 +269,8 @@ def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, *, dim: int = -1,
     ``data`` is e4m3/e5m2 of rank >= 1 and any strides, ``scales`` (e8m0 or their uint8 bytes) in the *plain*
     layout: ``data``'s shape with ``data.shape[dim] // 32`` along ``dim`` (blocked scales: convert them with
     :func:`from_blocked_scales` first).  Returns ``out_dtype`` (a floating ``torch.dtype``, fp32 default) of
-    ``data``'s shape (fp8 outputs are refused: they would saturate).  A ``scale_block=128`` cast dequantizes the same way (its scales are repeated per 32).
+    ``data``'s shape (fp8 outputs are refused: they would saturate).  A ``scale_block=128`` cast dequantizes the
+    same way (its scales are repeated per 32).
 
     Raises:
         TypeError: ``data`` or ``scales`` not a tensor, or ``out_dtype`` not a ``torch.dtype``.

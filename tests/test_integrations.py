@@ -185,9 +185,19 @@ def test_hf_experts_compile_fullgraph_and_refuse_3d_hidden_states(seed):
     """The converted experts forward traces as one graph (its layout check probes no activation that is an
     nn.SiLU, and skips the data-dependent probe while compiling), bit-equal to eager; hidden states that are not
     (tokens, hidden) get a ValueError naming the layout."""
+    from cute_mxfp8.integrations import transformers as mx_hf
+
     _, model = _moe("mixtral", seed)
     convert_to_mxfp8(model)
     experts = model.model.layers[0].mlp.experts
+    assert type(experts.act_fn).__name__ == "SiLUActivation"  # taken by its type: no probe
+    calls = []
+    real_allclose = torch.allclose
+    torch.allclose = lambda *a, **k: calls.append(1) or real_allclose(*a, **k)
+    try:
+        assert mx_hf.experts_layout_reason(experts) is None and not calls
+    finally:
+        torch.allclose = real_allclose
     h = torch.randn(8, 64)
     idx = torch.randint(0, 4, (8, 2))
     w = torch.rand(8, 2)

@@ -35,10 +35,10 @@ __all__ = ["NAME", "experts_layout_reason", "mxfp8_experts_forward", "register"]
 
 def experts_layout_reason(experts: nn.Module) -> str | None:
     """None if ``experts`` (a transformers experts module) has the layout :func:`mxfp8_experts_forward` takes,
-    else the reason.  The activation is SiLU when it is an ``nn.SiLU`` (what transformers' ``ACT2FN["silu"]``
-    makes) or ``F.silu``; another callable is probed on 25 points against ``F.silu``, which needs eager mode: under
-    ``torch.compile`` such an activation is not probed (it was when the module was converted, or at the first
-    eager call)."""
+    else the reason.  The activation is SiLU when it is transformers' ``SiLUActivation`` (what ``ACT2FN["silu"]``
+    makes), an ``nn.SiLU`` or ``F.silu``; another callable is probed on 25 points against ``F.silu``, which needs
+    eager mode: under ``torch.compile`` such an activation is not probed (it was when the module was converted, or
+    at the first eager call)."""
     gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
     if not isinstance(gate_up, Tensor) or not isinstance(down, Tensor) or gate_up.dim() != 3 or down.dim() != 3:
         return "no 3-D gate_up_proj (E, 2I, D) and down_proj (E, D, I) parameters"
@@ -51,7 +51,8 @@ def experts_layout_reason(experts: nn.Module) -> str | None:
     if i2 % 2 or tuple(down.shape) != (e, d, i2 // 2):
         return f"gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} are not (E, 2I, D), (E, D, I)"
     act = getattr(experts, "act_fn", None)
-    silu = type(act) is nn.SiLU or act is F.silu
+    silu = type(act) is nn.SiLU or act is F.silu or (type(act).__name__ == "SiLUActivation"
+                                                     and type(act).__module__ == "transformers.activations")
     if not silu and act is not None and torch.compiler.is_compiling():
         return None  # (a data-dependent probe would break the graph: checked in eager calls)
     if not silu:
