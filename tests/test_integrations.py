@@ -209,6 +209,23 @@ def test_hf_experts_compile_fullgraph_and_refuse_3d_hidden_states(seed):
         experts(h.view(2, 4, 64), idx, w)
 
 
+def test_hf_experts_with_dims_off_the_block_size_are_refused_by_the_layout_check(seed):
+    """An experts module whose I is not a multiple of 32 fails the layout check (convert_to_mxfp8 reports it; the
+    registry route's forward names the stock implementation to use instead)."""
+    tf = pytest.importorskip("transformers", minversion="5.0")
+    from cute_mxfp8.integrations.transformers import experts_layout_reason, mxfp8_experts_forward
+
+    torch.manual_seed(seed)
+    model = tf.MixtralForCausalLM(tf.MixtralConfig(vocab_size=128, hidden_size=64, intermediate_size=48,
+                                                   num_local_experts=4, num_experts_per_tok=2, num_hidden_layers=1,
+                                                   num_attention_heads=4, num_key_value_heads=2))
+    experts = model.model.layers[0].mlp.experts
+    assert "I=48 not a multiple of the MX block size 32" in experts_layout_reason(experts)
+    with pytest.raises(ValueError, match="I=48 .*experts_implementation='grouped_mm'"):
+        mxfp8_experts_forward(experts, torch.randn(4, 64), torch.zeros(4, 2, dtype=torch.long), torch.ones(4, 2))
+    assert any("I=48" in why for _, why in convert_to_mxfp8(model).skipped)
+
+
 # ---- torchtitan 0.3.0 ------------------------------------------------------------------------------------------
 
 def test_torchtitan_modules_convert_with_their_names_and_init_hooks(rng):

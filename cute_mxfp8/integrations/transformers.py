@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from ..ops.autograd import mxfp8_swiglu_mlp_packed
 from ..ops.group_meta import mark_safe
+from ..ops.shapes import mxfp8_dims_reason
 
 NAME = "cute_mxfp8"
 
@@ -50,6 +51,9 @@ def experts_layout_reason(experts: nn.Module) -> str | None:
     e, i2, d = gate_up.shape
     if i2 % 2 or tuple(down.shape) != (e, d, i2 // 2):
         return f"gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} are not (E, 2I, D), (E, D, I)"
+    why = mxfp8_dims_reason(D=d, I=i2 // 2)
+    if why is not None:
+        return why
     act = getattr(experts, "act_fn", None)
     silu = type(act) is nn.SiLU or act is F.silu or (type(act).__name__ == "SiLUActivation"
                                                      and type(act).__module__ == "transformers.activations")
