@@ -74,8 +74,8 @@ def mxfp8_experts_forward(self: nn.Module, hidden_states: Tensor, top_k_index: T
                           top_k_weights: Tensor) -> Tensor:
     """The transformers experts-forward signature on the MXFP8 grouped SwiGLU MLP
     (:func:`cute_mxfp8.ops.mxfp8_swiglu_mlp_packed` with token-group offsets: 2d-3d GEMMs forward and dgrad, 2d-2d
-    wgrad), on ``gate_up_proj`` (E, 2I, D) = [gate; up] itself (no copy of either half; its gradient in its own
-    layout) and ``down_proj`` (E, D, I).
+    wgrad), on ``gate_up_proj`` (E, 2I, D) = [gate; up] itself (its halves are not copied; the fused-epilogue
+    recipe re-packs W13 for its casts; its gradient in its own layout) and ``down_proj`` (E, D, I).
 
     Args:
         hidden_states: (T, D) bf16/fp32.  top_k_index: (T, k) expert ids.  top_k_weights: (T, k) routing weights.
@@ -102,7 +102,7 @@ def mxfp8_experts_forward(self: nn.Module, hidden_states: Tensor, top_k_index: T
     ends = torch.searchsorted(ids, torch.arange(1, e + 1, device=ids.device, dtype=ids.dtype))
     offs = ends.to(torch.int32)  # rows past offs[-1] (sentinels) come back as zeros
     mark_safe(offs, x.shape[0])  # (searchsorted of sorted ids: non-decreasing within [0, T k], no check needed)
-    # gate_up_proj is W13 = [gate; up] as it is: no copy of either half, its gradient in its own layout
+    # gate_up_proj is W13 = [gate; up] as it is: its halves are not copied, its gradient comes in its layout
     y = mxfp8_swiglu_mlp_packed(x, self.gate_up_proj, self.down_proj, offs, getattr(self, "mxfp8_config", None))
     y = y * top_k_weights.reshape(-1)[perm].unsqueeze(-1).to(y.dtype)
     out = torch.empty_like(y).index_copy_(0, perm, y)  # back to (token, slot) order

@@ -338,8 +338,9 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
             ``quantize_weights_`` wrapped with a config other than ``config`` (they already run in MXFP8 with
             theirs; reported as skipped).
         filter_fn: ``filter_fn(module, fqn) -> bool``, asked about each candidate (a Linear, SwiGLU FFN,
-            grouped-experts module or Hugging Face experts module) before it is converted; False keeps that candidate, and for an FFN / experts
-            module everything inside it, in high precision (default: convert all).
+            grouped-experts module or Hugging Face experts module) before it is converted; False keeps that
+            candidate, and for an FFN / experts module everything inside it, in high precision (default: convert
+            all).
         config: :class:`MXFP8Config` for every converted module (default ``MXFP8Config()``).
     Returns:
         A :class:`ConversionReport`.  Parameters are shared, so ``model.state_dict()`` is unchanged.  Candidates
@@ -366,11 +367,6 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
         _skip(report, "", found)
     _convert_children(model, "", cfg, filter_fn, report, gen)
     return report
-
-
-def _has_linears(module: nn.Module) -> bool:
-    """Whether ``module`` holds any ``nn.Linear`` below it (an FFN does; a 3-D experts module does not)."""
-    return any(isinstance(m, nn.Linear) for m in module.modules())
 
 
 def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_fn, report, gen) -> None:
@@ -413,8 +409,8 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
         if kind != "MXFP8Linear":
             why = fast_mode_hidden_reason(cfg.hopper_block_k, dims["hidden_dim"])
             if why is not None:  # the fast mode runs Linears of any multiple-of-32 shape
-                _skip(report, fqn, f"{why}; its Linears are converted one by one" if _has_linears(child)
-                      else f"{why}; left in high precision")
+                _skip(report, fqn, f"{why}; its Linears are converted one by one" if kind == "MXFP8SwiGLUMLP"
+                      else f"{why}; left in high precision")  # (experts hold 3-D weights, no Linears)
                 _convert_children(child, fqn, cfg, filter_fn, report, gen)
                 continue
         _gather_high_precision(child, fqn)

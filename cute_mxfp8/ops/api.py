@@ -244,8 +244,8 @@ def quantize_dual(x: Tensor, *, scale_mode: str = "rceil", elem_dtype: torch.dty
     each exactly as :func:`quantize_rowwise` and :func:`quantize_colwise` return them for the same arguments:
     ``x`` (M, K) bf16/fp32 (with ``offs``: token groups along M, each cast's grouped layout) or (E, N, K) expert
     weights, ``K % 32 == 0`` (and ``N % 32 == 0`` for 3-D); ``scale_block`` and ``blocks_2d`` as there;
-    ``token_align`` applies to the colwise outputs only; ``scale_mode``, ``elem_dtype``, ``blocked`` and ``backend`` as in the module conventions.  Raises
-    what those two raise."""
+    ``token_align`` applies to the colwise outputs only; ``scale_mode``, ``elem_dtype``, ``blocked`` and
+    ``backend`` as in the module conventions.  Raises what those two raise."""
     return _cast("quantize_dual", L.quantize_dual_impl, L._quantize_dual, x, scale_mode, elem_dtype, blocked,
                  offs, backend, scale_block, token_align, blocks_2d)
 

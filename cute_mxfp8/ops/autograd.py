@@ -432,9 +432,9 @@ class _SwiGLUMLPFn(torch.autograd.Function):
     @_no_autocast
     @_frees_as_it_goes
     def backward(ctx, dy):
-        _first_order_only("mxfp8_swiglu_mlp_packed" if ctx.packed else "mxfp8_swiglu_mlp")
-        (x_col, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s), (x_hp, offs, w1, w3, w2) = _kept(
-            ctx, "mxfp8_swiglu_mlp")
+        name = "mxfp8_swiglu_mlp_packed" if ctx.packed else "mxfp8_swiglu_mlp"
+        _first_order_only(name)
+        (x_col, x_col_s, h13, h_saved, h_col_s, w13_col, w13_col_s), (x_hp, offs, w1, w3, w2) = _kept(ctx, name)
         x_saved = x_col if x_col is not None else (None if x_hp is None else _rows(x_hp))  # (for dW13 only)
         del x_hp, x_col
         scale_mode, elem_dtype, gdt, hp, backend, tile, sb, w2d = ctx.cfg
@@ -544,14 +544,15 @@ def _check_dims32(**dims: int) -> None:
         raise ValueError(f"{why}: pad the weights with zeros, or keep this layer in high precision")
 
 
-def _check_weight(name: str, w: Tensor, shape: tuple) -> None:
+def _check_weight(name: str, w: Tensor, shape: tuple, hint: str = "") -> None:
+    """ValueError unless ``w`` is a bf16 / fp32 tensor of ``shape`` (``hint``: appended to the shape error)."""
     if not isinstance(w, Tensor) or w.dtype not in (torch.bfloat16, torch.float32):
         got = w.dtype if isinstance(w, Tensor) else type(w).__name__
         raise ValueError(f"{name} must be a bfloat16 or float32 tensor, got {got}"
                          + (" (a model converted to float16? use model.to(torch.bfloat16))"
                             if got == torch.float16 else ""))
     if tuple(w.shape) != tuple(shape):
-        raise ValueError(f"{name} has shape {tuple(w.shape)}, expected {tuple(shape)}")
+        raise ValueError(f"{name} has shape {tuple(w.shape)}, expected {tuple(shape)}{hint}")
 
 
 def _check_input(x: Tensor, d: int, rank2: bool) -> None:
@@ -650,9 +651,10 @@ def mxfp8_swiglu_mlp_packed(x: Tensor, w13: Tensor, w2: Tensor, offs: Tensor | N
                             config=None) -> Tensor:
     """:func:`mxfp8_swiglu_mlp` with the gate and up projections packed in one tensor, ``w13 = [w1; w3]`` along
     dim -2 (Hugging Face's experts ``gate_up_proj``, torch.cat of w1 and w3): the same result and bytes, ``w13``'s
-    gradient in its own layout, and no copies of its halves outside the casts.  (Splitting a packed weight into ``w1`` / ``w3``
-    copies for :func:`mxfp8_swiglu_mlp` writes both every forward, keeps them alive until the backward where the
-    fast mode casts W13 there, and sends their gradients back through two full-size slice gradients.)  The casts
+    gradient in its own layout, and no copies of its halves outside the casts.  (Splitting a packed weight into
+    ``w1`` / ``w3`` copies for :func:`mxfp8_swiglu_mlp` writes both every forward, keeps them alive until the
+    backward where the fast mode casts W13 there, and sends their gradients back through two full-size slice
+    gradients.)  The casts
     read ``w13`` itself in the concatenated layout (the Hopper fast mode, the unfused MLP); the fused-epilogue
     path re-packs it into its interleaved layout once per cast, as it packs w1 and w3.
 
@@ -702,10 +704,8 @@ def _swiglu_mlp(x, w1, w2, w3, offs, config):
     else:
         _check_weight("w1", w1, (*e, i, d))
         _check_weight("w3", w3, (*e, i, d))
-    if packed and tuple(w2.shape) != (*e, d, i):  # (which of the two is off: name both shapes)
-        raise ValueError(f"w2 has shape {tuple(w2.shape)}, expected {(*e, d, i)}: (D, I) for w13 of shape "
-                         f"{tuple(w1.shape)} = (2I, D) = [w1; w3] (a transposed w13 would be (D, 2I))")
-    _check_weight("w2", w2, (*e, d, i))
+    _check_weight("w2", w2, (*e, d, i), hint=f": (D, I) for w13 of shape {tuple(w1.shape)} = (2I, D) = [w1; w3] "
+                                             f"(a transposed w13 would be (D, 2I))" if packed else "")
     _check_input(x, d, rank2=grouped)
     _check_dims32(D=d, I=i)
     cfg = _cfg_args(config, x.device)  # ends with the operands' scale block and the weights' 128 x 128 blocks
