@@ -188,6 +188,33 @@ def test_packed_w13_refuses_what_is_not_two_halves():
         mxfp8_swiglu_mlp_packed(x, [1.0], torch.randn(64, 32))
 
 
+def test_the_mlp_names_the_weight_that_disagrees():
+    """x and w2 agreeing on D and w1 / w13 alone not: the error names w1 / w13 (transposed where its other dim is
+    that D), not w2; a packed w13 holding one half (its rows equal w2's I) is named as such; fp64 / fp8 weights and
+    int64 offs get the conversion that fixes them."""
+    x, w2 = torch.randn(8, 64), torch.randn(64, 128)
+    with pytest.raises(ValueError, match=r"w13 has shape \(64, 256\): its last dim D=256, but x and w2 have D=64 "
+                                         r".*pass w13.transpose\(-2, -1\)"):
+        mxfp8_swiglu_mlp_packed(x, torch.randn(64, 256), w2)
+    with pytest.raises(ValueError, match=r"w13 has shape \(256, 96\): its last dim D=96, but x and w2 have D=64 "
+                                         r"\(w13 must be \(2I, D\) = \[w1; w3\]\)$"):
+        mxfp8_swiglu_mlp_packed(x, torch.randn(256, 96), w2)
+    with pytest.raises(ValueError, match=r"w13 has shape \(128, 64\): 128 rows, but w2 has I=128 columns, so w13 "
+                                         r"holds one half.*torch.cat\(\[w1, w3\], dim=-2\)"):
+        mxfp8_swiglu_mlp_packed(x, torch.randn(128, 64), w2)
+    with pytest.raises(ValueError, match=r"w1 has shape \(64, 128\).*\(w1 must be \(I, D\)\); it looks transposed"):
+        mxfp8_swiglu_mlp(x, torch.randn(64, 128), w2, torch.randn(128, 64))
+    with pytest.raises(ValueError, match=r"w1 has shape \(4, 64, 128\).*per expert\); it looks transposed"):
+        mxfp8_swiglu_mlp(x, torch.randn(4, 64, 128), torch.randn(4, 64, 128), torch.randn(4, 128, 64),
+                         offs=torch.tensor([2, 4, 6, 8], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"got torch.float64; convert it with .to\(torch.bfloat16\) or .float\(\)"):
+        mxfp8_swiglu_mlp_packed(x, torch.randn(256, 64, dtype=torch.float64), w2)
+    with pytest.raises(ValueError, match="got torch.float8_e4m3fn; pass the high-precision weight"):
+        mxfp8_swiglu_mlp_packed(x, torch.randn(256, 64).to(torch.float8_e4m3fn), w2)
+    with pytest.raises(ValueError, match=r"got torch.int64 of shape \(4,\); convert with offs.to\(torch.int32\)"):
+        mxfp8_swiglu_mlp_packed(x, torch.randn(4, 256, 64), torch.randn(4, 64, 128), torch.tensor([2, 4, 6, 8]))
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_swiglu_mlp_under_autocast(fused, rng):
     """Under torch.autocast the MLP runs in the autocast dtype (and packs W13's fp8 casts bytewise: autocast

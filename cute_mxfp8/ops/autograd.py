@@ -548,11 +548,19 @@ def _check_weight(name: str, w: Tensor, shape: tuple, hint: str = "") -> None:
     """ValueError unless ``w`` is a bf16 / fp32 tensor of ``shape`` (``hint``: appended to the shape error)."""
     if not isinstance(w, Tensor) or w.dtype not in (torch.bfloat16, torch.float32):
         got = w.dtype if isinstance(w, Tensor) else type(w).__name__
-        raise ValueError(f"{name} must be a bfloat16 or float32 tensor, got {got}"
-                         + (" (a model converted to float16? use model.to(torch.bfloat16))"
-                            if got == torch.float16 else ""))
+        raise ValueError(f"{name} must be a bfloat16 or float32 tensor, got {got}" + _weight_dtype_hint(got))
     if tuple(w.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(w.shape)}, expected {tuple(shape)}{hint}")
+
+
+def _weight_dtype_hint(got) -> str:
+    if got == torch.float16:
+        return " (a model converted to float16? use model.to(torch.bfloat16))"
+    if got in (torch.float64,):
+        return "; convert it with .to(torch.bfloat16) or .float()"
+    if isinstance(got, torch.dtype) and got.is_floating_point and got.itemsize == 1:
+        return "; pass the high-precision weight: the function makes its own MXFP8 casts of it"
+    return ""
 
 
 def _check_input(x: Tensor, d: int, rank2: bool) -> None:
@@ -685,6 +693,23 @@ def swiglu_mlp_from_counts(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, make_o
     return _swiglu_mlp(x, w1, w2, w3, offs, config)
 
 
+def _blame_first_weight(x, name: str, w1: Tensor, w2, d: int, i: int, packed: bool) -> None:
+    """ValueError naming ``w1`` / ``w13`` where the other tensors agree and it alone does not (the shape checks
+    after it take w1's shape as the truth and would blame w2): x and w2 agreeing on a D it lacks (named as
+    transposed where its other dim is that D), or a packed w13 holding one half (its rows equal w2's I)."""
+    if not (isinstance(x, Tensor) and isinstance(w2, Tensor) and x.dim() >= 1 and w2.dim() == w1.dim()):
+        return
+    want = ("(2I, D) = [w1; w3]" if packed else "(I, D)") + (" per expert" if w1.dim() == 3 else "")
+    dx = x.shape[-1]
+    if dx != d and w2.shape[-2] == dx:
+        fix = f"; it looks transposed: pass {name}.transpose(-2, -1)" if w1.shape[-2] == dx else ""
+        raise ValueError(f"{name} has shape {tuple(w1.shape)}: its last dim D={d}, but x and w2 have D={dx} "
+                         f"({name} must be {want}){fix}")
+    if packed and dx == d and w2.shape[-2] == d and w2.shape[-1] == 2 * i:
+        raise ValueError(f"w13 has shape {tuple(w1.shape)}: {2 * i} rows, but w2 has I={2 * i} columns, so w13 "
+                         f"holds one half; it must be {want}: torch.cat([w1, w3], dim=-2)")
+
+
 def _swiglu_mlp(x, w1, w2, w3, offs, config):
     """The checks and the Function; ``w3`` None: ``w1`` is W13 packed (:func:`mxfp8_swiglu_mlp_packed`)."""
     packed = w3 is None
@@ -700,6 +725,8 @@ def _swiglu_mlp(x, w1, w2, w3, offs, config):
         if i % 2:
             raise ValueError(f"w13 must be [w1; w3] along dim -2 (2I rows), got an odd {i}")
         i //= 2
+    _blame_first_weight(x, name, w1, w2, d, i, packed)
+    if packed:
         _check_weight("w13", w1, (*e, 2 * i, d))
     else:
         _check_weight("w1", w1, (*e, i, d))

@@ -83,8 +83,10 @@ def check_offs(offs: torch.Tensor | None, device: torch.device, num_groups: int 
     if offs is None:
         return
     if offs.dtype != torch.int32 or offs.dim() != 1:
+        fix = ("; convert with offs.to(torch.int32)" if offs.dim() == 1 and not offs.dtype.is_floating_point
+               and not offs.dtype.is_complex and offs.dtype != torch.bool else "")
         raise ValueError(f"offs must be a 1-D torch.int32 tensor of cumulative group END offsets, "
-                         f"got {offs.dtype} of shape {tuple(offs.shape)}")
+                         f"got {offs.dtype} of shape {tuple(offs.shape)}{fix}")
     if offs.device != device:
         raise ValueError(f"offs is on {offs.device} but the data is on {device}; move offs to the same device")
     if num_groups is not None and offs.shape[0] != num_groups:
