@@ -465,9 +465,11 @@ def main(args) -> int:
                          "" if pb is None else f"{pb:.0f}", "" if pq is None else f"{pq:.0f}"]
                         for w, s, b, q, r, pb, pq, lo, hi, *_ in mlp],
                        headers=["fwd+bwd step", "shape", "bf16 ms", "MXFP8 ms", "MXFP8 / bf16",
-                                f"ratio range ({rounds} rounds)", "bf16 peak MiB", "MXFP8 peak MiB"]))
+                                f"ratio range ({rounds} rounds)", "bf16 peak MiB", "MXFP8 peak MiB"],
+                       disable_numparse=True))
         print(f"step times: medians of {rounds} alternating rounds per step (bf16 / MXFP8 first in turn); the "
-              f"ratio: the median of the rounds' ratios")
+              f"ratio: the median of the rounds' ratios" + ("" if device.type == "cuda" else
+                                                            "; peak memory is measured on CUDA only"))
     result = {"device": str(device), "copy_gbps": copy_gbps, "launch_overhead_us": overhead,
               "rows": [asdict(r) for r in rows], "mlp_steps": mlp, "skipped_baselines": SKIPPED_BASELINES,
               "mlp_hopper_block_k": hopper_block_k, "mlp_hopper_weight_blocks": weight_blocks,
