@@ -556,7 +556,7 @@ def _check_weight(name: str, w: Tensor, shape: tuple, hint: str = "") -> None:
 def _weight_dtype_hint(got) -> str:
     if got == torch.float16:
         return " (a model converted to float16? use model.to(torch.bfloat16))"
-    if got in (torch.float64,):
+    if got == torch.float64:
         return "; convert it with .to(torch.bfloat16) or .float()"
     if isinstance(got, torch.dtype) and got.is_floating_point and got.itemsize == 1:
         return "; pass the high-precision weight: the function makes its own MXFP8 casts of it"
