@@ -377,6 +377,7 @@ def main(args) -> int:
         print(f"bench: --profile applies to the mlp group only; ignored for {groups}")
     if getattr(args, "rounds", None) is not None and "mlp" not in groups:
         print(f"bench: --rounds applies to the mlp group only; ignored for {groups}")
+    rounds = getattr(args, "rounds", None) or 3  # (None: not given; the mlp group's default)
     large = device.type == "cuda"
     hopper_block_k = getattr(args, "hopper_block_k", 32) or 32
     weight_blocks = getattr(args, "hopper_weight_blocks", "1x128") or "1x128"
@@ -454,7 +455,6 @@ def main(args) -> int:
 
         from cute_mxfp8 import MXFP8Config
 
-        rounds = getattr(args, "rounds", None) or 3
         mlp = mlp_rows(device, _time_ms, profile=getattr(args, "profile", 0) or 0,
                        config=MXFP8Config(hopper_block_k=hopper_block_k, hopper_weight_blocks=weight_blocks),
                        rounds=rounds)
@@ -473,7 +473,7 @@ def main(args) -> int:
     result = {"device": str(device), "copy_gbps": copy_gbps, "launch_overhead_us": overhead,
               "rows": [asdict(r) for r in rows], "mlp_steps": mlp, "skipped_baselines": SKIPPED_BASELINES,
               "mlp_hopper_block_k": hopper_block_k, "mlp_hopper_weight_blocks": weight_blocks,
-              "mlp_rounds": getattr(args, "rounds", None) or 3, "mlp_step_fields": MLP_STEP_FIELDS}
+              "mlp_rounds": rounds, "mlp_step_fields": MLP_STEP_FIELDS}
     if getattr(args, "json", None):
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
