@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -78,6 +79,45 @@ def test_bench_profile_takes_a_count_and_says_where_it_applies(capsys):
     assert "--profile applies to the mlp group only; ignored for ['quantize']" in capsys.readouterr().out
 
 
+def test_bench_mlp_rounds_alternate_the_order_and_report_each_orders_ratio():
+    """mlp_rows with a fake timer whose second step in a round is 20 % slower, whichever it is: the rounds alternate
+    the order (bf16 first in even rounds), so the per-order medians are 1.2 and 1 / 1.2 and the overall median of an
+    even count sits between them; one round has no MXFP8-first median."""
+    from cute_mxfp8.cli.bench_mlp import mlp_rows
+
+    calls = []
+
+    def fake_time_ms(fn, device, budget_s):
+        calls.append(budget_s)
+        return 1.0 if len(calls) % 2 else 1.2  # the first timing of each round 1.0 ms, the second 1.2
+
+    rows = mlp_rows(torch.device("cpu"), fake_time_ms, rounds=4)
+    assert [r[0] for r in rows] == ["SwiGLU MLP", "grouped experts"] and len(calls) == 2 * 4 * 2
+    assert all(b == 0.25 for b in calls)  # the time budget is split over the rounds
+    for r in rows:
+        assert r[9] == [1.0, 1.2, 1.0, 1.2] and r[10] == [1.2, 1.0, 1.2, 1.0]
+        assert r[11] == pytest.approx(1.2) and r[12] == pytest.approx(1 / 1.2)
+        assert r[4] == pytest.approx((1.2 + 1 / 1.2) / 2) and (r[7], r[8]) == (pytest.approx(1 / 1.2),
+                                                                                pytest.approx(1.2))
+    calls.clear()
+    rows = mlp_rows(torch.device("cpu"), fake_time_ms, rounds=1)
+    assert all(r[11] == pytest.approx(1.2) and r[12] is None for r in rows)
+    with pytest.raises(ValueError, match="rounds must be an int >= 1"):
+        mlp_rows(torch.device("cpu"), fake_time_ms, rounds=0)
+
+
+def test_bench_mlp_warns_about_an_odd_round_count(capsys):
+    from unittest import mock
+
+    with mock.patch("cute_mxfp8.cli.bench_mlp.mlp_rows", return_value=[]) as rows:
+        assert main(["bench", "mlp", "--device", "cpu", "--rounds", "3"]) == 0
+    assert rows.call_args.kwargs["rounds"] == 3
+    assert "--rounds 3 is odd: bf16 runs first in one round more than MXFP8" in capsys.readouterr().out
+    with mock.patch("cute_mxfp8.cli.bench_mlp.mlp_rows", return_value=[]) as rows:
+        assert main(["bench", "mlp", "--device", "cpu"]) == 0
+    assert rows.call_args.kwargs["rounds"] == 4 and "is odd" not in capsys.readouterr().out
+
+
 def test_bench_mlp_in_the_fast_mode_says_so_and_records_it(tmp_path, capsys):
     path = tmp_path / "mlp.json"
     assert main(["bench", "mlp", "--hopper-block-k", "128", "--device", "cpu", "--json", str(path), "--rounds",
@@ -85,6 +125,7 @@ def test_bench_mlp_in_the_fast_mode_says_so_and_records_it(tmp_path, capsys):
     out = json.loads(path.read_text())
     assert out["mlp_hopper_block_k"] == 128 and out["mlp_steps"] and out["mlp_steps"][0][3] > 0
     assert out["mlp_rounds"] == 1 and all(len(r[9]) == len(r[10]) == 1 for r in out["mlp_steps"])
+    assert all(r[11] == r[4] and r[12] is None for r in out["mlp_steps"])  # one round: bf16 first only
     # the grouped step too: torch._grouped_mm runs on the CPU (it was skipped as "needs CUDA")
     assert [r[0] for r in out["mlp_steps"]] == ["SwiGLU MLP", "grouped experts"]
     assert "Hopper fast mode: MXFP8Config(hopper_block_k=128, hopper_weight_blocks='1x128')" in \
@@ -94,13 +135,15 @@ def test_bench_mlp_in_the_fast_mode_says_so_and_records_it(tmp_path, capsys):
     assert main(["bench", "mlp", "--hopper-block-k", "128", "--hopper-weight-blocks", "128x128", "--device", "cpu",
                  "--json", str(path2)]) == 0
     out2 = json.loads(path2.read_text())
-    assert out2["mlp_hopper_weight_blocks"] == "128x128" and out2["mlp_rounds"] == 3
-    assert out2["mlp_step_fields"][4] == "mxfp8_over_bf16" and len(out2["mlp_step_fields"]) == 11
-    for name, shape, b, q, ratio, _, _, lo, hi, b_rounds, q_rounds in out2["mlp_steps"]:
-        # medians of 3 alternating rounds; the ratio is the median of the rounds' ratios, within their range
-        assert len(b_rounds) == len(q_rounds) == 3 and all(t > 0 for t in b_rounds + q_rounds)
-        assert b == sorted(b_rounds)[1] and q == sorted(q_rounds)[1]
-        assert ratio == sorted(qq / bb for bb, qq in zip(b_rounds, q_rounds))[1] and lo <= ratio <= hi
+    assert out2["mlp_hopper_weight_blocks"] == "128x128" and out2["mlp_rounds"] == 4  # even: each order twice
+    assert out2["mlp_step_fields"][4] == "mxfp8_over_bf16" and len(out2["mlp_step_fields"]) == 13
+    for name, shape, b, q, ratio, _, _, lo, hi, b_rounds, q_rounds, r_b_first, r_q_first in out2["mlp_steps"]:
+        # medians of 4 alternating rounds; the ratio is the median of the rounds' ratios, within their range
+        assert len(b_rounds) == len(q_rounds) == 4 and all(t > 0 for t in b_rounds + q_rounds)
+        assert b == statistics.median(b_rounds) and q == statistics.median(q_rounds)
+        ratios = [qq / bb for bb, qq in zip(b_rounds, q_rounds)]
+        assert ratio == statistics.median(ratios) and lo <= ratio <= hi
+        assert r_b_first == statistics.median(ratios[0::2]) and r_q_first == statistics.median(ratios[1::2])
     assert "hopper_weight_blocks='128x128'" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="needs --hopper-block-k 128"):
         main(["bench", "mlp", "--hopper-weight-blocks", "128x128", "--device", "cpu"])

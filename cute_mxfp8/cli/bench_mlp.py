@@ -118,14 +118,17 @@ def _grouped_mm_problem(device: torch.device) -> str | None:
     return None
 
 
-def mlp_rows(device: torch.device, time_ms, profile: int = 0, config=None, rounds: int = 3) -> list[list]:
+def mlp_rows(device: torch.device, time_ms, profile: int = 0, config=None, rounds: int = 4) -> list[list]:
     """One row per workload: [workload, shape, bf16 ms, MXFP8 ms, MXFP8 / bf16, bf16 peak MiB, MXFP8 peak MiB,
-    lowest ratio, highest ratio, bf16 ms per round, MXFP8 ms per round].
+    lowest ratio, highest ratio, bf16 ms per round, MXFP8 ms per round, median ratio of the rounds with bf16
+    first, median ratio of the rounds with MXFP8 first (None with one round)].
 
     The two steps are timed ``rounds`` times each, alternating (bf16 first in even rounds, MXFP8 first in odd ones),
     so a drift of the machine during the run (clocks, temperature, other tenants) reaches both alike: the ms
     columns are the medians over the rounds, the ratio the median of the rounds' ratios, with its lowest and
-    highest beside it.  ``profile`` > 0 (CUDA only) also prints, per workload, that many of the MXFP8 step's GPU
+    highest beside it.  An even ``rounds`` puts each step first equally often (an odd one gives bf16 the extra
+    round); the two per-order medians show whether the order moves the ratio (it did: the step timed second ran
+    up to 15 % slower in some H100 runs).  ``profile`` > 0 (CUDA only) also prints, per workload, that many of the MXFP8 step's GPU
     kernels by time.  ``config``: the MXFP8 modules' :class:`~cute_mxfp8.MXFP8Config` (default one if None)."""
     if type(rounds) is not int or rounds < 1:
         raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
@@ -157,7 +160,8 @@ def mlp_rows(device: torch.device, time_ms, profile: int = 0, config=None, round
             print(tabulate([[k, f"{n:g}", f"{ms:.3f}", f"{pct:.1f}"]
                             for k, n, ms, pct in kernel_breakdown(lambda: _step(mxfp8, x, dy), device, profile)],
                            headers=["kernel", "launches", "ms", "%"]))
+        by_order = [statistics.median(ratios[first::2]) if ratios[first::2] else None for first in (0, 1)]
         rows.append([name, label, statistics.median(per_round[0]), statistics.median(per_round[1]),
-                     statistics.median(ratios), *peaks, min(ratios), max(ratios), *per_round])
+                     statistics.median(ratios), *peaks, min(ratios), max(ratios), *per_round, *by_order])
         del bf16, mx, mxfp8, x, dy
     return rows
