@@ -427,11 +427,49 @@ def test_swiglu_wrappers_check_types(op):
 
 def test_ops_are_not_differentiable_on_any_path():
     """Inputs that require grad go through the dispatcher, so backward says the op has no autograd formula (the
-    eager shortcut would otherwise differentiate through whichever backend ran)."""
+    eager shortcut would otherwise differentiate through whichever backend ran), names the op the gradient reached
+    and the differentiable entry points; every op, each as the last one before the loss."""
     h13 = torch.randn(8, 64, requires_grad=True)
-    for out in (ops.swiglu_quant(h13, emit_hp=True)[4], ops.dswiglu_quant(torch.randn(8, 32), h13, emit_hp=True)[4]):
-        with pytest.raises(RuntimeError, match="no autograd formula"):
+    x = torch.randn(64, 64, requires_grad=True)
+    w = torch.randn(2, 64, 64, requires_grad=True)
+    offs = _offs([24, 64])
+    qx, sx = ops.quantize_rowwise(x)
+    qg, sg = ops.quantize_rowwise(x, offs=offs)
+    qw, sw = ops.quantize_rowwise(w)
+    qt, st = ops.quantize_colwise(x, offs=offs)
+    cases = {
+        "swiglu_quant": ops.swiglu_quant(h13, emit_hp=True)[4],
+        "dswiglu_quant": ops.dswiglu_quant(torch.randn(8, 32), h13, emit_hp=True)[4],
+        "quantize_rowwise": qx,
+        "quantize_colwise": ops.quantize_colwise(x)[0],
+        "quantize_dual": ops.quantize_dual(x)[2],
+        "quantize_gate_up": ops.quantize_gate_up(w, w)[0],
+        "mm": ops.mm(qx, sx, qx, sx),
+        "grouped_mm": ops.grouped_mm(qg, sg, qw, sw, offs),
+        "grouped_mm_wgrad": ops.grouped_mm_wgrad(qt, st, qt, st, offs),
+    }
+    for name, out in cases.items():
+        assert out.requires_grad, name
+        with pytest.raises(RuntimeError, match=f"cute_mxfp8::{name} has no autograd formula .*mxfp8_linear"):
             out.float().sum().backward()
+    from torch._library.custom_ops import CustomOpDef
+
+    from cute_mxfp8.ops import library as L
+
+    defs = [v for v in vars(L).values() if isinstance(v, CustomOpDef)]  # the rest (fused GEMMs, hp wgrad) too
+    assert len(defs) == 12 and all(d._backward_fn is not None for d in defs)
+    with torch.no_grad():  # no graph, no error; detached inputs likewise
+        assert not ops.quantize_rowwise(x)[0].requires_grad
+    assert not ops.quantize_rowwise(x.detach())[0].requires_grad
+
+
+def test_ops_without_a_gradient_fail_to_compile_with_the_same_message():
+    """Under torch.compile AOTAutograd traces the backward when an input requires grad: the op's error reaches the
+    user at compile time, naming the fix."""
+    x = torch.randn(64, 64, dtype=torch.bfloat16, requires_grad=True)
+    f = torch.compile(lambda x: ops.quantize_rowwise(x)[0].float().sum(), fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match="cute_mxfp8::quantize_rowwise has no autograd formula"):
+        f(x).backward()
 
 
 def test_kernel_limits_refuse_strided_offs_and_padded_colwise_past_int32():

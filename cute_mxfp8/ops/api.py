@@ -63,7 +63,7 @@ def _direct(*tensors) -> bool:
     dispatch mode active.  The result is the same (the custom op calls that implementation); only the dispatcher's
     host time (tens of microseconds) is saved.  Under torch.compile, fake tensors, subclasses, modes or inputs that
     require grad the call goes through ``torch.ops.cute_mxfp8`` as usual (the ops have no autograd formula on any
-    path: differentiate through :mod:`cute_mxfp8.ops.autograd`)."""
+    path: their backward raises an error naming :mod:`cute_mxfp8.ops.autograd`'s functions)."""
     grad = torch.is_grad_enabled()  # under no_grad (e.g. inside an autograd.Function) no graph is built anyway
     return (not torch.compiler.is_compiling()
             and all(t is None or (type(t) in _PLAIN and not t.is_meta and not (grad and t.requires_grad))

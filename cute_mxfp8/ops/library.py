@@ -426,3 +426,28 @@ def _(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, backend, o
     m = a.shape[0]
     return (*_dual_fake((m, 2 * i), a, elem_dtype, True, _num_groups(offs)),
             _empty(a, _hp_shape(emit_hp, (m, 2 * i)), torch.float32))
+
+
+# ---- no gradient ----------------------------------------------------------------------------------------
+
+def _no_gradient(name: str):
+    """The backward of op ``name``: a RuntimeError naming the differentiable entry points.  The casts' outputs
+    are MXFP8 data and E8M0 scales and the GEMMs take them, so the ops have no useful gradient of their own; the
+    training paths (:mod:`cute_mxfp8.ops.autograd`) call them inside ``autograd.Function`` s with their own backward.  The
+    error is raised when a gradient reaches the op (under torch.compile: when AOTAutograd traces the backward),
+    as torch's own message for an op without a formula was, which named only ``register_autograd``."""
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"cute_mxfp8::{name} has no autograd formula (the training paths call it inside their own "
+            f"backward), but a gradient reached it: an input required grad.  To train through MXFP8 GEMMs use "
+            f"cute_mxfp8.ops.mxfp8_linear / mxfp8_grouped_mm / mxfp8_swiglu_mlp / mxfp8_swiglu_mlp_packed, the "
+            f"MXFP8 modules or cute_mxfp8.convert_to_mxfp8; to call the op without a graph pass detached inputs "
+            f"(x.detach()) or call it under torch.no_grad()")
+
+    return backward
+
+
+for _op in (_quantize_rowwise, _quantize_colwise, _quantize_dual, _quantize_gate_up, _mm, _grouped_mm,
+            _grouped_mm_wgrad, _hp_grouped_wgrad, _swiglu_quant, _dswiglu_quant, _mm_swiglu_quant, _mm_dswiglu_quant):
+    _op.register_autograd(_no_gradient(_op._name))
+del _op
