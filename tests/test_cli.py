@@ -113,6 +113,10 @@ def test_bench_mlp_warns_about_an_odd_round_count(capsys):
         assert main(["bench", "mlp", "--device", "cpu", "--rounds", "3"]) == 0
     assert rows.call_args.kwargs["rounds"] == 3
     assert "--rounds 3 is odd: bf16 runs first in one round more than MXFP8" in capsys.readouterr().out
+    with mock.patch("cute_mxfp8.cli.bench_mlp.mlp_rows", return_value=[]):
+        assert main(["bench", "mlp", "--device", "cpu", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "--rounds 1 is odd: bf16 runs first in the only round" in out and "one round per step, bf16 first" in out
     with mock.patch("cute_mxfp8.cli.bench_mlp.mlp_rows", return_value=[]) as rows:
         assert main(["bench", "mlp", "--device", "cpu"]) == 0
     assert rows.call_args.kwargs["rounds"] == 4 and "is odd" not in capsys.readouterr().out
@@ -126,10 +130,11 @@ def test_bench_mlp_in_the_fast_mode_says_so_and_records_it(tmp_path, capsys):
     assert out["mlp_hopper_block_k"] == 128 and out["mlp_steps"] and out["mlp_steps"][0][3] > 0
     assert out["mlp_rounds"] == 1 and all(len(r[9]) == len(r[10]) == 1 for r in out["mlp_steps"])
     assert all(r[11] == r[4] and r[12] is None for r in out["mlp_steps"])  # one round: bf16 first only
+    printed = capsys.readouterr().out
+    assert f"{out['mlp_steps'][0][4]:.3f} / -" in printed
     # the grouped step too: torch._grouped_mm runs on the CPU (it was skipped as "needs CUDA")
     assert [r[0] for r in out["mlp_steps"]] == ["SwiGLU MLP", "grouped experts"]
-    assert "Hopper fast mode: MXFP8Config(hopper_block_k=128, hopper_weight_blocks='1x128')" in \
-        capsys.readouterr().out
+    assert "Hopper fast mode: MXFP8Config(hopper_block_k=128, hopper_weight_blocks='1x128')" in printed
     assert out["mlp_hopper_weight_blocks"] == "1x128"
     path2 = tmp_path / "mlp2.json"
     assert main(["bench", "mlp", "--hopper-block-k", "128", "--hopper-weight-blocks", "128x128", "--device", "cpu",

@@ -259,6 +259,8 @@ def test_grouped_fused_gemm_ops_are_the_grouped_gemm_then_the_grouped_swiglu_cas
     assert torch.equal(inter(_u8(dh13[0]), -1), _u8(ref[0])) and torch.equal(inter(_u8(dh13[2]), 0), _u8(ref[2]))
     with pytest.raises(ValueError, match="3 groups but the weights have 4 experts|4 experts"):
         ops.mm_swiglu_quant(xa, xa_s, w13, w13_s, gate_up_tile=T, offs=offs[:3])
+    with pytest.raises(ValueError, match="offs has 1 group but the weights have 4 experts: one END offset per expert"):
+        ops.grouped_mm(xa, xa_s, w2c, w2c_s, offs[:1])
 
 
 def test_sm100_gemm_limits_name_the_fix(rng):

@@ -379,9 +379,10 @@ def main(args) -> int:
     if getattr(args, "rounds", None) is not None and "mlp" not in groups:
         print(f"bench: --rounds applies to the mlp group only; ignored for {groups}")
     rounds = getattr(args, "rounds", None) or 4  # (None: not given; the mlp group's default, even: see mlp_rows)
-    if rounds % 2 and rounds > 1 and "mlp" in groups:
-        print(f"bench: --rounds {rounds} is odd: bf16 runs first in one round more than MXFP8 (the step timed "
-              f"second can run slower); an even count balances the order")
+    if rounds % 2 and "mlp" in groups:
+        print(f"bench: --rounds {rounds} is odd: bf16 runs first in "
+              + ("the only round" if rounds == 1 else "one round more than MXFP8")
+              + " (the step timed second can run slower); an even count balances the order")
     large = device.type == "cuda"
     hopper_block_k = getattr(args, "hopper_block_k", 32) or 32
     weight_blocks = getattr(args, "hopper_weight_blocks", "1x128") or "1x128"
@@ -466,15 +467,17 @@ def main(args) -> int:
             print(f"MXFP8 modules in the Hopper fast mode: MXFP8Config(hopper_block_k=128, hopper_weight_blocks="
                   f"{weight_blocks!r}) (SM100 ignores it)")
         print(tabulate([[w, s, f"{b:.2f}", f"{q:.2f}", f"{r:.3f}x", f"{lo:.3f}-{hi:.3f}",
-                         "" if r1 is None else f"{r0:.3f} / {r1:.3f}",
+                         f"{r0:.3f} / " + ("-" if r1 is None else f"{r1:.3f}"),
                          "" if pb is None else f"{pb:.0f}", "" if pq is None else f"{pq:.0f}"]
                         for w, s, b, q, r, pb, pq, lo, hi, _, _, r0, r1 in mlp],
                        headers=["fwd+bwd step", "shape", "bf16 ms", "MXFP8 ms", "MXFP8 / bf16",
-                                f"ratio range ({rounds} rounds)", "ratio bf16 / MXFP8 first", "bf16 peak MiB",
+                                f"ratio range ({rounds} rounds)", "ratio, bf16 first / MXFP8 first", "bf16 peak MiB",
                                 "MXFP8 peak MiB"],
                        disable_numparse=True))
-        print(f"step times: medians of {rounds} alternating rounds per step (bf16 / MXFP8 first in turn); the "
-              f"ratio: the median of the rounds' ratios" + ("" if device.type == "cuda" else
+        print((f"step times: medians of {rounds} alternating rounds per step (bf16 / MXFP8 first in turn); the "
+               f"ratio: the median of the rounds' ratios (MXFP8 / bf16), also over the rounds of each order"
+               if rounds > 1 else "step times: one round per step, bf16 first")
+              + ("" if device.type == "cuda" else
                                                             "; peak memory is measured on CUDA only"))
     result = {"device": str(device), "copy_gbps": copy_gbps, "launch_overhead_us": overhead,
               "rows": [asdict(r) for r in rows], "mlp_steps": mlp, "skipped_baselines": SKIPPED_BASELINES,

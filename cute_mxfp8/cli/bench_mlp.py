@@ -121,7 +121,7 @@ def _grouped_mm_problem(device: torch.device) -> str | None:
 def mlp_rows(device: torch.device, time_ms, profile: int = 0, config=None, rounds: int = 4) -> list[list]:
     """One row per workload: [workload, shape, bf16 ms, MXFP8 ms, MXFP8 / bf16, bf16 peak MiB, MXFP8 peak MiB,
     lowest ratio, highest ratio, bf16 ms per round, MXFP8 ms per round, median ratio of the rounds with bf16
-    first, median ratio of the rounds with MXFP8 first (None with one round)].
+    first, median ratio of the rounds with MXFP8 first (None with one round: bf16 runs first)].
 
     The two steps are timed ``rounds`` times each, alternating (bf16 first in even rounds, MXFP8 first in odd ones),
     so a drift of the machine during the run (clocks, temperature, other tenants) reaches both alike: the ms

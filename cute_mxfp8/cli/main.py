@@ -112,9 +112,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                          help="mlp group on CUDA: also print the N GPU kernels that take the most time in each "
                               "MXFP8 step (torch.profiler)")
     p_bench.add_argument("--rounds", metavar="N", type=_positive, default=None,
-                         help="mlp group: time each step N times, alternating bf16 and MXFP8, and report the medians "
-                              "and the range of the per-round ratios; even N puts each first equally often "
-                              "(default: 4)")
+                         help="mlp group: time each step N times, alternating bf16 and MXFP8, and report the medians, "
+                              "the range of the per-round MXFP8 / bf16 ratios and their median over the rounds with "
+                              "bf16 first and with MXFP8 first; even N puts each first equally often (default: 4)")
     p_bench.add_argument("--hopper-block-k", type=int, choices=[32, 128], default=32,
                          help="128: the Hopper fast mode; the mlp group's modules take MXFP8Config(hopper_block_k="
                               "128), the quantize and swiglu groups time scale_block=128 casts against the same op "

@@ -90,7 +90,8 @@ def check_offs(offs: torch.Tensor | None, device: torch.device, num_groups: int 
     if offs.device != device:
         raise ValueError(f"offs is on {offs.device} but the data is on {device}; move offs to the same device")
     if num_groups is not None and offs.shape[0] != num_groups:
-        raise ValueError(f"offs has {offs.shape[0]} groups but the weights have {num_groups} experts")
+        raise ValueError(f"offs has {offs.shape[0]} group{'s' * (offs.shape[0] != 1)} but the weights have "
+                         f"{num_groups} expert{'s' * (num_groups != 1)}: one END offset per expert")
 
 
 def check_fp8(name: str, t: torch.Tensor, shape: tuple) -> None:
