@@ -425,6 +425,8 @@ def grouped_step(steps: int, weight_blocks: str = "1x128", plain: bool = True, q
                     print(label, "ops' host us:", [[r[0], round(r[1]), round(r[2])]
                                                    for r in report[label]["per_op_us"]])
                 print(label, {k: round(v, 3) for k, v in report[label].items() if isinstance(v, (int, float))})
+                for row in kernels[:15]:  # [kernel, launches per step, ms per step, % of the step's kernel time]
+                    print("   ", [round(v, 4) if isinstance(v, float) else v for v in row])
                 continue
             report[label]["gaps"] = step_gaps(step, dev)
             print(label, "GPU idle between kernels:", json.dumps(report[label]["gaps"]))
