@@ -393,8 +393,8 @@ def grouped_step(steps: int, weight_blocks: str = "1x128", plain: bool = True, q
     queue one step that starts on an idle GPU (so nothing in it waits for the GPU: the counts read returns at
     once; ``steps`` steps queued back to back would instead measure the GPU once its launch queue fills); GPU
     kernel ms and launches per step (torch.profiler), its 15 longest kernels, and the MXFP8 steps' sampled
-    Python frames.  ``quick``: wall, queued, host, kernel ms, the top kernels and the ops' host us only (no gaps, memory,
-    profiles or timeline).  First run on the H200 on 2026-12-01 (ninth session, docs/sm90_gemm.md)."""
+    Python frames.  ``quick``: wall, queued, host, kernel ms, the top kernels and the ops' host us only (no gaps,
+    memory, profiles or timeline).  First run on the H200 on 2026-12-01 (ninth session, docs/sm90_gemm.md)."""
     from cute_mxfp8 import MXFP8Config
     from cute_mxfp8.cli.bench import _time_ms
     from cute_mxfp8.cli.bench_mlp import _grouped, _step, kernel_breakdown

@@ -128,8 +128,9 @@ def mlp_rows(device: torch.device, time_ms, profile: int = 0, config=None, round
     columns are the medians over the rounds, the ratio the median of the rounds' ratios, with its lowest and
     highest beside it.  An even ``rounds`` puts each step first equally often (an odd one gives bf16 the extra
     round); the two per-order medians show whether the order moves the ratio (it did: the step timed second ran
-    up to 15 % slower in some H100 runs).  ``profile`` > 0 (CUDA only) also prints, per workload, that many of the MXFP8 step's GPU
-    kernels by time.  ``config``: the MXFP8 modules' :class:`~cute_mxfp8.MXFP8Config` (default one if None)."""
+    up to 15 % slower in some H100 runs).  ``profile`` > 0 (CUDA only) also prints, per workload, that many of the
+    MXFP8 step's GPU kernels by time.  ``config``: the MXFP8 modules' :class:`~cute_mxfp8.MXFP8Config` (default
+    one if None)."""
     if type(rounds) is not int or rounds < 1:
         raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
     rows = []

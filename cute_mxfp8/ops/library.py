@@ -433,15 +433,15 @@ def _(a, a_scales, b, b_scales, h13, scale_mode, elem_dtype, emit_hp, backend, o
 def _no_gradient(name: str):
     """The backward of op ``name``: a RuntimeError naming the differentiable entry points.  The casts' outputs
     are MXFP8 data and E8M0 scales and the GEMMs take them, so the ops have no useful gradient of their own; the
-    training paths (:mod:`cute_mxfp8.ops.autograd`) call them inside ``autograd.Function`` s with their own backward.  The
-    error is raised when a gradient reaches the op (under torch.compile: when AOTAutograd traces the backward),
-    as torch's own message for an op without a formula was, which named only ``register_autograd``."""
+    training paths (:mod:`cute_mxfp8.ops.autograd`) call them inside ``autograd.Function`` s with their own
+    backward.  The error is raised when a gradient reaches the op (under torch.compile: when AOTAutograd traces
+    the backward), as torch's own message for an op without a formula was, which named only
+    ``register_autograd``."""
     def backward(ctx, *grads):
         raise RuntimeError(
             f"cute_mxfp8::{name} has no autograd formula (the training paths call it inside their own "
             f"autograd Functions), but a gradient reached it: an input required grad.  To train through MXFP8 "
-            f"GEMMs use "
-            f"cute_mxfp8.ops.mxfp8_linear / mxfp8_grouped_mm / mxfp8_swiglu_mlp / mxfp8_swiglu_mlp_packed, the "
+            f"GEMMs use cute_mxfp8.ops.mxfp8_linear / mxfp8_grouped_mm / mxfp8_swiglu_mlp / mxfp8_swiglu_mlp_packed, the "
             f"MXFP8 modules or cute_mxfp8.convert_to_mxfp8; to call the op without a graph pass detached inputs "
             f"(x.detach()) or call it under torch.no_grad()")
 
