@@ -441,8 +441,9 @@ def _no_gradient(name: str):
         raise RuntimeError(
             f"cute_mxfp8::{name} has no autograd formula (the training paths call it inside their own "
             f"autograd Functions), but a gradient reached it: an input required grad.  To train through MXFP8 "
-            f"GEMMs use cute_mxfp8.ops.mxfp8_linear / mxfp8_grouped_mm / mxfp8_swiglu_mlp / mxfp8_swiglu_mlp_packed, the "
-            f"MXFP8 modules or cute_mxfp8.convert_to_mxfp8; to call the op without a graph pass detached inputs "
+            f"GEMMs use cute_mxfp8.ops.mxfp8_linear / mxfp8_grouped_mm / mxfp8_swiglu_mlp / "
+            f"mxfp8_swiglu_mlp_packed, the MXFP8 modules or cute_mxfp8.convert_to_mxfp8; to call the op without "
+            f"a graph pass detached inputs "
             f"(x.detach()) or call it under torch.no_grad()")
 
     return backward
