@@ -474,11 +474,10 @@ def main(args) -> int:
                                 f"ratio range ({rounds} rounds)", "ratio, bf16 first / MXFP8 first", "bf16 peak MiB",
                                 "MXFP8 peak MiB"],
                        disable_numparse=True))
-        print((f"step times: medians of {rounds} alternating rounds per step (bf16 / MXFP8 first in turn); the "
-               f"ratio: the median of the rounds' ratios (MXFP8 / bf16), also over the rounds of each order"
-               if rounds > 1 else "step times: one round per step, bf16 first")
-              + ("" if device.type == "cuda" else
-                                                            "; peak memory is measured on CUDA only"))
+        footer = (f"step times: medians of {rounds} alternating rounds per step (bf16 / MXFP8 first in turn); the "
+                  f"ratio: the median of the rounds' ratios (MXFP8 / bf16), also over the rounds of each order"
+                  if rounds > 1 else "step times: one round per step, bf16 first")
+        print(footer + ("" if device.type == "cuda" else "; peak memory is measured on CUDA only"))
     result = {"device": str(device), "copy_gbps": copy_gbps, "launch_overhead_us": overhead,
               "rows": [asdict(r) for r in rows], "mlp_steps": mlp, "skipped_baselines": SKIPPED_BASELINES,
               "mlp_hopper_block_k": hopper_block_k, "mlp_hopper_weight_blocks": weight_blocks,

@@ -443,8 +443,7 @@ def _no_gradient(name: str):
             f"autograd Functions), but a gradient reached it: an input required grad.  To train through MXFP8 "
             f"GEMMs use cute_mxfp8.ops.mxfp8_linear / mxfp8_grouped_mm / mxfp8_swiglu_mlp / "
             f"mxfp8_swiglu_mlp_packed, the MXFP8 modules or cute_mxfp8.convert_to_mxfp8; to call the op without "
-            f"a graph pass detached inputs "
-            f"(x.detach()) or call it under torch.no_grad()")
+            f"a graph pass detached inputs (x.detach()) or call it under torch.no_grad()")
 
     return backward
 
