@@ -376,6 +376,17 @@ def test_prog_name(monkeypatch, capsys, argv0, prog):
     assert build_parser(prog="x").prog == "x"
 
 
+@pytest.mark.parametrize("sub", ["train", "bench", "inspect"])
+def test_every_subcommand_prints_its_help(capsys, sub):
+    """argparse expands ``%`` in help strings: a bare one (``60 %``) crashed ``inspect --help`` with ValueError."""
+    with pytest.raises(SystemExit) as exc:
+        main([sub, "--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and f" {sub} " in out.splitlines()[0] and "--help" in out
+    if sub == "inspect":
+        assert "(about 60 %;" in out
+
+
 def test_module_help_prog():
     import subprocess
     import sys

@@ -136,7 +136,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                            help="compile in N processes (default: the CPU count)")
     p_inspect.add_argument("--pairwise", action="store_true",
                            help="compile only a subset of each kernel's variants in which every value of each "
-                                "argument and every pair of values of two arguments occur (about 60 %; the CI "
+                                "argument and every pair of values of two arguments occur (about 60 %%; the CI "
                                 "test's check; without it, every variant)")
     p_inspect.set_defaults(func=_run_inspect)
     return parser
