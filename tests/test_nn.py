@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import pytest
@@ -565,3 +566,88 @@ def test_host_counts_refuse_minus_one_and_a_wrong_count_of_experts(counts):
         offsets_from_counts(counts, 2, 10, "cpu")
     with pytest.raises(ValueError, match="must hold 3 integer counts"):
         offsets_from_counts([1, 2], 3, 10, "cpu")
+
+
+def test_convert_keeps_buffers_and_attributes():
+    """A converted module keeps its buffers (persistent or not, so the state dict and strict loading of an old
+    checkpoint are unchanged) and plain attributes (framework flags, a user's tags); before, only parameters moved
+    to the new module and a Linear's buffer vanished from the state dict."""
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 64)
+    lin.register_buffer("mask", torch.rand(64))
+    lin.register_buffer("scratch", torch.rand(3), persistent=False)
+    lin.my_tag, lin._is_hf_initialized = "keep me", True
+    ffn = FeedForward(64, 128)
+    ffn.register_buffer("step", torch.tensor(7))
+    experts = GroupedExperts(64, 128, 4)
+    experts.register_buffer("tokens_seen", torch.arange(4))
+    model = nn.Sequential(lin, ffn, experts)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = convert_to_mxfp8(model)
+    assert [k for _, k in report.converted] == ["MXFP8Linear", "MXFP8SwiGLUMLP", "MXFP8GroupedExperts"], report
+    sd = model.state_dict()
+    assert list(sd) == list(before) and all(torch.equal(sd[k], before[k]) for k in before)
+    assert "0.mask" in sd and "1.step" in sd and "2.tokens_seen" in sd and "0.scratch" not in sd
+    assert torch.equal(model[0].scratch, lin.scratch) and model[0].my_tag == "keep me"
+    assert model[0]._is_hf_initialized is True and model[1].step.item() == 7
+    model.load_state_dict(before)  # strict
+    fresh = nn.Sequential(nn.Linear(64, 64), FeedForward(64, 128), GroupedExperts(64, 128, 4))
+    fresh[0].register_buffer("mask", torch.zeros(64))
+    fresh[1].register_buffer("step", torch.tensor(0))
+    fresh[2].register_buffer("tokens_seen", torch.zeros(4, dtype=torch.long))
+    fresh.load_state_dict(model.state_dict())  # and back into the high-precision model
+
+
+def test_convert_leaves_modules_with_hooks_and_does_not_run_them():
+    """Hooks would be lost with the swapped module (and a fused MLP never calls its child Linears), so modules
+    with forward / backward hooks or an instance-level forward stay in high precision, reported; the probe that
+    checks an FFN's math does not run a hooked FFN (its hooks saw probe data before)."""
+    calls = []
+    hook = lambda mod, args, out: calls.append(type(mod).__name__)  # noqa: E731
+    lin = nn.Linear(64, 64)
+    lin.register_forward_hook(hook)
+    pre = nn.Linear(64, 64)
+    pre.register_forward_pre_hook(lambda mod, args: None)
+    ffn = FeedForward(64, 128)
+    ffn.register_forward_hook(hook)
+    child = FeedForward(64, 128)  # a hook on one of its Linears: the fused MLP would never call it
+    child.w1.register_full_backward_hook(lambda mod, gi, go: None)
+    wrapped = nn.Linear(64, 64)
+    wrapped.forward = functools.partial(nn.Linear.forward, wrapped)  # as accelerate's hooks do
+    model = nn.Sequential(lin, pre, ffn, child, wrapped, nn.Linear(64, 64))
+    report = convert_to_mxfp8(model)
+    assert calls == []  # nothing ran during the conversion
+    skipped = dict(report.skipped)
+    assert "forward hooks" in skipped["0"] and "forward pre-hooks" in skipped["1"]
+    assert "SwiGLU FFN kept in high precision: FeedForward has forward hooks" in skipped["2"]
+    assert "3" not in skipped and "Linear has backward hooks" in skipped["3.w1"]  # (w1 is no plain Linear now)
+    assert "forward replaced on the instance" in skipped["4"]
+    converted = dict(report.converted)
+    assert converted == {"2.w1": "MXFP8Linear", "2.w2": "MXFP8Linear", "2.w3": "MXFP8Linear",
+                         "3.w2": "MXFP8Linear", "3.w3": "MXFP8Linear", "5": "MXFP8Linear"}, converted
+    assert type(model[0]) is nn.Linear and type(model[3].w1) is nn.Linear
+    model(torch.randn(4, 64))
+    assert calls == ["Linear", "FeedForward"]  # the hooks still fire on the real forward
+    with pytest.raises(ValueError, match="has forward hooks"):
+        MXFP8Linear.from_linear(lin)
+    with pytest.raises(ValueError, match="Linear has backward hooks"):
+        MXFP8SwiGLUMLP.from_module(child)
+    experts = GroupedExperts(64, 128, 4)
+    experts.register_forward_pre_hook(lambda mod, args: None)
+    with pytest.raises(ValueError, match="has forward pre-hooks"):
+        MXFP8GroupedExperts.from_module(experts)
+    assert "grouped experts kept in high precision" in dict(convert_to_mxfp8(nn.Sequential(experts)).skipped)["0"]
+
+
+def test_convert_converts_every_slot_of_a_shared_module_once():
+    """A Linear held in two slots of one parent (``named_children`` lists it once) and one held by two parents
+    become one MXFP8Linear in every slot, so the sharing survives and no slot stays in high precision silently."""
+    lin = nn.Linear(64, 64)
+    model = nn.Sequential(lin, nn.ReLU(), lin, nn.Sequential(lin))
+    report = convert_to_mxfp8(model)
+    assert dict(report.converted) == {"0": "MXFP8Linear", "2": "MXFP8Linear", "3.0": "MXFP8Linear"}, report
+    assert type(model[0]) is MXFP8Linear and model[2] is model[0] and model[3][0] is model[0]
+    assert model[0].weight is lin.weight and list(model.state_dict()) == ["0.weight", "0.bias", "2.weight",
+                                                                         "2.bias", "3.0.weight", "3.0.bias"]
+    x = torch.randn(4, 64)
+    assert torch.equal(model(x), model[0](model[0](F.relu(model[0](x)))))

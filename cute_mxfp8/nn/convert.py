@@ -23,6 +23,11 @@ module that merely looks like one (other activation, scaling, clamping, dropout)
 dims are not multiples of 32 (e.g. a router with 16 outputs) or whose weights are not bf16/fp32 are left as they
 are.  Every candidate left alone is logged and reported with the reason, including look-alikes and modules with
 3-D (experts-like) parameters in a layout the converter does not know.
+
+A replaced module's own buffers and plain attributes move to its replacement (the state dict keeps its keys); a
+candidate with forward / backward hooks, on itself or (an FFN) on its Linears, or with a forward replaced on the
+instance stays as it is (the swap would drop them, and the fused MLP never calls its Linears), checked before any
+probe runs it.  A module held in several slots is converted once and the replacement put in every slot.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from torch import nn
 
 from ..config import MXFP8Config
 from ..ops.shapes import fast_mode_hidden_reason
-from .modules import (MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, layer_config, linear_reason,
+from .modules import (MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, hooks_reason, layer_config, linear_reason,
                       mxfp8_dims_reason, same_numerics, swiglu_weights_reason, weight_dtype_reason)
 
 __all__ = ["ConversionReport", "convert_to_mxfp8"]
@@ -173,7 +178,7 @@ def _swiglu_ffn_dims(m: nn.Module) -> tuple[int, int, tuple[str, str, str]] | st
             return None
         if any(c.bias is not None for c in (gate, down, up)):
             return "biases"
-        if any(list(c.parameters()) for n, c in children.items() if n not in names):
+        if any(list(c.parameters()) or list(c.buffers()) for n, c in children.items() if n not in names):
             return None
         i, d = gate.weight.shape
         if up.weight.shape != (i, d) or down.weight.shape != (d, i):
@@ -250,6 +255,9 @@ def _candidate(m: nn.Module, gen: torch.Generator) -> tuple[str, dict[str, int],
         why = experts_layout_reason(m)
         if why is not None:
             return f"transformers experts module with a layout the MXFP8 experts do not take: {why}"
+        if "forward" in vars(m):  # (its hooks stay: the module keeps its place, only its forward changes)
+            return ("transformers experts module whose forward is replaced on the instance (e.g. by accelerate "
+                    "hooks), which the MXFP8 experts forward would drop: convert before wrapping it")
         e, i2, d = m.gate_up_proj.shape
         return HF_EXPERTS, {"dim": d, "hidden_dim": i2 // 2}, None
     dims = _swiglu_ffn_dims(m)
@@ -257,12 +265,18 @@ def _candidate(m: nn.Module, gen: torch.Generator) -> tuple[str, dict[str, int],
         return ("SwiGLU FFN with biased Linears: the fused MXFP8 MLP has no biases, so its Linears are converted "
                 "one by one")
     if dims is not None:
+        why = hooks_reason(m)  # (before the probe, which would run them on probe data)
+        if why is not None:
+            return f"SwiGLU FFN kept in high precision: {why}"
         if _is_swiglu_ffn(m, *dims, gen):
             return "MXFP8SwiGLUMLP", {"dim": dims[0], "hidden_dim": dims[1]}, dims[2]
         return (f"has SwiGLU FFN children {'/'.join(dims[2])} but its forward is not w2(silu(w1(x)) * w3(x)) "
                 "(other activation, scaling, gating or dropout)")
     gdims = _grouped_experts_dims(m)
     if gdims is not None:
+        why = hooks_reason(m)
+        if why is not None:
+            return f"grouped experts kept in high precision: {why}"
         if _is_grouped_experts(m, *gdims, gen):
             return "MXFP8GroupedExperts", {"dim": gdims[1], "hidden_dim": gdims[2]}, gdims[3]
         return (f"has grouped-experts parameters {'/'.join(gdims[3])} but forward(x, num_tokens_per_expert) is not "
@@ -346,7 +360,8 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
         A :class:`ConversionReport`.  Parameters are shared, so ``model.state_dict()`` is unchanged.  Candidates
         left in high precision (dims not multiples of 32, weights not bf16/fp32, filtered out, look-alikes whose
         forward is not the SwiGLU math, unknown experts layouts) and ``nn.Linear`` subclasses with their own
-        forward are listed in ``report.skipped`` and logged.
+        forward are listed in ``report.skipped`` and logged, as are modules with hooks or a forward replaced on
+        the instance (see the module docstring).
     Raises:
         TypeError: ``model`` is not an ``nn.Module``, ``filter_fn`` not callable (or not taking the two
         arguments above), or ``config`` not an :class:`MXFP8Config`.
@@ -365,13 +380,25 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
         return report
     if isinstance(found, str):
         _skip(report, "", found)
-    _convert_children(model, "", cfg, filter_fn, report, gen)
+    _convert_children(model, "", cfg, filter_fn, report, gen, {id(model): (model, None)})
     return report
 
 
-def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_fn, report, gen) -> None:
-    for name, child in list(parent.named_children()):
+def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_fn, report, gen, seen) -> None:
+    """Convert ``parent``'s children, each slot of it (``named_children`` would list a module held twice once, and
+    the second slot would stay in high precision): a module seen before (``seen``: id -> (what it became, the
+    label when it was converted)) takes the same replacement, so shared modules stay shared."""
+    for name, child in list(parent._modules.items()):
+        if child is None:
+            continue
         fqn = f"{prefix}.{name}" if prefix else name
+        if id(child) in seen:
+            new, kind = seen[id(child)]
+            if kind is not None:
+                setattr(parent, name, new)
+                report.converted.append((fqn, kind))
+            continue
+        seen[id(child)] = (child, None)
         own = converted_config(child)
         if own is not None:
             if not same_numerics(own, cfg):  # (the same numerics: nothing to say, as a second call is a no-op)
@@ -385,7 +412,7 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
         if not isinstance(found, tuple):
             if isinstance(found, str):
                 _skip(report, fqn, found)
-            _convert_children(child, fqn, cfg, filter_fn, report, gen)
+            _convert_children(child, fqn, cfg, filter_fn, report, gen, seen)
             continue
         kind, dims, names = found
         if filter_fn is not None and not filter_fn(child, fqn):
@@ -394,7 +421,7 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
         why = _why_not(child, dims)
         if why is None and (why := _wrapped_reason(child, cfg)) is not None and kind == "MXFP8SwiGLUMLP":
             _skip(report, fqn, f"{why}; its Linears are converted one by one")  # (the wrapped one is skipped)
-            _convert_children(child, fqn, cfg, filter_fn, report, gen)
+            _convert_children(child, fqn, cfg, filter_fn, report, gen, seen)
             continue
         if why is not None:
             _skip(report, fqn, why)
@@ -404,15 +431,17 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
             why = swiglu_weights_reason(*(w.weight if isinstance(w, nn.Linear) else w for w in weights))
             if why is not None:  # e.g. w1 and w3 in two dtypes: an FFN's Linears still convert one by one
                 _skip(report, fqn, why)
-                _convert_children(child, fqn, cfg, filter_fn, report, gen)
+                _convert_children(child, fqn, cfg, filter_fn, report, gen, seen)
                 continue
         if kind != "MXFP8Linear":
             why = fast_mode_hidden_reason(cfg.hopper_block_k, dims["hidden_dim"])
             if why is not None:  # the fast mode runs Linears of any multiple-of-32 shape
                 _skip(report, fqn, f"{why}; its Linears are converted one by one" if kind == "MXFP8SwiGLUMLP"
                       else f"{why}; left in high precision")  # (experts hold 3-D weights, no Linears)
-                _convert_children(child, fqn, cfg, filter_fn, report, gen)
+                _convert_children(child, fqn, cfg, filter_fn, report, gen, seen)
                 continue
         _gather_high_precision(child, fqn)
-        setattr(parent, name, _replacement(child, kind, names, cfg))
+        new = _replacement(child, kind, names, cfg)
+        setattr(parent, name, new)
+        seen[id(child)] = (new, kind)
         report.converted.append((fqn, kind))

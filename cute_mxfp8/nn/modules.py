@@ -97,7 +97,7 @@ def linear_reason(m: nn.Linear) -> str | None:
     if extra:
         return (f"{type(m).__name__} holds parameters besides weight and bias ({', '.join(extra)}: e.g. adapters), "
                 "which an MXFP8Linear would drop")
-    return None
+    return hooks_reason(m)
 
 
 def swiglu_weights_reason(w1: Tensor, w2: Tensor, w3: Tensor) -> str | None:
@@ -124,9 +124,46 @@ def _require_only(cls_name: str, module: nn.Module, names, what: str) -> None:
         raise ValueError(f"{cls_name}.from_module: {type(module).__name__} has parameters besides {what}: {extra}; "
                          f"its forward is not the MXFP8 layer's (convert_to_mxfp8 converts only what matches; keep "
                          f"the rest in high precision)")
+    # (its own buffers move to the new module; those of children it does not keep would vanish from the state dict)
+    dropped = [n for n, _ in module.named_buffers() if "." in n and n.split(".")[0] not in names]
+    if dropped:
+        raise ValueError(f"{cls_name}.from_module: {type(module).__name__} has buffers in children other than "
+                         f"{what}: {dropped}; the MXFP8 module would drop them (keep it in high precision)")
 
 
 _OWN_ATTRIBUTES = ("config", "names", "num_experts", "validate_counts")  # what the modules' __init__ sets
+
+_HOOK_KINDS = (("_forward_pre_hooks", "forward pre-hooks"), ("_forward_hooks", "forward hooks"),
+               ("_backward_pre_hooks", "backward pre-hooks"), ("_backward_hooks", "backward hooks"))
+
+
+def hooks_reason(module: nn.Module) -> str | None:
+    """Why ``module`` cannot be swapped for an MXFP8 module without losing behaviour (None: it can): it or a
+    submodule has forward / backward hooks (the swap would drop the module's own, and the fused MXFP8 MLP never
+    calls its child Linears, so theirs would not fire) or a ``forward`` replaced on the instance (e.g. by
+    accelerate's device hooks)."""
+    for name, sub in module.named_modules():
+        where = f"its submodule {name!r}" if name else type(module).__name__
+        kinds = [label for attr, label in _HOOK_KINDS if getattr(sub, attr, None)]
+        if kinds:
+            return (f"{where} has {' and '.join(kinds)}, which the MXFP8 module would not run: convert before "
+                    f"registering them, or remove them")
+        if "forward" in vars(sub):
+            return (f"{where} has its forward replaced on the instance (e.g. by accelerate hooks), which the MXFP8 "
+                    f"module would drop: convert before wrapping it")
+    return None
+
+
+def carry_state(old: nn.Module, new: nn.Module) -> None:
+    """What ``old`` holds besides the parameters ``new`` took over, kept on ``new``: its own buffers (persistent or
+    not, in their order, so the state dict keys stay the same) and plain attributes ``new`` lacks (e.g. a
+    framework's flags such as ``_is_hf_initialized``, or a user's tag)."""
+    for n, b in old._buffers.items():
+        new.register_buffer(n, b, persistent=n not in old._non_persistent_buffers_set)
+    own = vars(new)
+    for k, v in vars(old).items():
+        if k not in own and k != "forward":
+            own[k] = v
 
 
 def _require_names(cls: type, names, kind: str) -> None:
@@ -185,9 +222,10 @@ class MXFP8Linear(nn.Linear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, config: MXFP8Config | None = None) -> "MXFP8Linear":
-        """A new MXFP8Linear that shares ``linear``'s parameters (no copy, no re-initialization).  TypeError for
-        a non-Linear; ValueError for dims not multiples of 32, weights not bfloat16 / float32, a subclass with its
-        own forward or parameters besides weight and bias (:func:`linear_reason`)."""
+        """A new MXFP8Linear that shares ``linear``'s parameters (no copy, no re-initialization) and keeps its
+        buffers and plain attributes (:func:`carry_state`).  TypeError for a non-Linear; ValueError for dims not
+        multiples of 32, weights not bfloat16 / float32, a subclass with its own forward, parameters besides
+        weight and bias, or hooks / an instance-level forward the swap would drop (:func:`linear_reason`)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"{cls.__name__}.from_linear takes an nn.Linear, got {type(linear).__name__}")
         why = linear_reason(linear)
@@ -198,8 +236,7 @@ class MXFP8Linear(nn.Linear):
                   dtype=linear.weight.dtype, config=config)  # (its dtype: the default dtype may be another)
         new.weight = linear.weight
         new.bias = linear.bias
-        if "_param_init" in vars(linear):  # torchtitan's per-parameter init table (init_states reads it)
-            new._param_init = linear._param_init
+        carry_state(linear, new)  # buffers, torchtitan's per-parameter init table (init_states reads it), flags
         new.train(linear.training)
         return new
 
@@ -248,8 +285,10 @@ class MXFP8SwiGLUMLP(nn.Module):
         Linears keep their own class, e.g. a framework's ``nn.Linear`` subclass, and init hooks).  The FFN must
         compute ``down(silu(gate(x)) * up(x))`` with nothing else: TypeError where a child named in ``names`` is
         no ``nn.Linear``; ValueError for biased Linears, Linears that are not plain (:func:`linear_reason`),
-        weights that cannot form one MLP (:func:`swiglu_weights_reason`), or parameters outside the three Linears
-        (each would be dropped or fail later; ``convert_to_mxfp8`` converts such FFNs' Linears one by one)."""
+        weights that cannot form one MLP (:func:`swiglu_weights_reason`), parameters outside the three Linears,
+        buffers in other children, or hooks (:func:`hooks_reason`) (each would be dropped or fail later;
+        ``convert_to_mxfp8`` converts such FFNs' Linears one by one).  The FFN's own buffers and plain attributes
+        move to the new module."""
         _require_names(cls, names, "child")
         linears = [getattr(ffn, n, None) for n in names]
         if not all(isinstance(lin, nn.Linear) for lin in linears):
@@ -264,12 +303,16 @@ class MXFP8SwiGLUMLP(nn.Module):
         if why is not None:
             raise ValueError(f"{cls.__name__}.from_module: {why}")
         _require_only(cls.__name__, ffn, names, f"the Linears {tuple(names)}")
+        why = hooks_reason(ffn)
+        if why is not None:
+            raise ValueError(f"{cls.__name__}.from_module: {why}")
         new = cls(gate.in_features, gate.out_features, device="meta", dtype=gate.weight.dtype, config=config,
                   names=names)
         new._modules.clear()  # the FFN's own child order, so the state dict lists its keys as before
         for n in ffn._modules:
             if n in names:
                 new.add_module(n, getattr(ffn, n))
+        carry_state(ffn, new)
         new.train(ffn.training)
         return new
 
@@ -346,8 +389,9 @@ class MXFP8GroupedExperts(nn.Module):
                     names: tuple[str, str, str] = ("w1", "w2", "w3"),
                     validate_counts: bool = False) -> "MXFP8GroupedExperts":
         """Take over the (w1, w2, w3) parameters named ``names`` of a grouped-experts module (shared, not
-        copied).  ValueError where they are not 3-D parameters that can form the experts
-        (:func:`swiglu_weights_reason`) or the module holds other parameters (they would be dropped silently)."""
+        copied; its buffers and plain attributes move too).  ValueError where they are not 3-D parameters that can
+        form the experts (:func:`swiglu_weights_reason`), the module holds other parameters or children with
+        buffers (they would be dropped silently), or it has hooks (:func:`hooks_reason`)."""
         _require_names(cls, names, "parameter")
         weights = [experts._parameters.get(n) for n in names]  # parameters only: those are what it takes over
         if not all(isinstance(w, Tensor) and w.dim() == 3 for w in weights):
@@ -358,14 +402,16 @@ class MXFP8GroupedExperts(nn.Module):
             raise ValueError(f"{cls.__name__}.from_module: {why}")
         e, i, d = weights[0].shape
         _require_only(cls.__name__, experts, names, f"the expert weights {tuple(names)}")
+        why = hooks_reason(experts)
+        if why is not None:
+            raise ValueError(f"{cls.__name__}.from_module: {why}")
         new = cls(d, i, e, device="meta", dtype=weights[0].dtype, config=config, names=names,
                   validate_counts=validate_counts)
         new._parameters.clear()  # the module's own parameter order (state dict key order)
         for n in experts._parameters:
             if n in names:
                 new.register_parameter(n, getattr(experts, n))
-        if "_param_init" in vars(experts):  # torchtitan's per-parameter init table
-            new._param_init = experts._param_init
+        carry_state(experts, new)  # buffers, torchtitan's per-parameter init table, flags
         new.train(experts.training)
         return new
 
