@@ -693,7 +693,7 @@ def swiglu_mlp_from_counts(x: Tensor, w1: Tensor, w2: Tensor, w3: Tensor, make_o
     return _swiglu_mlp(x, w1, w2, w3, offs, config)
 
 
-def _blame_first_weight(x, name: str, w1: Tensor, w2, d: int, i: int, packed: bool) -> None:
+def _blame_first_weight(x, name: str, w1: Tensor, w2, w3, d: int, i: int, packed: bool) -> None:
     """ValueError naming ``w1`` / ``w13`` where the other tensors agree and it alone does not (the shape checks
     after it take w1's shape as the truth and would blame w2): x and w2 agreeing on a D it lacks (named as
     transposed where its other dim is that D), or a packed w13 holding one half (its rows equal w2's I)."""
@@ -705,6 +705,15 @@ def _blame_first_weight(x, name: str, w1: Tensor, w2, d: int, i: int, packed: bo
         fix = f"; it looks transposed: pass {name}.transpose(-2, -1)" if w1.shape[-2] == dx else ""
         raise ValueError(f"{name} has shape {tuple(w1.shape)}: its last dim D={d}, but x and w2 have D={dx} "
                          f"({name} must be {want}){fix}")
+    order = "(x, w13, w2)" if packed else "(x, w1, w2, w3) = (input, gate, down, up)"
+    if dx != d and tuple(w2.shape[-2:]) == (d, i) and isinstance(w3, Tensor) and w3.dim() >= 1 \
+            and w3.shape[-1] == dx:  # w1 and w2 agree with each other, x and w3 with each other: a swapped pair
+        raise ValueError(f"w1 {tuple(w1.shape)} and w2 {tuple(w2.shape)} do not match x and w3 (D={dx}): are w1 and "
+                         f"w2 swapped? The arguments are {order}")
+    if dx != d and tuple(w2.shape[-2:]) != (d, i):  # neither x nor w2 agrees with w1 (a wrong x alone is x's error,
+        # raised by the checks after this)
+        raise ValueError(f"{name} has shape {tuple(w1.shape)}: its last dim D={d}, but x has D={dx} ({name} must be "
+                         f"{want}; the arguments are {order})")
     if packed and dx == d and w2.shape[-2] == d and w2.shape[-1] == 2 * i:
         raise ValueError(f"w13 has shape {tuple(w1.shape)}: {2 * i} rows, but w2 has I={2 * i} columns, so w13 "
                          f"holds one half; it must be {want}: torch.cat([w1, w3], dim=-2)")
@@ -725,7 +734,7 @@ def _swiglu_mlp(x, w1, w2, w3, offs, config):
         if i % 2:
             raise ValueError(f"w13 must be [w1; w3] along dim -2 (2I rows), got an odd {i}")
         i //= 2
-    _blame_first_weight(x, name, w1, w2, d, i, packed)
+    _blame_first_weight(x, name, w1, w2, w3, d, i, packed)
     if packed:
         _check_weight("w13", w1, (*e, 2 * i, d))
     else:
