@@ -33,7 +33,14 @@ def _dim(t: torch.Tensor, dim: int) -> int:
 
 
 def _check_tile(n: int, tile: int | None, what: str) -> None:
-    if tile is not None and (tile <= 0 or n % tile):
+    if tile is None:
+        return
+    if isinstance(tile, bool) or not isinstance(tile, int):
+        raise TypeError(f"the gate/up tile must be an int or None, got {type(tile).__name__}")
+    if tile <= 0:
+        raise ValueError(f"the gate/up tile must be positive, got {tile}: the concatenated layout is tile=None here "
+                         f"(ops.quantize_gate_up spells it gate_up_tile=0)")
+    if n % tile:
         raise ValueError(f"{what} = {n} must be a multiple of the gate/up tile {tile} for the interleaved layout; "
                          f"pad I to a multiple of {tile} or use the concatenated layout (tile=None)")
 

@@ -192,8 +192,10 @@ def test_quantize_gate_up_interleaved_is_quantization_of_the_interleaved_w13(rng
     cd, cs = F.quantize_mxfp8(w13, dim=-2)
     assert torch.equal(_u8(row), _u8(rd)) and torch.equal(_u8(row_s), _u8(rs))
     assert torch.equal(_u8(col), _u8(cd.transpose(-1, -2))) and torch.equal(_u8(col_s), _u8(cs.transpose(-1, -2)))
-    with pytest.raises(ValueError, match="multiple of 32 dividing I"):
+    with pytest.raises(ValueError, match=r"gate_up_tile = 128 must divide I = 192 \(pad w1/w3"):
         ops.quantize_gate_up(w1, w3, gate_up_tile=128)
+    with pytest.raises(ValueError, match="0 \\(concatenated W13\\) or a positive multiple of 32, got 48"):
+        ops.quantize_gate_up(w1, w3, gate_up_tile=48)  # (no padding makes 48 a valid tile)
 
 
 def test_fused_gemm_ops_are_the_gemm_then_the_swiglu_cast(rng):
@@ -577,6 +579,10 @@ def test_convert_gate_up_between_the_ecosystem_layouts(rng):
     assert torch.equal(convert_gate_up(convert_gate_up(h, dim=-1), dim=-1, from_tile=64, to_tile=None), h)
     with pytest.raises(ValueError, match="multiple of the gate/up tile"):
         convert_gate_up(torch.randn(2 * 48, 8))  # I = 48 is not a multiple of 64
+    with pytest.raises(ValueError, match=r"must be positive, got 0: the concatenated layout is tile=None here"):
+        convert_gate_up(w13, from_tile=0)  # (quantize_gate_up's spelling of it)
+    with pytest.raises(TypeError, match="an int or None, got str"):
+        convert_gate_up(w13, to_tile="64")
 
 
 @pytest.mark.parametrize("grouped", [False, True])

@@ -196,9 +196,11 @@ def _check_gate_up(w1: Tensor, w3: Tensor, gate_up_tile: int = 0, scale_block: i
     S.check_mult32("D (w1.shape[-1])", w1.shape[-1])
     if gate_up_tile < 0:
         raise ValueError(f"gate_up_tile must be 0 (concatenated W13) or a positive multiple of 32, got {gate_up_tile}")
-    if gate_up_tile and (gate_up_tile % 32 or w1.shape[-2] % gate_up_tile):
-        raise ValueError(f"gate_up_tile = {gate_up_tile} must be a multiple of 32 dividing I = {w1.shape[-2]} "
-                         f"(pad w1/w3 to a multiple of {gate_up_tile} rows, or pass gate_up_tile=0)")
+    if gate_up_tile % 32:
+        raise ValueError(f"gate_up_tile must be 0 (concatenated W13) or a positive multiple of 32, got {gate_up_tile}")
+    if gate_up_tile and w1.shape[-2] % gate_up_tile:
+        raise ValueError(f"gate_up_tile = {gate_up_tile} must divide I = {w1.shape[-2]} (pad w1/w3 to a multiple of "
+                         f"{gate_up_tile} rows, or pass gate_up_tile=0)")
     if scale_block == 128 and (w1.shape[-2] % 128 or gate_up_tile % 128):
         # W13's colwise 128-blocks run along 2I: each must hold features of one projection only
         raise ValueError(f"scale_block=128 needs I % 128 == 0 and gate_up_tile 0 or a multiple of 128 (a 128-block "
