@@ -429,8 +429,12 @@ def test_from_module_refuses_what_it_would_drop():
         MXFP8SwiGLUMLP.from_module(FF(extra=True))
     with pytest.raises(ValueError, match="weights in torch.float16"):
         MXFP8SwiGLUMLP.from_module(FF().half())
-    with pytest.raises(TypeError, match="needs nn.Linear children"):
+    with pytest.raises(TypeError, match=r"needs nn.Linear children.*its Linear children are \['0'\]: pass names="):
         MXFP8SwiGLUMLP.from_module(nn.Sequential(nn.Linear(64, 128)))
+    hf = nn.Module()  # Hugging Face's LlamaMLP naming
+    hf.gate_proj, hf.up_proj, hf.down_proj = nn.Linear(64, 128), nn.Linear(64, 128), nn.Linear(128, 64)
+    with pytest.raises(TypeError, match=r'for Hugging Face naming pass names=\("gate_proj", "down_proj", "up_proj"\)'):
+        MXFP8SwiGLUMLP.from_module(hf)
     with pytest.raises(ValueError, match="names must be three distinct"):
         MXFP8SwiGLUMLP(64, 128, names="abc")
     for bad, msg in ((("a.b", "c", "d"), "'a.b' is not a Python identifier"), (("", "c", "d"), "'' is not"),

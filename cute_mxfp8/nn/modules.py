@@ -292,8 +292,14 @@ class MXFP8SwiGLUMLP(nn.Module):
         _require_names(cls, names, "child")
         linears = [getattr(ffn, n, None) for n in names]
         if not all(isinstance(lin, nn.Linear) for lin in linears):
+            have = [n for n, c in ffn.named_children() if isinstance(c, nn.Linear)]
+            hint = ""
+            if {"gate_proj", "down_proj", "up_proj"} <= set(have):
+                hint = '; for Hugging Face naming pass names=("gate_proj", "down_proj", "up_proj")'
+            elif have:
+                hint = f"; its Linear children are {have}: pass names=(gate, down, up) among them"
             raise TypeError(f"{cls.__name__}.from_module: {type(ffn).__name__} needs nn.Linear children named "
-                            f"{tuple(names)}, got {[type(lin).__name__ for lin in linears]}")
+                            f"{tuple(names)}, got {[type(lin).__name__ for lin in linears]}{hint}")
         gate, down, up = linears
         if any(lin.bias is not None for lin in linears):
             raise ValueError(f"{cls.__name__}.from_module: {type(ffn).__name__}'s Linears have biases, which the "
