@@ -85,6 +85,8 @@ def _check_elem_dtype(elem_dtype: torch.dtype) -> None:
 
 
 def _normalize_dim(dim: int, rank: int) -> int:
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
     if not -rank <= dim < rank:
         raise IndexError(f"dim {dim} is out of range for a tensor of rank {rank}")
     return dim % rank
@@ -302,6 +304,8 @@ def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, *, dim: int = -1,
     if list(scales.shape) != expect:
         raise ValueError(f"scales of shape {tuple(scales.shape)} do not match data {tuple(data.shape)} "
                          f"blocked by 32 along dim {dim} (expected {tuple(expect)})")
+    if scales.device != data.device:
+        raise ValueError(f"data is on {data.device} and scales on {scales.device}: move them to one device")
     d = data.float().movedim(dim, -1)
     s = e8m0_to_float(scales).movedim(dim, -1).unsqueeze(-1)
     out = (d.reshape(*d.shape[:-1], n // BLOCK_SIZE, BLOCK_SIZE) * s).reshape(d.shape)
@@ -335,6 +339,20 @@ def to_blocked_scales(scales: torch.Tensor) -> torch.Tensor:
     return blocked.reshape(*lead, blocked_scales_numel(r, c)).view(torch.float8_e8m0fnu)
 
 
+def _check_rows_cols(rows, cols) -> None:
+    for name, v in (("rows", rows), ("cols", cols)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+        if v < 0:
+            raise ValueError(f"{name} must be >= 0 (the plain scales' shape), got {v}")
+
+
+def _check_offs_tensor(offs) -> None:
+    if not isinstance(offs, torch.Tensor):
+        raise TypeError(f"offs must be a 1-D torch.int32 tensor of cumulative group END offsets, got "
+                        f"{type(offs).__name__}: torch.tensor(offs, dtype=torch.int32)")
+
+
 def from_blocked_scales(blocked: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """Inverse of :func:`to_blocked_scales`: a blocked buffer (1-D, or (E, n) per expert) -> plain (rows, cols)
     (or (E, rows, cols)) ``float8_e8m0fnu`` scales."""
@@ -344,6 +362,7 @@ def from_blocked_scales(blocked: torch.Tensor, rows: int, cols: int) -> torch.Te
         plain = [from_blocked_scales(b, rows, cols).view(torch.uint8) for b in blocked]
         return torch.stack(plain).view(torch.float8_e8m0fnu)  # bytewise, as in to_blocked_scales
     _check_scales_dtype(blocked)
+    _check_rows_cols(rows, cols)
     need = blocked_scales_numel(rows, cols)
     if blocked.dim() != 1 or blocked.numel() != need:
         raise ValueError(f"blocked scales for ({rows}, {cols}) need a 1-D buffer of {need} bytes, "
@@ -467,6 +486,7 @@ def to_blocked_scales_grouped_m(scales: torch.Tensor, offs: torch.Tensor) -> tor
     Returns a contiguous 1-D ``float8_e8m0fnu`` buffer of ``grouped_scale_tiles(M, G) * 128 * ceil(C/4)*4`` bytes;
     unused tiles and padding are zero; rows at or past ``offs[-1]`` are not read.
     """
+    _check_offs_tensor(offs)
     m, c = scales.shape
     g = offs.numel()
     validate_offsets(offs, m)
@@ -482,6 +502,7 @@ def to_blocked_scales_grouped_m(scales: torch.Tensor, offs: torch.Tensor) -> tor
 
 def from_blocked_scales_grouped_m(blocked: torch.Tensor, offs: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """Inverse of :func:`to_blocked_scales_grouped_m`: plain (rows, cols) scales, zero at rows >= offs[-1]."""
+    _check_offs_tensor(offs)
     g = offs.numel()
     validate_offsets(offs, rows)
     ct = _ceil_div(cols, _TILE_COLS)
@@ -515,6 +536,7 @@ def quantize_mxfp8_grouped_k(x: torch.Tensor, offs: torch.Tensor, *, scale_mode:
     scale matrix is ``scales.t()`` (N rows, block columns), whose group columns start on multiples of 4; the
     kernels take it blocked per group, :func:`to_blocked_scales_grouped_k` (``scales.t(), offs``).
     """
+    _check_offs_tensor(offs)
     check_scale_block(scale_block)
     if x.dim() != 2:
         raise ValueError(f"quantize_mxfp8_grouped_k takes a 2-D (M, N) tensor, got shape {tuple(x.shape)}")
@@ -538,6 +560,7 @@ def quantize_mxfp8_grouped_k(x: torch.Tensor, offs: torch.Tensor, *, scale_mode:
 def dequantize_mxfp8_grouped_k(data: torch.Tensor, scales: torch.Tensor, offs: torch.Tensor,
                                out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Inverse of :func:`quantize_mxfp8_grouped_k`; rows >= offs[-1] come back as zero."""
+    _check_offs_tensor(offs)
     m, n = data.shape
     validate_offsets(offs, m)
     out = torch.zeros(m, n, dtype=out_dtype, device=data.device)
@@ -562,6 +585,7 @@ def to_blocked_scales_grouped_k(scales: torch.Tensor, offs: torch.Tensor) -> tor
     Returns a contiguous 1-D ``float8_e8m0fnu`` buffer of ``blocked_scales_numel(N, 4 * grouped_scale_tiles(M,
     G))`` bytes (the same size as the plain matrix's blocked layout; bytes past the last group are zero).  Raises
     ValueError if ``scales`` is not (N, a multiple of 4) or ``offs`` does not fit it."""
+    _check_offs_tensor(offs)
     if scales.dim() != 2 or scales.shape[1] % _TILE_COLS != 0:
         raise ValueError(f"grouped-K scales must be (N, 4 * tiles), got shape {tuple(scales.shape)}")
     _check_scales_dtype(scales)
@@ -578,6 +602,7 @@ def to_blocked_scales_grouped_k(scales: torch.Tensor, offs: torch.Tensor) -> tor
 def from_blocked_scales_grouped_k(blocked: torch.Tensor, offs: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """Inverse of :func:`to_blocked_scales_grouped_k`: plain (rows, cols) scales (``cols`` = 4 *
     grouped_scale_tiles(M, G)), zero outside the groups' columns."""
+    _check_offs_tensor(offs)
     _check_scales_dtype(blocked)
     need = blocked_scales_numel(rows, cols)
     if blocked.dim() != 1 or blocked.numel() != need:

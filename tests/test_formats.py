@@ -1273,3 +1273,25 @@ def test_grouped_k_scale_block_128_runs_start_at_each_group(sizes, rng):
         assert all(bool((r == r[:1]).all()) for r in runs)
     with pytest.raises(ValueError, match="scale_block"):
         F.quantize_mxfp8_grouped_k(x, torch.tensor([0], dtype=torch.int32), scale_block=64)
+
+
+def test_format_helpers_name_bad_arguments():
+    """Wrong-typed dims, list offsets, negative row counts and scales on another device get errors that name the
+    argument (they were raw TypeError / AttributeError / RuntimeError from inside torch, or a silent dim=True)."""
+    x = torch.randn(4, 64)
+    for bad in ("a", 1.0, True):
+        with pytest.raises(TypeError, match="dim must be an int"):
+            F.quantize_mxfp8(x, dim=bad)
+    d, s = F.quantize_mxfp8(x)
+    with pytest.raises(TypeError, match="dim must be an int"):
+        F.dequantize_mxfp8(d, s, dim=None)
+    with pytest.raises(ValueError, match="data is on cpu and scales on meta: move them to one device"):
+        F.dequantize_mxfp8(d, s.to("meta"))
+    with pytest.raises(TypeError, match=r"offs must be a 1-D torch.int32 tensor .* got list: torch.tensor"):
+        F.to_blocked_scales_grouped_m(s, [2, 4])
+    with pytest.raises(TypeError, match="offs must be"):
+        F.quantize_mxfp8_grouped_k(torch.randn(64, 32), (32, 64))
+    with pytest.raises(ValueError, match="rows must be >= 0"):
+        F.from_blocked_scales(F.to_blocked_scales(s), -1, 2)
+    with pytest.raises(TypeError, match="cols must be an int"):
+        F.from_blocked_scales(F.to_blocked_scales(s), 4, 2.0)
