@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import math
 import statistics
 
@@ -492,6 +493,22 @@ def test_bench_refuses_a_missing_plot_directory_and_an_absent_cuda_before_timing
         main(["bench", "gemm", "--device", "cpu", "--json", str(tmp_path / "nope" / "x.json")])
     with pytest.raises(SystemExit, match="--json .* is a directory"):
         main(["bench", "gemm", "--device", "cpu", "--json", str(tmp_path)])
+    if os.geteuid() != 0:  # (root writes anywhere: the permission checks cannot fail for it)
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o500)
+        with pytest.raises(SystemExit, match="--json .* its directory .* is not writable"):
+            main(["bench", "gemm", "--device", "cpu", "--json", str(locked / "x.json")])
+        locked.chmod(0o700)
+    from cute_mxfp8.cli.checks import output_file_problem
+
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # as a read-only file system answers
+    assert output_file_problem("--json", str(tmp_path / "new.json")).endswith(f"its directory {tmp_path} is not "
+                                                                               f"writable")
+    (tmp_path / "old.json").write_text("{}")
+    assert output_file_problem("--json", str(tmp_path / "old.json")).endswith("the file exists and is not writable")
+    monkeypatch.undo()
+    monkeypatch.setattr(bench, "_time_ms", lambda *a, **k: pytest.fail("timed before refusing"))
     with pytest.raises(SystemExit, match="invalid device ''"):
         main(["bench", "gemm", "--device", ""])
     if importlib.util.find_spec("matplotlib") is not None:  # (the test extra has it)
@@ -507,3 +524,19 @@ def test_bench_refuses_a_missing_plot_directory_and_an_absent_cuda_before_timing
                      ("cuda:1", "CUDA is not available")):
         with pytest.raises(SystemExit, match=msg):
             main(["bench", "gemm", "--device", bad])
+
+
+def test_bench_plot_command_reports_bad_files_without_a_traceback(tmp_path, capsys):
+    """``python -m cute_mxfp8.cli.bench_plot RESULT.json OUT.png``: a missing JSON, one with nothing to draw and
+    an unwritable output are one line on stderr and exit status 2 (they were tracebacks)."""
+    pytest.importorskip("matplotlib")
+    from cute_mxfp8.cli import bench_plot
+
+    assert bench_plot.main([str(tmp_path / "missing.json"), str(tmp_path / "x.png")]) == 2
+    assert "missing.json: [Errno 2] No such file" in capsys.readouterr().err
+    (tmp_path / "q.json").write_text(json.dumps({"results": []}))
+    assert bench_plot.main([str(tmp_path / "q.json"), str(tmp_path / "x.png")]) == 2
+    assert "nothing to draw" in capsys.readouterr().err
+    assert bench_plot.main([str(tmp_path / "q.json"), str(tmp_path / "nope" / "x.png")]) == 2
+    assert "its directory does not exist" in capsys.readouterr().err
+    assert bench_plot.main(["only-one"]) == 2

@@ -29,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from cute_mxfp8.cli.checks import device_problem
+from cute_mxfp8.cli.checks import device_problem, output_file_problem
 
 GROUPS = ("quantize", "swiglu", "gemm", "mlp")
 _FP8_OUT = 1.0 + 1.0 / 32  # bytes per element written by one MXFP8 cast: data + one E8M0 scale per 32
@@ -361,10 +361,9 @@ def main(args) -> int:
         raise SystemExit(f"unknown bench group(s) {unknown}; choose from {GROUPS}")
     plot = getattr(args, "plot", None)
     for flag, path in (("--json", getattr(args, "json", None)), ("--plot", plot)):
-        if path and os.path.isdir(path):
-            raise SystemExit(f"bench: {flag} {path}: is a directory; give a file name in it")
-        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise SystemExit(f"bench: {flag} {path}: its directory does not exist")
+        problem = output_file_problem(flag, path)
+        if problem:
+            raise SystemExit(f"bench: {problem}")
     if plot:
         from cute_mxfp8.cli.bench_plot import path_problem
 

@@ -90,8 +90,19 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 2:
         print("usage: python -m cute_mxfp8.cli.bench_plot RESULT.json OUT.png", file=sys.stderr)
         return 2
-    with open(argv[0]) as f:
-        plot(json.load(f), argv[1])
+    from cute_mxfp8.cli.checks import output_file_problem
+
+    problem = path_problem(argv[1]) or output_file_problem("OUT.png", argv[1])
+    if problem:
+        print(f"bench_plot: {problem}", file=sys.stderr)
+        return 2
+    try:
+        with open(argv[0]) as f:
+            result = json.load(f)
+        plot(result, argv[1])
+    except (OSError, ValueError) as e:  # a missing / unreadable JSON, or one with nothing to draw
+        print(f"bench_plot: {argv[0]}: {e}", file=sys.stderr)
+        return 2
     print(f"chart written to {argv[1]}")
     return 0
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -22,3 +24,20 @@ def device_problem(name: str) -> str | None:
             return f"argument --device: {name!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist"
         return None
     return f"argument --device: unsupported device type {dev.type!r} (expected 'auto', 'cpu', 'cuda' or 'cuda:N')"
+
+
+def output_file_problem(flag: str, path: str | None) -> str | None:
+    """None if the file ``flag path`` can be written (checked before a run that takes minutes), else the error
+    message: a directory, a missing or read-only directory, or an existing read-only file."""
+    if not path:
+        return None
+    if os.path.isdir(path):
+        return f"{flag} {path}: is a directory; give a file name in it"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"{flag} {path}: its directory does not exist"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return f"{flag} {path}: the file exists and is not writable"
+    if not os.path.exists(path) and not os.access(parent, os.W_OK):
+        return f"{flag} {path}: its directory {parent} is not writable"
+    return None

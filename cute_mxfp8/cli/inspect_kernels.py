@@ -25,6 +25,7 @@ from typing import Callable
 
 from cute_mxfp8 import jit
 from cute_mxfp8.cli import sass_facts
+from cute_mxfp8.cli.checks import output_file_problem
 
 IN_DTYPES, ELEMS, MODES = ["bfloat16", "float32"], ["e4m3", "e5m2"], ["floor", "rceil"]
 
@@ -396,10 +397,9 @@ def table(rows: list[dict], with_sass: bool) -> tuple[list[str], list[list]]:
 def main(args) -> int:
     from tabulate import tabulate
 
-    if args.json and os.path.isdir(args.json):  # (before minutes of compiling)
-        raise SystemExit(f"inspect: --json {args.json}: is a directory; give a file name in it")
-    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
-        raise SystemExit(f"inspect: --json {args.json}: its directory does not exist")
+    problem = output_file_problem("--json", args.json)  # (before minutes of compiling)
+    if problem:
+        raise SystemExit(f"inspect: {problem}")
     with_sass = sass_facts.find_nvdisasm() is not None
     rows = inspect_all(args.arch, with_sass, getattr(args, "jobs", None) or os.cpu_count() or 1,
                        getattr(args, "pairwise", False))
