@@ -32,6 +32,8 @@ bound on ``sum_g ceil(size_g / 128)`` that depends only on shapes, so buffers ha
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 __all__ = [
@@ -84,9 +86,18 @@ def _check_elem_dtype(elem_dtype: torch.dtype) -> None:
         )
 
 
+def _as_int(v, name: str) -> int:
+    """``v`` as a Python int (numpy / torch integers too); TypeError for bools, floats and the rest."""
+    if isinstance(v, bool):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}") from None
+
+
 def _normalize_dim(dim: int, rank: int) -> int:
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"dim must be an int, got {type(dim).__name__}")
+    dim = _as_int(dim, "dim")
     if not -rank <= dim < rank:
         raise IndexError(f"dim {dim} is out of range for a tensor of rank {rank}")
     return dim % rank
@@ -317,7 +328,9 @@ def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, *, dim: int = -1,
 # ---------------------------------------------------------------------------------------------------------
 
 def blocked_scales_numel(rows: int, cols: int) -> int:
-    """Bytes of the blocked layout of a (rows, cols) scale matrix: ceil(rows/128)*128 * ceil(cols/4)*4."""
+    """Bytes of the blocked layout of a (rows, cols) scale matrix: ceil(rows/128)*128 * ceil(cols/4)*4.
+    TypeError / ValueError for sizes that are not ints >= 0."""
+    rows, cols = _check_rows_cols(rows, cols)
     return _ceil_div(rows, _TILE_ROWS) * _TILE_ROWS * _ceil_div(cols, _TILE_COLS) * _TILE_COLS
 
 
@@ -339,12 +352,15 @@ def to_blocked_scales(scales: torch.Tensor) -> torch.Tensor:
     return blocked.reshape(*lead, blocked_scales_numel(r, c)).view(torch.float8_e8m0fnu)
 
 
-def _check_rows_cols(rows, cols) -> None:
+def _check_rows_cols(rows, cols) -> tuple[int, int]:
+    """(rows, cols) as ints >= 0: TypeError / ValueError naming the one that is not."""
+    out = []
     for name, v in (("rows", rows), ("cols", cols)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+        v = _as_int(v, name)
         if v < 0:
             raise ValueError(f"{name} must be >= 0 (the plain scales' shape), got {v}")
+        out.append(v)
+    return out[0], out[1]
 
 
 def _check_offs_tensor(offs) -> None:
@@ -362,7 +378,7 @@ def from_blocked_scales(blocked: torch.Tensor, rows: int, cols: int) -> torch.Te
         plain = [from_blocked_scales(b, rows, cols).view(torch.uint8) for b in blocked]
         return torch.stack(plain).view(torch.float8_e8m0fnu)  # bytewise, as in to_blocked_scales
     _check_scales_dtype(blocked)
-    _check_rows_cols(rows, cols)
+    rows, cols = _check_rows_cols(rows, cols)
     need = blocked_scales_numel(rows, cols)
     if blocked.dim() != 1 or blocked.numel() != need:
         raise ValueError(f"blocked scales for ({rows}, {cols}) need a 1-D buffer of {need} bytes, "
@@ -503,6 +519,7 @@ def to_blocked_scales_grouped_m(scales: torch.Tensor, offs: torch.Tensor) -> tor
 def from_blocked_scales_grouped_m(blocked: torch.Tensor, offs: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """Inverse of :func:`to_blocked_scales_grouped_m`: plain (rows, cols) scales, zero at rows >= offs[-1]."""
     _check_offs_tensor(offs)
+    rows, cols = _check_rows_cols(rows, cols)
     g = offs.numel()
     validate_offsets(offs, rows)
     ct = _ceil_div(cols, _TILE_COLS)
@@ -603,6 +620,7 @@ def from_blocked_scales_grouped_k(blocked: torch.Tensor, offs: torch.Tensor, row
     """Inverse of :func:`to_blocked_scales_grouped_k`: plain (rows, cols) scales (``cols`` = 4 *
     grouped_scale_tiles(M, G)), zero outside the groups' columns."""
     _check_offs_tensor(offs)
+    rows, cols = _check_rows_cols(rows, cols)
     _check_scales_dtype(blocked)
     need = blocked_scales_numel(rows, cols)
     if blocked.dim() != 1 or blocked.numel() != need:

@@ -539,4 +539,15 @@ def test_bench_plot_command_reports_bad_files_without_a_traceback(tmp_path, caps
     assert "nothing to draw" in capsys.readouterr().err
     assert bench_plot.main([str(tmp_path / "q.json"), str(tmp_path / "nope" / "x.png")]) == 2
     assert "its directory does not exist" in capsys.readouterr().err
-    assert bench_plot.main(["only-one"]) == 2
+    assert bench_plot.main(["only-one"]) == 2 and capsys.readouterr().err.startswith("usage: ")
+    for bad in ([1, 2], {"results": [{"group": "gemm"}]}, {"results": 5}):  # not what bench --json writes
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        assert bench_plot.main([str(tmp_path / "bad.json"), str(tmp_path / "x.png")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("bench_plot: ") and ("not a `bench --json` result" in err or "nothing to draw" in err)
+    (tmp_path / "f.txt").write_text("")
+    assert bench_plot.main([str(tmp_path / "q.json"), str(tmp_path / "f.txt" / "x.png")]) == 2
+    assert "f.txt is a file, not a directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--json and --plot name one file"):
+        main(["bench", "gemm", "--device", "cpu", "--json", str(tmp_path / "o.png"), "--plot",
+              str(tmp_path / "o.png")])

@@ -1295,3 +1295,12 @@ def test_format_helpers_name_bad_arguments():
         F.from_blocked_scales(F.to_blocked_scales(s), -1, 2)
     with pytest.raises(TypeError, match="cols must be an int"):
         F.from_blocked_scales(F.to_blocked_scales(s), 4, 2.0)
+    np = pytest.importorskip("numpy")  # numpy / torch integers are ints here, as they were
+    assert torch.equal(F.quantize_mxfp8(x, dim=np.int64(1))[0].view(torch.uint8),
+                       F.quantize_mxfp8(x, dim=1)[0].view(torch.uint8))
+    assert torch.equal(F.from_blocked_scales(F.to_blocked_scales(s), np.int64(4), torch.tensor(2)), s)
+    with pytest.raises(ValueError, match="rows must be >= 0"):
+        F.blocked_scales_numel(-5, 2)
+    offs = torch.tensor([4], dtype=torch.int32)
+    with pytest.raises(TypeError, match="rows must be an int, got float"):
+        F.from_blocked_scales_grouped_m(F.to_blocked_scales_grouped_m(s, offs), offs, 4.0, 2)

@@ -623,7 +623,7 @@ def test_convert_leaves_modules_with_hooks_and_does_not_run_them():
     assert calls == []  # nothing ran during the conversion
     skipped = dict(report.skipped)
     assert "forward hooks" in skipped["0"] and "forward pre-hooks" in skipped["1"]
-    assert "SwiGLU FFN kept in high precision: FeedForward has forward hooks" in skipped["2"]
+    assert "SwiGLU FFN not fused: FeedForward has forward hooks" in skipped["2"]
     assert "3" not in skipped and "Linear has backward hooks" in skipped["3.w1"]  # (w1 is no plain Linear now)
     assert "forward replaced on the instance" in skipped["4"]
     converted = dict(report.converted)
@@ -634,7 +634,7 @@ def test_convert_leaves_modules_with_hooks_and_does_not_run_them():
     assert calls == ["Linear", "FeedForward"]  # the hooks still fire on the real forward
     with pytest.raises(ValueError, match="has forward hooks"):
         MXFP8Linear.from_linear(lin)
-    with pytest.raises(ValueError, match="Linear has backward hooks"):
+    with pytest.raises(ValueError, match="w1: Linear has backward hooks"):
         MXFP8SwiGLUMLP.from_module(child)
     experts = GroupedExperts(64, 128, 4)
     experts.register_forward_pre_hook(lambda mod, args: None)
@@ -655,3 +655,52 @@ def test_convert_converts_every_slot_of_a_shared_module_once():
                                                                          "2.bias", "3.0.weight", "3.0.bias"]
     x = torch.randn(4, 64)
     assert torch.equal(model(x), model[0](model[0](F.relu(model[0](x)))))
+
+
+def test_convert_leaves_modules_whose_state_dict_the_swap_would_change():
+    """State-dict / load hooks, a class keeping extra state (``get_extra_state``) and a buffer named like the MXFP8
+    module's own attribute (``config``) would change or break the state dict: those modules stay, reported."""
+    class Tagged(nn.Linear):  # keeps nn.Linear.forward, so it is a candidate by its forward
+        def get_extra_state(self):
+            return {"tag": 1}
+
+        def set_extra_state(self, state):
+            pass
+
+    hooked = nn.Linear(64, 64)
+    hooked.register_state_dict_post_hook(lambda mod, sd, prefix, local: None)
+    loaded = nn.Linear(64, 64)
+    loaded.register_load_state_dict_post_hook(lambda mod, keys: None)
+    clash = nn.Linear(64, 64)
+    clash.register_buffer("config", torch.zeros(1))
+    model = nn.Sequential(hooked, loaded, Tagged(64, 64), clash, nn.Linear(64, 64))
+    before = list(model.state_dict())
+    report = convert_to_mxfp8(model)
+    skipped = dict(report.skipped)
+    assert "state-dict hooks" in skipped["0"] and "load-state-dict post-hooks" in skipped["1"]
+    assert "overriding get_extra_state, set_extra_state" in skipped["2"]
+    assert "buffers named ['config']" in skipped["3"] and dict(report.converted) == {"4": "MXFP8Linear"}
+    assert list(model.state_dict()) == before  # "2._extra_state" among them
+
+
+def test_convert_leaves_a_torch_compile_wrapped_module_and_asks_filter_fn_per_slot():
+    """A child ``torch.compile`` wrapped runs the module it wraps (its forward is bound to it), so replacing that
+    module would be reported but never run: it is skipped.  ``filter_fn`` is asked for every slot of a shared
+    module: an excluded slot keeps the high-precision module (sharing the parameters), either order; a shared
+    leaf left alone is reported for each slot."""
+    ffn = torch.compile(FeedForward(64, 128), backend="eager")
+    model = nn.Sequential(ffn, nn.Linear(64, 64))
+    report = convert_to_mxfp8(model)
+    assert "compiled by torch.compile" in dict(report.skipped)["0._orig_mod"]
+    assert dict(report.converted) == {"1": "MXFP8Linear"} and type(model[0]._orig_mod) is FeedForward
+    for first, second in (("trainable", "frozen"), ("frozen", "trainable")):
+        lin = nn.Linear(64, 64)
+        d = nn.ModuleDict({first: lin, second: lin})
+        report = convert_to_mxfp8(d, filter_fn=lambda m, fqn: fqn != "frozen")
+        assert dict(report.converted) == {"trainable": "MXFP8Linear"}, report
+        assert "excluded by filter_fn" in dict(report.skipped)["frozen"]
+        assert type(d["trainable"]) is MXFP8Linear and type(d["frozen"]) is nn.Linear
+        assert d["trainable"].weight is d["frozen"].weight
+    router = nn.Linear(64, 16)  # 16 outputs: left alone, in both slots
+    report = convert_to_mxfp8(nn.Sequential(router, nn.Sequential(router)))
+    assert set(dict(report.skipped)) == {"0", "1.0"} and not report.converted

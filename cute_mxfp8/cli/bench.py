@@ -364,6 +364,8 @@ def main(args) -> int:
         problem = output_file_problem(flag, path)
         if problem:
             raise SystemExit(f"bench: {problem}")
+    if plot and getattr(args, "json", None) and os.path.abspath(plot) == os.path.abspath(args.json):
+        raise SystemExit(f"bench: --json and --plot name one file ({plot}): the chart would overwrite the results")
     if plot:
         from cute_mxfp8.cli.bench_plot import path_problem
 

@@ -92,16 +92,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from cute_mxfp8.cli.checks import output_file_problem
 
-    problem = path_problem(argv[1]) or output_file_problem("OUT.png", argv[1])
+    problem = output_file_problem("OUT.png", argv[1]) or path_problem(argv[1])
     if problem:
-        print(f"bench_plot: {problem}", file=sys.stderr)
+        print(f"bench_plot: {argv[1]}: {problem}" if not problem.startswith("OUT.png") else f"bench_plot: {problem}",
+              file=sys.stderr)
         return 2
     try:
         with open(argv[0]) as f:
             result = json.load(f)
-        plot(result, argv[1])
-    except (OSError, ValueError) as e:  # a missing / unreadable JSON, or one with nothing to draw
+    except (OSError, ValueError) as e:  # a missing / unreadable file, or no JSON
         print(f"bench_plot: {argv[0]}: {e}", file=sys.stderr)
+        return 2
+    try:
+        plot(result, argv[1])
+    except ValueError as e:  # nothing to draw
+        print(f"bench_plot: {argv[0]}: {e}", file=sys.stderr)
+        return 2
+    except (AttributeError, KeyError, TypeError) as e:  # another JSON than bench --json writes
+        print(f"bench_plot: {argv[0]}: not a `bench --json` result ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
     print(f"chart written to {argv[1]}")
     return 0

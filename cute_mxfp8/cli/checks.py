@@ -34,6 +34,8 @@ def output_file_problem(flag: str, path: str | None) -> str | None:
     if os.path.isdir(path):
         return f"{flag} {path}: is a directory; give a file name in it"
     parent = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        return f"{flag} {path}: {parent} is a file, not a directory"
     if not os.path.isdir(parent):
         return f"{flag} {path}: its directory does not exist"
     if os.path.exists(path) and not os.access(path, os.W_OK):

@@ -24,10 +24,14 @@ dims are not multiples of 32 (e.g. a router with 16 outputs) or whose weights ar
 are.  Every candidate left alone is logged and reported with the reason, including look-alikes and modules with
 3-D (experts-like) parameters in a layout the converter does not know.
 
-A replaced module's own buffers and plain attributes move to its replacement (the state dict keeps its keys); a
-candidate with forward / backward hooks, on itself or (an FFN) on its Linears, or with a forward replaced on the
-instance stays as it is (the swap would drop them, and the fused MLP never calls its Linears), checked before any
-probe runs it.  A module held in several slots is converted once and the replacement put in every slot.
+A replaced module's own buffers and plain attributes move to its replacement (the state dict keeps its keys).  A
+candidate stays as it is, reported, where the swap would drop behaviour or state (``modules.hooks_reason``): hooks
+(forward, backward, state-dict, load-state-dict) on itself or (an FFN) on its Linears, which the fused MLP never
+calls, a forward replaced on the instance, a class keeping extra state, a buffer named like the MXFP8 module's own
+attribute; checked before any probe runs it (global module hooks are not looked at).  So does a module wrapped
+by ``torch.compile`` (the wrapper's forward is bound to it).  A module held in several slots is converted once and
+the replacement put in every slot that ``filter_fn`` accepts (an excluded slot keeps the high-precision module,
+sharing the parameters).
 """
 
 from __future__ import annotations
@@ -267,7 +271,7 @@ def _candidate(m: nn.Module, gen: torch.Generator) -> tuple[str, dict[str, int],
     if dims is not None:
         why = hooks_reason(m)  # (before the probe, which would run them on probe data)
         if why is not None:
-            return f"SwiGLU FFN kept in high precision: {why}"
+            return f"SwiGLU FFN not fused: {why}; its Linears are converted one by one where they can be"
         if _is_swiglu_ffn(m, *dims, gen):
             return "MXFP8SwiGLUMLP", {"dim": dims[0], "hidden_dim": dims[1]}, dims[2]
         return (f"has SwiGLU FFN children {'/'.join(dims[2])} but its forward is not w2(silu(w1(x)) * w3(x)) "
@@ -380,26 +384,53 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
         return report
     if isinstance(found, str):
         _skip(report, "", found)
-    _convert_children(model, "", cfg, filter_fn, report, gen, {id(model): (model, None)})
+    _convert_children(model, "", cfg, filter_fn, report, gen, {id(model): ("done", None)})
     return report
+
+
+def _compiled_wrapper(m: nn.Module) -> bool:
+    """A ``torch.compile`` module wrapper (``OptimizedModule``): its forward is bound to the module it wraps."""
+    if type(m).__name__ != "OptimizedModule":  # (no torch._dynamo import for every other module)
+        return False
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except ImportError:  # pragma: no cover - torch without dynamo
+        return False
+    return isinstance(m, OptimizedModule)
 
 
 def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_fn, report, gen, seen) -> None:
     """Convert ``parent``'s children, each slot of it (``named_children`` would list a module held twice once, and
-    the second slot would stay in high precision): a module seen before (``seen``: id -> (what it became, the
-    label when it was converted)) takes the same replacement, so shared modules stay shared."""
+    the second slot would stay in high precision).  ``seen``: id -> ("converted", (replacement, label)) for a
+    module converted in an earlier slot (it takes the same replacement unless ``filter_fn`` excludes this slot,
+    which then keeps the high-precision module: both share the parameters), ("skipped", reason) for a candidate
+    left alone (reported again for each slot), ("done", None) for a module whose children were visited."""
     for name, child in list(parent._modules.items()):
         if child is None:
             continue
         fqn = f"{prefix}.{name}" if prefix else name
-        if id(child) in seen:
-            new, kind = seen[id(child)]
-            if kind is not None:
-                setattr(parent, name, new)
-                report.converted.append((fqn, kind))
+        state, what = seen.get(id(child), (None, None))
+        if state == "converted":
+            if filter_fn is not None and not filter_fn(child, fqn):
+                _skip(report, fqn, "excluded by filter_fn (another slot holding the same module converted it: "
+                                   "this slot keeps the high-precision module, sharing its parameters)")
+            else:
+                setattr(parent, name, what[0])
+                report.converted.append((fqn, what[1]))
             continue
-        seen[id(child)] = (child, None)
+        if state == "skipped":
+            _skip(report, fqn, what)
+            continue
+        if state == "done":
+            continue
+        if _compiled_wrapper(parent) and name == "_orig_mod" and isinstance(_candidate(child, gen), tuple):
+            seen[id(child)] = ("skipped", why := "compiled by torch.compile (the wrapper's forward calls this "
+                                               "module itself, so a replacement would never run): convert before "
+                                               "compiling")
+            _skip(report, fqn, why)
+            continue
         own = converted_config(child)
+        seen[id(child)] = ("done", None)  # (until it is skipped or converted below; a filtered-out slot unmarks it)
         if own is not None:
             if not same_numerics(own, cfg):  # (the same numerics: nothing to say, as a second call is a no-op)
                 _skip(report, fqn, f"already MXFP8 with another config ({_config_difference(own, cfg)}), left as "
@@ -412,11 +443,14 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
         if not isinstance(found, tuple):
             if isinstance(found, str):
                 _skip(report, fqn, found)
+                if not child._modules:  # a leaf left alone: said again for each slot holding it
+                    seen[id(child)] = ("skipped", found)
             _convert_children(child, fqn, cfg, filter_fn, report, gen, seen)
             continue
         kind, dims, names = found
         if filter_fn is not None and not filter_fn(child, fqn):
             _skip(report, fqn, "excluded by filter_fn")
+            del seen[id(child)]  # (another slot holding it may be converted)
             continue
         why = _why_not(child, dims)
         if why is None and (why := _wrapped_reason(child, cfg)) is not None and kind == "MXFP8SwiGLUMLP":
@@ -425,6 +459,7 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
             continue
         if why is not None:
             _skip(report, fqn, why)
+            seen[id(child)] = ("skipped", why)
             continue
         if kind in ("MXFP8SwiGLUMLP", "MXFP8GroupedExperts"):
             weights = [getattr(child, n) for n in names]
@@ -443,5 +478,5 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
         _gather_high_precision(child, fqn)
         new = _replacement(child, kind, names, cfg)
         setattr(parent, name, new)
-        seen[id(child)] = (new, kind)
+        seen[id(child)] = ("converted", (new, kind))
         report.converted.append((fqn, kind))

@@ -134,23 +134,45 @@ def _require_only(cls_name: str, module: nn.Module, names, what: str) -> None:
 _OWN_ATTRIBUTES = ("config", "names", "num_experts", "validate_counts")  # what the modules' __init__ sets
 
 _HOOK_KINDS = (("_forward_pre_hooks", "forward pre-hooks"), ("_forward_hooks", "forward hooks"),
-               ("_backward_pre_hooks", "backward pre-hooks"), ("_backward_hooks", "backward hooks"))
+               ("_backward_pre_hooks", "backward pre-hooks"), ("_backward_hooks", "backward hooks"),
+               ("_state_dict_pre_hooks", "state-dict pre-hooks"), ("_state_dict_hooks", "state-dict hooks"),
+               ("_load_state_dict_pre_hooks", "load-state-dict pre-hooks"),
+               ("_load_state_dict_post_hooks", "load-state-dict post-hooks"))
+# nn.Module methods a subclass overrides to keep state of its own in the state dict (an MXFP8 module would not)
+_STATE_METHODS = ("get_extra_state", "set_extra_state", "_save_to_state_dict", "_load_from_state_dict")
+
+
+def _own_hook(hook) -> bool:
+    """This package's hooks (``quantize_weights_``'s state-dict hook, which :func:`carry_state` registers again)."""
+    return getattr(hook, "__module__", None) == "cute_mxfp8.nn.weight"
 
 
 def hooks_reason(module: nn.Module) -> str | None:
     """Why ``module`` cannot be swapped for an MXFP8 module without losing behaviour (None: it can): it or a
-    submodule has forward / backward hooks (the swap would drop the module's own, and the fused MXFP8 MLP never
-    calls its child Linears, so theirs would not fire) or a ``forward`` replaced on the instance (e.g. by
-    accelerate's device hooks)."""
+    submodule has hooks (forward, backward, state-dict or load-state-dict: the swap would drop the module's own,
+    and the fused MXFP8 MLP never calls its child Linears, so theirs would not fire), a ``forward`` replaced on
+    the instance (e.g. by accelerate's device hooks), a class that keeps state of its own in the state dict
+    (``get_extra_state`` and the like overridden), or a buffer named like an MXFP8 module's own attribute.
+    Global hooks (``register_module_forward_hook``) are not looked at."""
+    taken = set(_OWN_ATTRIBUTES) | {n for c in (MXFP8Linear, MXFP8SwiGLUMLP, MXFP8GroupedExperts) for n in dir(c)}
     for name, sub in module.named_modules():
         where = f"its submodule {name!r}" if name else type(module).__name__
-        kinds = [label for attr, label in _HOOK_KINDS if getattr(sub, attr, None)]
+        kinds = [label for attr, label in _HOOK_KINDS
+                 if any(not _own_hook(h) for h in getattr(sub, attr, {}).values())]
         if kinds:
             return (f"{where} has {' and '.join(kinds)}, which the MXFP8 module would not run: convert before "
                     f"registering them, or remove them")
         if "forward" in vars(sub):
             return (f"{where} has its forward replaced on the instance (e.g. by accelerate hooks), which the MXFP8 "
                     f"module would drop: convert before wrapping it")
+        own = [m for m in _STATE_METHODS if getattr(type(sub), m) is not getattr(nn.Module, m)]
+        if own:
+            return (f"{where} is a {type(sub).__name__} overriding {', '.join(own)} (state of its own in the state "
+                    f"dict), which the MXFP8 module would drop")
+        clash = [n for n in sub._buffers if n in taken] if not name else []
+        if clash:
+            return (f"{where} has buffers named {clash}, which the MXFP8 module uses for its own attributes: rename "
+                    f"them to convert it")
     return None
 
 
@@ -160,6 +182,9 @@ def carry_state(old: nn.Module, new: nn.Module) -> None:
     framework's flags such as ``_is_hf_initialized``, or a user's tag)."""
     for n, b in old._buffers.items():
         new.register_buffer(n, b, persistent=n not in old._non_persistent_buffers_set)
+    for hook in old._state_dict_hooks.values():  # quantize_weights_'s (hooks_reason refused any other)
+        if _own_hook(hook):
+            new._register_state_dict_hook(hook)
     own = vars(new)
     for k, v in vars(old).items():
         if k not in own and k != "forward":
@@ -236,7 +261,7 @@ class MXFP8Linear(nn.Linear):
                   dtype=linear.weight.dtype, config=config)  # (its dtype: the default dtype may be another)
         new.weight = linear.weight
         new.bias = linear.bias
-        carry_state(linear, new)  # buffers, torchtitan's per-parameter init table (init_states reads it), flags
+        carry_state(linear, new)  # buffers, torchtitan's per-parameter init table, flags
         new.train(linear.training)
         return new
 
@@ -304,8 +329,8 @@ class MXFP8SwiGLUMLP(nn.Module):
         if any(lin.bias is not None for lin in linears):
             raise ValueError(f"{cls.__name__}.from_module: {type(ffn).__name__}'s Linears have biases, which the "
                              "MXFP8 SwiGLU MLP does not add; convert them one by one (convert_to_mxfp8 does)")
-        why = next((r for r in map(linear_reason, linears) if r is not None), None) or swiglu_weights_reason(
-            gate.weight, down.weight, up.weight)
+        why = next((f"{n}: {r}" for n, r in zip(names, map(linear_reason, linears)) if r is not None), None) \
+            or swiglu_weights_reason(gate.weight, down.weight, up.weight)
         if why is not None:
             raise ValueError(f"{cls.__name__}.from_module: {why}")
         _require_only(cls.__name__, ffn, names, f"the Linears {tuple(names)}")

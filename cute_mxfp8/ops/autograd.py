@@ -708,8 +708,9 @@ def _blame_first_weight(x, name: str, w1: Tensor, w2, w3, d: int, i: int, packed
     order = "(x, w13, w2)" if packed else "(x, w1, w2, w3) = (input, gate, down, up)"
     if dx != d and tuple(w2.shape[-2:]) == (d, i) and isinstance(w3, Tensor) and w3.dim() >= 1 \
             and w3.shape[-1] == dx:  # w1 and w2 agree with each other, x and w3 with each other: a swapped pair
-        raise ValueError(f"w1 {tuple(w1.shape)} and w2 {tuple(w2.shape)} do not match x and w3 (D={dx}): are w1 and "
-                         f"w2 swapped? The arguments are {order}")
+        raise ValueError(f"w1 {tuple(w1.shape)} and w2 {tuple(w2.shape)} do not match x and w3 (D={dx}): the "
+                         f"weights look out of order (w1 and w2 swapped, or rotated with w3); the arguments are "
+                         f"{order}")
     if dx != d and tuple(w2.shape[-2:]) != (d, i):  # neither x nor w2 agrees with w1 (a wrong x alone is x's error,
         # raised by the checks after this)
         raise ValueError(f"{name} has shape {tuple(w1.shape)}: its last dim D={d}, but x has D={dx} ({name} must be "
