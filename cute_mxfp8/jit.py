@@ -122,7 +122,7 @@ def _recording_launch_smem():
 def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
                   keep_ptx: bool = False, grouped: bool = False, batched: bool = False, scale_block: int = 32,
                   phase: str = "cast", pad_groups: bool = False, blocks_2d: bool = False, keep_run: bool = False,
-                  gate_up: bool = False):
+                  gate_up: bool = False, packed_stores: bool = False):
     """Compiled MXFP8 cast for ``arch`` (e.g. ``"sm_90a"``).  ``direction``: ``"rowwise"``, ``"colwise"`` or
     ``"dual"``; ``grouped``: token groups along M (``offs``); ``batched``: rowwise of 3-D (E, N, K) weights.
 
@@ -155,6 +155,9 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
     * ``keep_run`` (``scale_block=128``, one launch): the CTA keeps its run's input tiles in registers between the
       reducing and the casting walk instead of reloading them (the same bytes; what the ops run for bf16 inputs,
       ``ops.cute_kernels.TILE_KEEP_RUN``).
+    * ``packed_stores`` (the tile kernels; the 32-block rowwise kernel ignores it): the fp8 outputs stored as packed
+      words, full 32-row blocks without per-row checks (:class:`TileQuantKernel`; the same bytes by construction,
+      not yet run on a GPU: ``ops.cute_kernels.PACKED_STORES``).
 
     With ``keep_ptx`` the function is built for inspection only (its ``__ptx__`` holds the PTX).
     """
@@ -195,7 +198,8 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
         raise ValueError("3-D (batched) inputs take no token groups")
     kernel = TileQuantKernel(elem, scale_mode, blocked, rowwise=direction != "colwise",
                              colwise=direction != "rowwise", grouped=grouped, scale_block=scale_block, phase=phase,
-                             pad_groups=pad_groups, blocks_2d=blocks_2d, keep_run=keep_run, gate_up=gate_up)
+                             pad_groups=pad_groups, blocks_2d=blocks_2d, keep_run=keep_run, gate_up=gate_up,
+                             packed_stores=packed_stores)
     # Every tensor gets its own symbols: the kernel takes its shapes from x, and an unused output slot may hold
     # another tensor (TVM-FFI checks that tensors sharing a symbol agree in that dimension).
     x = fake(x_dtype, (sym(), sym(), k))
@@ -221,7 +225,7 @@ def _amax_buffers():
 def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
                          keep_ptx: bool = False, grouped: bool = False, emit_hp: bool = False,
                          scale_block: int = 32, phase: str = "cast", h13_dtype: str | None = None,
-                         pad_groups: bool = False, persistent_ctas: int = 0):
+                         pad_groups: bool = False, persistent_ctas: int = 0, packed_stores: bool = False):
     """Compiled fused SwiGLU + dual MXFP8 cast (:class:`~cute_mxfp8.kernels.quantize_tile.SwiGLUQuantKernel`).
 
     ``direction="fwd"``: ``fn(h13, q, s, qt, st, hp, offs, tile_starts)`` with h13 (1, M, 2I) ``in_dtype``,
@@ -237,6 +241,7 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
     trailing amax arguments are placeholders); its backward needs I % 128 == 0 (not checked here: the ops run the
     two-launch form otherwise).  ``persistent_ctas`` (> 0, with the resident form and bf16 inputs): that many CTAs
     walk its runs, prefetching the next run's input into shared memory while the current one is cast (one per SM).
+    ``packed_stores``: as :func:`compile_quant`'s.
     """
     h13_dtype = in_dtype if h13_dtype is None else h13_dtype
     for name, value in (("in_dtype", in_dtype), ("h13_dtype", h13_dtype)):
@@ -257,7 +262,7 @@ def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: s
     mixed = h13_dtype != in_dtype
     kernel = SwiGLUQuantKernel("swiglu" if direction == "fwd" else "dswiglu", elem, scale_mode, blocked, grouped,
                                emit_hp, row_tiles=1 if mixed else None, scale_block=scale_block, phase=phase,
-                               pad_groups=pad_groups, persistent_ctas=persistent_ctas)
+                               pad_groups=pad_groups, persistent_ctas=persistent_ctas, packed_stores=packed_stores)
     x_dtype, h_dtype = _hp_dtype(in_dtype), _hp_dtype(h13_dtype)
 
     fake, sym = _fake, _sym

@@ -292,6 +292,7 @@ class MXCastParams:
         if elem not in ELEM_DTYPES or scale_mode not in ("floor", "rceil"):
             raise ValueError(f"unsupported elem {elem!r} / scale_mode {scale_mode!r}")
         self.elem_dtype, self.emax = ELEM_DTYPES[elem]
+        self.elem = elem
         self.rceil = scale_mode == "rceil"
         self.blocked = blocked
 
@@ -336,6 +337,37 @@ def dequant_pair_bf16(word: cutlass.Uint32, factor2: cutlass.Uint32, elem: cutla
     return cutlass.Uint32(llvm.inline_asm(
         T.i32(), [cutlass.Uint32(word).ir_value(loc=loc, ip=ip), cutlass.Uint32(factor2).ir_value(loc=loc, ip=ip)],
         _dequant_pair_asm(elem, upper), "=r,r,r", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+_CVT_F32X2 = {"e4m3": "cvt.rn.satfinite.e4m3x2.f32", "e5m2": "cvt.rn.satfinite.e5m2x2.f32"}
+
+
+@dsl_user_op
+def pack_fp8x4(x0: cutlass.Float32, x1: cutlass.Float32, x2: cutlass.Float32, x3: cutlass.Float32,
+               elem: cutlass.Constexpr[str], *, loc=None, ip=None) -> cutlass.Uint32:
+    """Four fp32 values converted to fp8 (``elem`` "e4m3"/"e5m2") with ``cvt.rn.satfinite`` and packed into one
+    word, ``x0`` in byte 0 (the lowest address of a little-endian store): the conversion the DSL's ``.to`` makes,
+    two ``cvt...x2`` and one byte permute instead of the byte-by-byte reassembly its vector lowering emits."""
+    cvt = _CVT_F32X2[elem]
+    return cutlass.Uint32(llvm.inline_asm(
+        T.i32(), [cutlass.Float32(x).ir_value(loc=loc, ip=ip) for x in (x0, x1, x2, x3)],
+        "{ .reg .b16 lo, hi;\n"
+        f" {cvt} lo, $2, $1;\n"
+        f" {cvt} hi, $4, $3;\n"
+        " mov.b32 $0, {lo, hi}; }", "=r,f,f,f,f", has_side_effects=False, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def pack_fp8x8(xs, elem: cutlass.Constexpr[str], *, loc=None, ip=None) -> cutlass.Uint64:
+    """Eight fp32 values ``xs`` as :func:`pack_fp8x4` packs four: ``xs[0]`` in byte 0 of the 64-bit word."""
+    cvt = _CVT_F32X2[elem]
+    return cutlass.Uint64(llvm.inline_asm(
+        T.i64(), [cutlass.Float32(x).ir_value(loc=loc, ip=ip) for x in xs],
+        "{ .reg .b16 b0, b1, b2, b3;\n"
+        f" {cvt} b0, $2, $1;\n {cvt} b1, $4, $3;\n {cvt} b2, $6, $5;\n {cvt} b3, $8, $7;\n"
+        " mov.b64 $0, {b0, b1, b2, b3}; }", "=l" + ",f" * 8, has_side_effects=False, is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip))
 
 

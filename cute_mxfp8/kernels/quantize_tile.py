@@ -18,7 +18,8 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 
 from .mx_math import (BLOCK, MXCastParams, apply_scale, block_scale, blocked_scale_offset, group_start,
-                      grouped_k_scale_offset, last_group_at_or_below, reduce_scatter_max, swiglu_bwd, swiglu_fwd)
+                      grouped_k_scale_offset, last_group_at_or_below, pack_fp8x4, pack_fp8x8, reduce_scatter_max,
+                      swiglu_bwd, swiglu_fwd)
 
 VEC = 4  # columns per lane
 LANE_ROWS = 8  # rows per lane
@@ -42,7 +43,7 @@ class TileQuantKernel(MXCastParams):
     ``colwise`` outputs (at least one), ``grouped`` (token groups along M; needs ``colwise``, E == 1), the
     ``prologue`` (``"cast"`` here), ``emit_hp`` (also store the high-precision tile, in the dtype of ``hp``) and
     ``row_tiles`` (1: one row block per CTA; more: the staged loop below; ignored with token groups),
-    ``keep_run`` and ``gate_up`` (the one-launch 128-block cast below).
+    ``keep_run`` and ``gate_up`` (the one-launch 128-block cast below), ``packed_stores`` (below).
 
     Outputs (contiguous), for a cast of width K:
 
@@ -119,8 +120,14 @@ class TileQuantKernel(MXCastParams):
     def __init__(self, elem: str, scale_mode: str, blocked: bool, rowwise: bool, colwise: bool,
                  grouped: bool = False, emit_hp: bool = False, row_tiles: int = 1, scale_block: int = 32,
                  phase: str = "cast", pad_groups: bool = False, blocks_2d: bool = False, keep_run: bool = False,
-                 gate_up: bool = False):
+                 gate_up: bool = False, packed_stores: bool = False):
         super().__init__(elem, scale_mode, blocked)
+        if type(packed_stores) is not bool:
+            raise TypeError(f"packed_stores must be a bool, got {type(packed_stores).__name__}")
+        # the fp8 stores as packed words (pack_fp8x4 / pack_fp8x8) and, for full 32-row blocks, rowwise without
+        # per-row checks from one base: 7-22 % fewer instructions on the sm_90a fall-through path (2026-12-05,
+        # CPU); the same bytes by construction, NOT yet run on a GPU: off by default (ops.cute_kernels.PACKED_STORES)
+        self.packed_stores = packed_stores
         if type(gate_up) is not bool or (gate_up and (scale_block != 128 or phase != "cast" or grouped
                                                       or self.prologue != "cast")):
             raise ValueError(f"gate_up (a bool: the cast of W13 = [w1; w3] read from w1 and w3) needs the "
@@ -870,11 +877,48 @@ class TileQuantKernel(MXCastParams):
                 s[e, blocked_scale_offset(srow, cb, kb)] = cutlass.Uint8(byte)
             else:
                 s[e, r, cb] = cutlass.Uint8(byte)
-        base = lane - cg
+        if cutlass.const_expr(not self.packed_stores):
+            base = lane - cg
+            for i in cutlass.range_constexpr(LANE_ROWS):
+                f = cute.arch.shuffle_sync(factor, offset=base + i)  # row i's factor, from lane cg == i
+                if rl + i < end:
+                    gq[(None, (e, rl + i, cv))].store(apply_scale(t[(i, None)].load(), f).to(self.elem_dtype))
+        elif cutlass.const_expr(self._outputs() == 2 and (self.emit_hp or (self.grouped and not self.pad_groups))):
+            # the dSwiGLU with its high-precision store or bytewise colwise groups: checked stores, each row
+            # addressed on its own (a full-block path, or the lane's rows as one strided view, made ptxas spill
+            # 3-37 words there, sm_90a)
+            self._store_rows(gq, e, cv, t, factor, lane - cg, rl, end, True, False)
+        elif r0 + BLOCK <= end:  # a full block (warp-uniform) stores every row without a check
+            self._store_rows(gq, e, cv, t, factor, lane - cg, rl, end, False, True)
+        else:
+            self._store_rows(gq, e, cv, t, factor, lane - cg, rl, end, True, True)
+
+    @cute.jit
+    def _store_rows(self, gq: cute.Tensor, e, cv, t: cute.Tensor, factor, base, rl, end,
+                    checked: cutlass.Constexpr, strided: cutlass.Constexpr):
+        """``packed_stores``: scale, convert and store the lane's 8 rows of 4 elements (one packed word each) at
+        column vector ``cv`` of rows ``[rl, rl + 8)``, row i's factor from lane ``base + i``.  ``checked``: rows at
+        or past ``end`` are not stored; ``strided``: the rows addressed as one view from row ``rl`` (row i at a
+        constant multiple of the row stride: fewer address instructions), else each from its coordinates."""
+        rows = None
+        if cutlass.const_expr(strided):
+            rows = cute.domain_offset((0, rl), cute.recast_tensor(gq[(None, (e, None, cv))], cutlass.Uint32))
         for i in cutlass.range_constexpr(LANE_ROWS):
             f = cute.arch.shuffle_sync(factor, offset=base + i)  # row i's factor, from lane cg == i
-            if rl + i < end:
-                gq[(None, (e, rl + i, cv))].store(apply_scale(t[(i, None)].load(), f).to(self.elem_dtype))
+            if cutlass.const_expr(checked):
+                if rl + i < end:
+                    self._store_row(gq, e, cv, rows, t, f, rl, i)
+            else:
+                self._store_row(gq, e, cv, rows, t, f, rl, i)
+
+    @cute.jit
+    def _store_row(self, gq: cute.Tensor, e, cv, rows, t: cute.Tensor, f, rl, i: cutlass.Constexpr):
+        v = apply_scale(t[(i, None)].load(), f)
+        w = pack_fp8x4(v[0], v[1], v[2], v[3], self.elem)
+        if cutlass.const_expr(rows is not None):
+            rows[0, i] = w
+        else:
+            cute.recast_tensor(gq[(None, (e, rl + i, cv))], cutlass.Uint32)[0] = w
 
     @cute.jit
     def _colwise(self, t: cute.Tensor, mag: cute.Tensor, gqt: cute.Tensor, st: cute.Tensor, e, r0, rl, lane, rg,
@@ -932,6 +976,11 @@ class TileQuantKernel(MXCastParams):
             st[e, cv * VEC + rg, vb] = cutlass.Uint8(byte)
         for j in cutlass.range_constexpr(VEC):
             f = cute.arch.shuffle_sync(factor, offset=j * COL_LANES + cg)  # column j's factor, from lane rg == j
+            if cutlass.const_expr(self.packed_stores and not (self.grouped and not self.pad_groups)):
+                v = apply_scale(t[(None, j)].load(), f)  # the column's 8 bytes as one word
+                w = cute.recast_tensor(gqt[(None, (e, cv * VEC + j, vb * ROW_LANES + rg))], cutlass.Uint64)
+                w[0] = pack_fp8x8([v[k] for k in range(LANE_ROWS)], self.elem)
+                continue
             qv = apply_scale(t[(None, j)].load(), f).to(self.elem_dtype)
             c = cv * VEC + j
             if cutlass.const_expr(self.grouped and not self.pad_groups):
@@ -1061,14 +1110,14 @@ class SwiGLUQuantKernel(TileQuantKernel):
 
     def __init__(self, prologue: str, elem: str, scale_mode: str, blocked: bool, grouped: bool = False,
                  emit_hp: bool = False, row_tiles: int | None = None, scale_block: int = 32, phase: str = "cast",
-                 pad_groups: bool = False, persistent_ctas: int = 0):
+                 pad_groups: bool = False, persistent_ctas: int = 0, packed_stores: bool = False):
         if prologue not in ("swiglu", "dswiglu"):
             raise ValueError(f"prologue must be 'swiglu' or 'dswiglu', got {prologue!r}")
         if row_tiles is None:  # the backward with its high-precision store, or reading the 128-block amaxes back,
             # would spill in the staged loop (255 registers + 8 bytes of local memory, measured for sm_90a)
             row_tiles = 1 if prologue == "dswiglu" and (emit_hp or phase == "apply") else self.ROW_TILES
         super().__init__(elem, scale_mode, blocked, True, True, grouped, emit_hp, row_tiles, scale_block, phase,
-                         pad_groups)
+                         pad_groups, packed_stores=packed_stores)
         self.prologue = prologue
         # scale_block=128 in one launch: the run's 4 row blocks side by side in 16 warps, kept in registers (the
         # plain casts' one-pass walk reloads the run from L2, which measured 1.6-2.4x slower than two launches
