@@ -561,13 +561,14 @@ def test_the_kernel_ops_pass_keep_run_and_gate_up_to_the_builds(monkeypatch):
     from cute_mxfp8.ops import cute_kernels as CK
 
     calls = []
-    monkeypatch.setattr(CK, "compile_quant", lambda *a: calls.append(a) or (lambda *t: None))
+    monkeypatch.setattr(CK, "compile_quant", lambda *a, **kw: calls.append((a, kw)) or (lambda *t: None))
     ops_, plans = CK._ops("sm_90a"), CK._plans("sm_90a")
 
     def flags(fn, *args):  # (keep_run, gate_up) of the one build ``fn(*args)`` compiles
         calls.clear()
         fn(*args)
-        (a,) = calls
+        ((a, kw),) = calls
+        assert kw == {"packed_stores": CK.PACKED_STORES}  # (the tile casts' store form, ops.cute_kernels' switch)
         return (a[13] if len(a) > 13 else False), (a[14] if len(a) > 14 else False)
 
     x16, x32 = torch.zeros(256, 128, dtype=torch.bfloat16), torch.zeros(256, 128)
@@ -582,6 +583,10 @@ def test_the_kernel_ops_pass_keep_run_and_gate_up_to_the_builds(monkeypatch):
     w1 = torch.zeros(2, 128, 64, dtype=torch.bfloat16)
     assert flags(ops_["quantize_gate_up"], w1, w1, "rceil", E4M3, True, 0, 128, True) == (True, True)
     assert flags(ops_["quantize_gate_up"], w1.float(), w1.float(), "rceil", E4M3, True, 0, 128) == (False, True)
+    monkeypatch.setattr(CK, "PACKED_STORES", True)  # (flags() checks the switch reaches every build)
+    assert flags(ops_["quantize_dual"], x16, "rceil", E4M3, True, offs, 128, 128) == (True, False)
+    assert flags(ops_["quantize_gate_up"], w1, w1, "rceil", E4M3, True, 0, 128, True) == (True, True)
+    assert flags(plans["quantize_dual"], x32, "rceil", E4M3, True, None, 128, 0, True) == (False, False)
 
 
 def test_the_swiglu_ops_ask_for_the_persistent_build_where_the_table_says(monkeypatch):
@@ -591,7 +596,8 @@ def test_the_swiglu_ops_ask_for_the_persistent_build_where_the_table_says(monkey
     from cute_mxfp8.ops import cute_kernels as CK
 
     calls = []
-    monkeypatch.setattr(CK, "compile_swiglu_quant", lambda *a: calls.append(a) or (lambda *t: None))
+    monkeypatch.setattr(CK, "compile_swiglu_quant",
+                        lambda *a, **kw: calls.append(a + (kw["packed_stores"],)) or (lambda *t: None))
     monkeypatch.setattr(CK, "_sm_count", lambda dev: 132)
     h13, dh = torch.zeros(256, 512, dtype=torch.bfloat16), torch.zeros(256, 256, dtype=torch.bfloat16)
     offs = torch.tensor([100, 256], dtype=torch.int32)
@@ -612,6 +618,10 @@ def test_the_swiglu_ops_ask_for_the_persistent_build_where_the_table_says(monkey
     assert ctas("sm_90a", "fwd", h13_=h13.float()) == [0, 0]  # fp32: the two-launch form
     monkeypatch.setitem(CK.SWIGLU_PERSISTENT, ("bwd", True), True)
     assert ctas("sm_90a", "bwd", grouped=True) == [132]
+    assert [a[-1] for a in calls] == [CK.PACKED_STORES]  # (the store form: ops.cute_kernels.PACKED_STORES)
+    monkeypatch.setattr(CK, "PACKED_STORES", True)
+    ctas("sm_90a", "bwd", grouped=True)
+    assert [a[-1] for a in calls] == [True]
 
 
 def test_the_one_launch_casts_keep_the_run_for_bf16():
