@@ -86,14 +86,15 @@ def _check_elem_dtype(elem_dtype: torch.dtype) -> None:
         )
 
 
-def _as_int(v, name: str) -> int:
-    """``v`` as a Python int (numpy / torch integers too); TypeError for bools, floats and the rest."""
+def _as_int(v, name: str, kind: str = "an int") -> int:
+    """``v`` as a Python int (numpy / torch integers too); TypeError ("``name`` must be ``kind``") for bools,
+    floats and the rest."""
     if isinstance(v, bool):
-        raise TypeError(f"{name} must be an int, got bool")
+        raise TypeError(f"{name} must be {kind}, got bool")
     try:
         return operator.index(v)
     except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(v).__name__}") from None
+        raise TypeError(f"{name} must be {kind}, got {type(v).__name__}") from None
 
 
 def _normalize_dim(dim: int, rank: int) -> int:

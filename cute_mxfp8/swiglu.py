@@ -19,9 +19,9 @@ Math (fp32): ``h = silu(g) * u`` with ``silu(g) = g * sigmoid(g)``; backward wit
 
 from __future__ import annotations
 
-import operator
-
 import torch
+
+from .formats import _as_int
 
 __all__ = ["GATE_UP_TILE", "pack_gate_up", "split_gate_up", "convert_gate_up", "swiglu", "dswiglu"]
 
@@ -37,12 +37,7 @@ def _dim(t: torch.Tensor, dim: int) -> int:
 def _check_tile(n: int, tile: int | None, what: str) -> None:
     if tile is None:
         return
-    try:
-        if isinstance(tile, bool):
-            raise TypeError
-        tile = operator.index(tile)  # (numpy / torch integers too)
-    except TypeError:
-        raise TypeError(f"the gate/up tile must be an int or None, got {type(tile).__name__}") from None
+    tile = _as_int(tile, "the gate/up tile", "an int or None")  # (numpy / torch integers too)
     if tile <= 0:
         raise ValueError(f"the gate/up tile must be positive, got {tile}: the concatenated layout is tile=None here "
                          f"(ops.quantize_gate_up spells it gate_up_tile=0)")

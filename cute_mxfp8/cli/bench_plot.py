@@ -92,10 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from cute_mxfp8.cli.checks import output_file_problem
 
-    problem = output_file_problem("OUT.png", argv[1]) or path_problem(argv[1])
+    problem = output_file_problem("OUT.png", argv[1])  # (its message names the path; path_problem's does not)
+    if problem is None and (why := path_problem(argv[1])) is not None:
+        problem = f"{argv[1]}: {why}"
     if problem:
-        print(f"bench_plot: {argv[1]}: {problem}" if not problem.startswith("OUT.png") else f"bench_plot: {problem}",
-              file=sys.stderr)
+        print(f"bench_plot: {problem}", file=sys.stderr)
         return 2
     try:
         with open(argv[0]) as f:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import math
 import numbers
@@ -147,6 +148,12 @@ def _own_hook(hook) -> bool:
     return getattr(hook, "__module__", None) == "cute_mxfp8.nn.weight"
 
 
+@functools.cache
+def _mxfp8_attribute_names() -> frozenset:
+    """Every attribute name the MXFP8 modules define (a buffer carried over under one of them would collide)."""
+    return frozenset(_OWN_ATTRIBUTES).union(*(dir(c) for c in (MXFP8Linear, MXFP8SwiGLUMLP, MXFP8GroupedExperts)))
+
+
 def hooks_reason(module: nn.Module) -> str | None:
     """Why ``module`` cannot be swapped for an MXFP8 module without losing behaviour (None: it can): it or a
     submodule has hooks (forward, backward, state-dict or load-state-dict: the swap would drop the module's own,
@@ -154,7 +161,7 @@ def hooks_reason(module: nn.Module) -> str | None:
     the instance (e.g. by accelerate's device hooks), a class that keeps state of its own in the state dict
     (``get_extra_state`` and the like overridden), or a buffer named like an MXFP8 module's own attribute.
     Global hooks (``register_module_forward_hook``) are not looked at."""
-    taken = set(_OWN_ATTRIBUTES) | {n for c in (MXFP8Linear, MXFP8SwiGLUMLP, MXFP8GroupedExperts) for n in dir(c)}
+    taken = _mxfp8_attribute_names()
     for name, sub in module.named_modules():
         where = f"its submodule {name!r}" if name else type(module).__name__
         kinds = [label for attr, label in _HOOK_KINDS
