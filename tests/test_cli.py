@@ -396,50 +396,85 @@ def test_module_help_prog():
     assert res.returncode == 0 and res.stdout.startswith("usage: python -m cute_mxfp8 ")
 
 
-def test_inspect_compiles_every_variant_without_gpu(tmp_path, capsys):
-    """``inspect --pairwise`` (every family, each pair of argument values at least once: 267 of the 453 sm_90a
-    variants, to keep the CPU suite's time; ``inspect`` without it builds all of them)."""
-    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is a dependency; install the package")
-    path = tmp_path / "inspect.json"
-    assert main(["inspect", "--arch", "sm_90a", "--pairwise", "--json", str(path)]) == 0
-    rows = json.loads(path.read_text())["rows"]
-    from cute_mxfp8.cli import inspect_kernels
+INSPECT_SHARDS = 8  # the CI's compile check in 8 tests, so that pytest-xdist's workers share its ~15 CPU minutes
 
-    n = len(inspect_kernels.variants("sm_90a", pairwise=True))
-    assert len(rows) == n >= 96 and all(r["status"] == "ok" for r in rows)
-    assert {r["kernel"] for r in rows} == {f.kernel for f in inspect_kernels.FAMILIES if "sm_90a" in f.archs}
-    casts = [r for r in rows if not r["kernel"].startswith("gemm_") and not r["kernel"].endswith("_amax")]
-    amax = [r for r in rows if r["kernel"].endswith("_amax")]  # the fast mode's 128-block amax passes: no stores
-    gemms = [r for r in rows if r["kernel"].startswith("gemm_")]
+
+def _inspect_kinds(kernels):
+    """The registry's kernel names by what their SASS must show: (casts, 128-block amax passes, GEMMs, one-launch
+    128-block casts, resident SwiGLU casts)."""
+    casts = [k for k in kernels if not k.startswith("gemm_") and not k.endswith("_amax")]
+    amax = [k for k in kernels if k.endswith("_amax")]  # the fast mode's 128-block amax passes: no stores
+    gemms = [k for k in kernels if k.startswith("gemm_")]
+    one_launch = [k for k in casts if k.startswith("quantize_") and k.endswith("_fast_mode")]
+    resident = [k for k in casts if k.startswith("swiglu_quant_") and "_cast" in k]
+    return casts, amax, gemms, one_launch, resident
+
+
+def test_inspect_pairwise_list_holds_every_family_and_its_shards_partition_it():
+    """What ``inspect --pairwise`` compiles for sm_90a (267 of the 453 variants: every family, each pair of
+    argument values at least once), and that ``--shard K/N`` splits it into N disjoint parts covering it."""
+    from cute_mxfp8.cli import inspect_kernels as ik
+
+    todo = ik.variants("sm_90a", pairwise=True)
+    kernels = [f.kernel for f, _ in todo]
+    assert len(todo) >= 96 and set(kernels) == {f.kernel for f in ik.FAMILIES if "sm_90a" in f.archs}
+    casts, amax, gemms, one_launch, resident = _inspect_kinds(kernels)
     # of the 94 GEMM variants ((promote + dequant dense, 2d-3d, 2d-2d) x 4 A x B dtypes x 2 outs + 8 fused + fast
     # mode (n_tile 128, 192; 2d-3d, 2d-2d) x 8 + the fast mode in 2 clusters + the fast 2d-2d build with
     # split_halves x 2 + 128 x 128 B blocks: dense split M x 8, 2d-3d split M x 2, dense split N x 1, TMA-stored
     # split M dense x 4 and 2d-3d x 1; the split-tail builds x 2; the TMA-stored split-N 2d-2d builds, plain and
     # split_halves, x 4 each), the pairwise subset: 5 of each family of 8 (6 of gemm_sm90's 16), all of the smaller
     # ones
-    assert len(gemms) == 71 and all(r["local"] == 0 for r in rows)
-    assert all(r["cvt.satfinite"] > 0 for r in casts)
-    assert len(amax) == 4 and all(r["cvt.satfinite"] == 0 for r in amax)  # the SwiGLU kernels' (fwd, bwd) x modes
-    one_launch = [r for r in casts if r["kernel"].startswith("quantize_") and r["kernel"].endswith("_fast_mode")]
+    assert len(gemms) == 71
+    assert len(amax) == 4  # the SwiGLU kernels' (fwd, bwd) x modes
+    # + the blocks_2d weight casts: dual x 4, rowwise 2-D / 3-D, colwise; + the kept-run builds the ops run for bf16
+    # (plain and blocks_2d: dual x 2, rowwise 2-D / 3-D, colwise) and with token groups (padded dual x 2, unpadded
+    # dual, rowwise, padded colwise x 2); + W13's cast from w1 and w3 (dual, rowwise, colwise x 2 x 2)
+    assert len(one_launch) == 24 + 7 + 2 * 5 + 6 + 3 * 4
+    assert len(resident) == 2 * 6 + 2 * 5  # (+ the persistent forward: 2 families x 5 pairwise variants)
+    shards = [ik.variants("sm_90a", pairwise=True, shard=(k, INSPECT_SHARDS)) for k in range(INSPECT_SHARDS)]
+    assert sorted(i for part in shards for i in (todo.index(v) for v in part)) == list(range(len(todo)))
+    assert all(len(part) in (len(todo) // INSPECT_SHARDS, -(-len(todo) // INSPECT_SHARDS)) for part in shards)
+    with pytest.raises(ValueError, match="0 <= k < n"):
+        ik.variants("sm_90a", shard=(3, 3))
+
+
+@pytest.mark.parametrize("shard", range(INSPECT_SHARDS))
+def test_inspect_compiles_every_variant_without_gpu(tmp_path, capsys, shard):
+    """``inspect --pairwise --shard K/8`` in this process: every variant of the shard compiles for sm_90a without
+    local memory, with the instructions its kind must have (``inspect`` without --pairwise builds all 453)."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is a dependency; install the package")
+    from cute_mxfp8.cli import inspect_kernels as ik
+
+    path = tmp_path / "inspect.json"
+    assert main(["inspect", "--arch", "sm_90a", "--pairwise", "--jobs", "1", "--shard", f"{shard}/{INSPECT_SHARDS}",
+                 "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    rows = data["rows"]
+    todo = ik.variants("sm_90a", pairwise=True, shard=(shard, INSPECT_SHARDS))
+    n = len(todo)
+    assert f"arch sm_90a (shard {shard}/{INSPECT_SHARDS}): {n}/{n} variants compiled" in capsys.readouterr().out
+    assert data["shard"] == [shard, INSPECT_SHARDS] and len(rows) == len(todo) > 0
+    assert [(r["kernel"], r["variant"]) for r in rows] == [(f.kernel, f.label(a)) for f, a in todo]
+    assert all(r["status"] == "ok" and r["local"] == 0 for r in rows)
+    casts, amax, gemms, one_launch, resident = (set(k) for k in _inspect_kinds([r["kernel"] for r in rows]))
+    assert all(r["cvt.satfinite"] > 0 for r in rows if r["kernel"] in casts)
+    assert all(r["cvt.satfinite"] == 0 for r in rows if r["kernel"] in amax)
     # register tiles and shuffles, no shared-memory staging; the one-launch 128-block casts meet once (row amaxes),
     # with groups also twice per unrolled run of a tail CTA (rows past offs[-1])
     from cute_mxfp8.kernels.quantize_tile import BLOCK, RUN, TAIL_ROWS
 
     tail_bars = 2 * (TAIL_ROWS // (RUN * BLOCK))
-    # + the blocks_2d weight casts: dual x 4, rowwise 2-D / 3-D, colwise; + the kept-run builds the ops run for bf16
-    # (plain and blocks_2d: dual x 2, rowwise 2-D / 3-D, colwise) and with token groups (padded dual x 2, unpadded
-    # dual, rowwise, padded colwise x 2); + W13's cast from w1 and w3 (dual, rowwise, colwise x 2 x 2)
-    assert len(one_launch) == 24 + 7 + 2 * 5 + 6 + 3 * 4
-    assert all(r["bar.sync"] == 1 + (tail_bars if "grouped" in r["kernel"] else 0) for r in one_launch)
+    assert all(r["bar.sync"] == 1 + (tail_bars if "grouped" in r["kernel"] else 0) for r in rows
+               if r["kernel"] in one_launch)
     # the SwiGLU kernels' resident one launch meets once (the amax parts in shared memory; its tail CTAs store zeros
     # without meeting); every other cast never
-    resident = [r for r in casts if r["kernel"].startswith("swiglu_quant_") and "_cast" in r["kernel"]]
-    # (+ the persistent forward: 2 families x 5 pairwise variants)
-    assert len(resident) == 2 * 6 + 2 * 5 and all(r["bar.sync"] == 1 for r in resident)
-    assert all(r["bar.sync"] == 0 for r in casts if r not in one_launch and r not in resident)
+    assert all(r["bar.sync"] == 1 for r in rows if r["kernel"] in resident)
+    assert all(r["bar.sync"] == 0 for r in rows
+               if r["kernel"] in casts and r["kernel"] not in one_launch and r["kernel"] not in resident)
     # every SM90 GEMM sets its warpgroups' register budgets, and ptxas kept them (a dropped one fails the row)
+    gemms = [r for r in rows if r["kernel"] in gemms]
     assert all(r["setmaxnreg"] == 2 for r in gemms) and all(r.get("USETMAXREG", 2) == 2 for r in gemms)
-    assert f"{n}/{n} variants compiled" in capsys.readouterr().out
 
 
 def test_inspect_fails_a_variant_whose_setmaxnreg_ptxas_dropped():

@@ -144,6 +144,10 @@ def test_cli_refuses_a_missing_json_directory_and_bad_jobs_before_compiling(tmp_
         with pytest.raises(SystemExit):
             main(["inspect", "--arch", "sm_90a", "--jobs", jobs])
         assert "--jobs: must be an integer >= 1" in capsys.readouterr().err  # (-3 said ">= 0")
+    for shard in ("3/3", "-1/2", "a/b", "2", "1/0"):
+        with pytest.raises(SystemExit):
+            main(["inspect", "--arch", "sm_90a", f"--shard={shard}"])
+        assert "--shard: must be K/N with integers 0 <= K < N" in capsys.readouterr().err
 
 
 def test_pairwise_variants_cover_every_pair_of_argument_values():

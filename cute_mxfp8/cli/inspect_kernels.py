@@ -1,6 +1,7 @@
-"""``python -m cute_mxfp8 inspect [--arch sm_100f|sm_100a|sm_103a|sm_90a] [--jobs N] [--pairwise]``: compile
-every kernel variant for an arch, no GPU needed, in N processes (default: the CPU count); ``--pairwise``: the
-subset of each family in which every pair of argument values occurs (the CPU test suite's check).
+"""``python -m cute_mxfp8 inspect [--arch sm_100f|sm_100a|sm_103a|sm_90a] [--jobs N] [--pairwise] [--shard K/N]``:
+compile every kernel variant for an arch, no GPU needed, in N processes (default: the CPU count); ``--pairwise``:
+the subset of each family in which every pair of argument values occurs (the CPU test suite's check); ``--shard
+K/N``: every N-th variant from the K-th, so that N runs share the list (the test suite's workers do).
 
 One row per variant of the registry :data:`FAMILIES`: whether it compiled (or the error); from the CUBIN, the
 registers per thread, shared memory (static from the CUBIN, dynamic from the launch) and the local-memory frame;
@@ -284,11 +285,19 @@ PTX_COLUMNS = {
 SASS_HINT = 'SASS columns (LDL/STL spills, instruction counts) need nvdisasm: pip install -e ".[sass]"'
 
 
-def variants(arch: str | None = None, pairwise: bool = False) -> list[tuple[Family, dict]]:
+def variants(arch: str | None = None, pairwise: bool = False,
+             shard: tuple[int, int] | None = None) -> list[tuple[Family, dict]]:
     """Every (family, arguments) pair, or those of the families built for ``arch``; ``pairwise``: each family's
-    :meth:`Family.pairwise_variants` only."""
-    return [(family, args) for family in FAMILIES if arch is None or arch in family.archs
+    :meth:`Family.pairwise_variants` only; ``shard=(k, n)``: of those, every n-th from the k-th (the n shards
+    partition the list, each family spread over all of them)."""
+    todo = [(family, args) for family in FAMILIES if arch is None or arch in family.archs
             for args in (family.pairwise_variants() if pairwise else family.variants())]
+    if shard is not None:
+        k, n = shard
+        if not 0 <= k < n:
+            raise ValueError(f"shard=(k, n) needs 0 <= k < n, got {shard!r}")
+        todo = todo[k::n]
+    return todo
 
 
 def _error(e: Exception) -> str:
@@ -338,13 +347,14 @@ def _compile_in_worker(arch: str, family: Family, args: dict) -> tuple[dict, byt
     return row, None if fn is None else fn.__cubin__
 
 
-def inspect_all(arch: str, with_sass: bool, jobs: int = 1, pairwise: bool = False) -> list[dict]:
-    """Compile every variant (``pairwise``: :func:`variants`' pairwise subset), in ``jobs`` processes (1: in this
+def inspect_all(arch: str, with_sass: bool, jobs: int = 1, pairwise: bool = False,
+                shard: tuple[int, int] | None = None) -> list[dict]:
+    """Compile every variant (``pairwise``, ``shard``: :func:`variants`' subsets), in ``jobs`` processes (1: in this
     one), with a progress bar on stderr (so --json and the table stay clean); disassemble the CUBINs on worker
     threads while the next ones compile.  Rows come back in registry order whatever the completion order."""
     from tqdm import tqdm
 
-    todo = variants(arch, pairwise)
+    todo = variants(arch, pairwise, shard)
     rows: list[dict | None] = [None] * len(todo)
     cubins: list[bytes | None] = [None] * len(todo)
     bar = tqdm(total=len(todo), desc=f"compiling for {arch}", unit="variant", leave=False,
@@ -402,8 +412,9 @@ def main(args) -> int:
         raise SystemExit(f"inspect: {problem}")
     with_sass = sass_facts.find_nvdisasm() is not None
     rows = inspect_all(args.arch, with_sass, getattr(args, "jobs", None) or os.cpu_count() or 1,
-                       getattr(args, "pairwise", False))
-    print(f"arch {args.arch}: {sum(r['status'] == 'ok' for r in rows)}/{len(rows)} variants compiled")
+                       getattr(args, "pairwise", False), getattr(args, "shard", None))
+    part = f" (shard {args.shard[0]}/{args.shard[1]})" if getattr(args, "shard", None) else ""
+    print(f"arch {args.arch}{part}: {sum(r['status'] == 'ok' for r in rows)}/{len(rows)} variants compiled")
     if not with_sass:
         print(SASS_HINT)
     cols, body = table(rows, with_sass)
@@ -411,5 +422,6 @@ def main(args) -> int:
     print("smem = static (CUBIN) + dynamic (launch) bytes per CTA; local_frame = local memory bytes per thread")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"arch": args.arch, "sass": with_sass, "rows": rows}, f, indent=2)
+            json.dump({"arch": args.arch, "shard": getattr(args, "shard", None), "sass": with_sass, "rows": rows}, f,
+                      indent=2)
     return 0 if all(r["status"] == "ok" for r in rows) else 1

@@ -30,6 +30,18 @@ def _run_bench(args: argparse.Namespace) -> int:
 MODULE_PROG = "python -m cute_mxfp8"
 
 
+def _shard(text: str) -> tuple[int, int]:
+    """argparse type: ``K/N`` with 0 <= K < N (the K-th of N interleaved parts of a variant list)."""
+    k, sep, n = text.partition("/")
+    try:
+        k, n = int(k), int(n)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be K/N with integers 0 <= K < N (e.g. 0/4), got {text!r}") from None
+    if not sep or not 0 <= k < n:
+        raise argparse.ArgumentTypeError(f"must be K/N with integers 0 <= K < N (e.g. 0/4), got {text!r}")
+    return k, n
+
+
 def _positive(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:
@@ -138,6 +150,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                            help="compile only a subset of each kernel's variants in which every value of each "
                                 "argument and every pair of values of two arguments occur (about 60 %%; the CI "
                                 "test's check; without it, every variant)")
+    p_inspect.add_argument("--shard", metavar="K/N", type=_shard, default=None,
+                           help="compile only every N-th variant, starting at the K-th (0 <= K < N), so that N "
+                                "runs (machines, CI workers) share the list; the shards of one N cover it once")
     p_inspect.set_defaults(func=_run_inspect)
     return parser
 
