@@ -491,3 +491,35 @@ def test_torchtitan_mxfp8_modules_compile_fullgraph(rng):
     counts = torch.tensor([3, 0, 5, 4])
     assert_compile_matches_eager(ffn, (torch.randn(2, 6, 64, generator=rng),))
     assert_compile_matches_eager(experts, (torch.randn(12, 64, generator=rng), counts))
+
+
+@pytest.mark.parametrize("kind", ["llama3", "qwen3_moe"])
+def test_convert_on_the_meta_device_keeps_what_init_states_must_initialize(kind):
+    """``convert_to_mxfp8`` on a torchtitan model still on the meta device: init_states runs only on torchtitan's
+    own Module classes, so an MXFP8Linear or MXFP8GroupedExperts in place of a torchtitan Linear / experts module
+    would keep to_empty's garbage.  Those stay, reported with the fix; the SwiGLU FFNs convert (their Linears keep
+    their class and initialize).  After init_states every parameter is set; converting then takes the Linears and
+    experts too."""
+    from cute_mxfp8 import convert_to_mxfp8
+
+    cfg = _titan_tiny(kind)
+    with torch.device("meta"):
+        model = cfg.build()
+    report = convert_to_mxfp8(model)
+    kinds = {k for _, k in report.converted}
+    assert kinds == ({"MXFP8SwiGLUMLP"} if kind == "llama3" else set()), report
+    meta_skips = [fqn for fqn, why in report.skipped if "convert after init_states" in why]
+    assert any(f.endswith("attention.wo") for f in meta_skips) and any(f == "lm_head" for f in meta_skips)
+    if kind == "qwen3_moe":
+        assert any(f.endswith("inner_experts") or f.endswith("experts") for f in meta_skips), meta_skips
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))  # what init_states leaves alone stays NaN
+    torch.manual_seed(0)
+    model.init_states(buffer_device=torch.device("cpu"))
+    assert [n for n, p in model.named_parameters() if p.isnan().any()] == []
+    after = convert_to_mxfp8(model)
+    done = {k for _, k in after.converted}
+    assert "MXFP8Linear" in done and (kind == "llama3" or "MXFP8GroupedExperts" in done), after
+    assert not any("convert after init_states" in why for _, why in after.skipped)

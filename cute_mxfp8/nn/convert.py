@@ -4,7 +4,7 @@ What is recognized (parameters are shared, never copied, so the state dict keys,
 change):
 
 * ``nn.Linear`` and subclasses that keep ``nn.Linear.forward`` (torchtitan's ``Linear``) -> :class:`MXFP8Linear`
-  (a torchtitan ``_param_init`` table is kept).  Subclasses with their own forward are reported and kept.
+  (a torchtitan ``_param_init`` table is kept; see below for torchtitan models still on the meta device).  Subclasses with their own forward are reported and kept.
 * A SwiGLU FFN: bias-free Linears named ``w1``/``w2``/``w3`` (torchtitan) or ``gate_proj``/``down_proj``/``up_proj``
   (Hugging Face), no parameters of its own, any other children parameter-free (an activation module), whose forward
   computes ``down(silu(gate(x)) * up(x))`` -> :class:`MXFP8SwiGLUMLP` with the same child names.
@@ -28,7 +28,9 @@ A replaced module's own buffers and plain attributes move to its replacement (th
 candidate stays as it is, reported, where the swap would drop behaviour or state (``modules.hooks_reason``): hooks
 (forward, backward, state-dict, load-state-dict) on itself or (an FFN) on its Linears, which the fused MLP never
 calls, a forward replaced on the instance, a class keeping extra state, a buffer named like the MXFP8 module's own
-attribute; checked before any probe runs it (global module hooks are not looked at).  So does a module wrapped
+attribute; checked before any probe runs it (global module hooks are not looked at).  So does a torchtitan Linear or
+grouped-experts module still on the meta device: torchtitan's ``init_states`` would not reach the MXFP8 module, so
+its weights would stay uninitialized (convert after ``init_states``, or use :mod:`cute_mxfp8.integrations.torchtitan`).  So does a module wrapped
 by ``torch.compile`` (the wrapper's forward is bound to it).  A module held in several slots is converted once and
 the replacement put in every slot that ``filter_fn`` accepts (an excluded slot keeps the high-precision module,
 sharing the parameters).
@@ -312,6 +314,20 @@ def _wrapped_reason(m: nn.Module, cfg: MXFP8Config) -> str | None:
     return None
 
 
+def _init_reason(m: nn.Module, kind: str) -> str | None:
+    """Why ``m`` is not converted on the meta device: torchtitan initializes a model built there with
+    ``init_states``, which runs on its own ``Module`` classes and only looks inside other modules for them, so an
+    MXFP8Linear or MXFP8GroupedExperts in place of its Linear or experts would keep ``to_empty``'s garbage (the
+    SwiGLU MLP keeps the FFN's Linears, which do initialize).  None: not such a module, or not on meta."""
+    if kind not in ("MXFP8Linear", "MXFP8GroupedExperts") or not callable(getattr(type(m), "init_states", None)):
+        return None
+    if not any(p.is_meta for p in m.parameters()):
+        return None
+    return ("its parameters are on the meta device and its class initializes them with init_states (torchtitan), "
+            "which the MXFP8 module would not run, so they would stay uninitialized: convert after init_states, "
+            "or convert the config with cute_mxfp8.integrations.torchtitan (MXFP8Converter or its overrides)")
+
+
 def _gather_high_precision(m: nn.Module, fqn: str) -> None:
     """The converted module casts its weights itself, so weights ``quantize_weights_`` wrapped for the MXFP8
     all-gather (the same numerics) switch to the high-precision all-gather, as ``quantize_weights_`` does when it
@@ -452,7 +468,7 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
             _skip(report, fqn, "excluded by filter_fn")
             del seen[id(child)]  # (another slot holding it may be converted)
             continue
-        why = _why_not(child, dims)
+        why = _why_not(child, dims) or _init_reason(child, kind)
         if why is None and (why := _wrapped_reason(child, cfg)) is not None and kind == "MXFP8SwiGLUMLP":
             _skip(report, fqn, f"{why}; its Linears are converted one by one")  # (the wrapped one is skipped)
             _convert_children(child, fqn, cfg, filter_fn, report, gen, seen)
