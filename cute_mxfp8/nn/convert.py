@@ -325,7 +325,8 @@ def _init_reason(m: nn.Module, kind: str) -> str | None:
         return None
     return ("its parameters are on the meta device and its class initializes them with init_states (torchtitan), "
             "which the MXFP8 module would not run, so they would stay uninitialized: convert after init_states, "
-            "or convert the config with cute_mxfp8.integrations.torchtitan (MXFP8Converter or its overrides)")
+            "convert the config with cute_mxfp8.integrations.torchtitan (MXFP8Converter or its overrides), or wrap "
+            "the weights with quantize_weights_ (the modules stay)")
 
 
 def _gather_high_precision(m: nn.Module, fqn: str) -> None:
