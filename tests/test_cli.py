@@ -454,10 +454,10 @@ def test_inspect_compiles_every_variant_without_gpu(tmp_path, capsys, shard):
     todo = ik.variants("sm_90a", pairwise=True, shard=(shard, INSPECT_SHARDS))
     n = len(todo)
     assert f"arch sm_90a (shard {shard}/{INSPECT_SHARDS}): {n}/{n} variants compiled" in capsys.readouterr().out
-    assert data["shard"] == [shard, INSPECT_SHARDS] and len(rows) == len(todo) > 0
+    assert data["shard"] == [shard, INSPECT_SHARDS] and data["pairwise"] is True and len(rows) == len(todo) > 0
     assert [(r["kernel"], r["variant"]) for r in rows] == [(f.kernel, f.label(a)) for f, a in todo]
     assert all(r["status"] == "ok" and r["local"] == 0 for r in rows)
-    casts, amax, gemms, one_launch, resident = (set(k) for k in _inspect_kinds([r["kernel"] for r in rows]))
+    casts, amax, gemm_kernels, one_launch, resident = (set(k) for k in _inspect_kinds([r["kernel"] for r in rows]))
     assert all(r["cvt.satfinite"] > 0 for r in rows if r["kernel"] in casts)
     assert all(r["cvt.satfinite"] == 0 for r in rows if r["kernel"] in amax)
     # register tiles and shuffles, no shared-memory staging; the one-launch 128-block casts meet once (row amaxes),
@@ -473,7 +473,7 @@ def test_inspect_compiles_every_variant_without_gpu(tmp_path, capsys, shard):
     assert all(r["bar.sync"] == 0 for r in rows
                if r["kernel"] in casts and r["kernel"] not in one_launch and r["kernel"] not in resident)
     # every SM90 GEMM sets its warpgroups' register budgets, and ptxas kept them (a dropped one fails the row)
-    gemms = [r for r in rows if r["kernel"] in gemms]
+    gemms = [r for r in rows if r["kernel"] in gemm_kernels]
     assert all(r["setmaxnreg"] == 2 for r in gemms) and all(r.get("USETMAXREG", 2) == 2 for r in gemms)
 
 

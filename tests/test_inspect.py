@@ -148,6 +148,12 @@ def test_cli_refuses_a_missing_json_directory_and_bad_jobs_before_compiling(tmp_
         with pytest.raises(SystemExit):
             main(["inspect", "--arch", "sm_90a", f"--shard={shard}"])
         assert "--shard: must be K/N with integers 0 <= K < N" in capsys.readouterr().err
+    n = len(ik.variants("sm_90a", pairwise=True))
+    with pytest.raises(SystemExit, match=f"--shard {n}/{n + 5} is empty: the list holds {n} variants"):
+        main(["inspect", "--arch", "sm_90a", "--pairwise", "--shard", f"{n}/{n + 5}"])  # (a silent 0/0 before)
+    for bad in ((1, 2.0), (True, 2), (2, 2)):
+        with pytest.raises(ValueError, match="needs ints with 0 <= k < n"):
+            ik.variants("sm_90a", shard=bad)
 
 
 def test_pairwise_variants_cover_every_pair_of_argument_values():

@@ -510,8 +510,11 @@ def test_convert_on_the_meta_device_keeps_what_init_states_must_initialize(kind)
     assert kinds == ({"MXFP8SwiGLUMLP"} if kind == "llama3" else set()), report
     meta_skips = [fqn for fqn, why in report.skipped if "convert after init_states" in why]
     assert any(f.endswith("attention.wo") for f in meta_skips) and any(f == "lm_head" for f in meta_skips)
+    reasons = dict(report.skipped)
+    assert "MXFP8Converter" not in reasons["lm_head"] and "quantize_weights_" in reasons["lm_head"]
     if kind == "qwen3_moe":
-        assert any(f.endswith("inner_experts") or f.endswith("experts") for f in meta_skips), meta_skips
+        experts = [f for f in meta_skips if f.endswith("experts")]
+        assert experts and all("MXFP8Converter" in reasons[f] for f in experts), meta_skips
     model.to_empty(device="cpu")
     with torch.no_grad():
         for p in model.parameters():
@@ -523,3 +526,21 @@ def test_convert_on_the_meta_device_keeps_what_init_states_must_initialize(kind)
     done = {k for _, k in after.converted}
     assert "MXFP8Linear" in done and (kind == "llama3" or "MXFP8GroupedExperts" in done), after
     assert not any("convert after init_states" in why for _, why in after.skipped)
+
+
+def test_convert_of_a_partly_materialized_meta_model_keeps_the_torchtitan_linears():
+    """A torchtitan model with one layer materialized and the rest on meta: ``to_empty`` on the model empties the
+    materialized layer too, so its Linears must stay torchtitan modules for init_states to reach them."""
+    from cute_mxfp8 import convert_to_mxfp8
+
+    with torch.device("meta"):
+        model = _titan_tiny("llama3").build()
+    model.layers["0"].to_empty(device="cpu")
+    report = convert_to_mxfp8(model)
+    assert any(f.startswith("layers.0.attention") and "convert after init_states" in why for f, why in report.skipped)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    model.init_states(buffer_device=torch.device("cpu"))
+    assert [n for n, p in model.named_parameters() if p.isnan().any()] == []

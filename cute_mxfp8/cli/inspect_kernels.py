@@ -1,5 +1,5 @@
-"""``python -m cute_mxfp8 inspect [--arch sm_100f|sm_100a|sm_103a|sm_90a] [--jobs N] [--pairwise] [--shard K/N]``:
-compile every kernel variant for an arch, no GPU needed, in N processes (default: the CPU count); ``--pairwise``:
+"""``python -m cute_mxfp8 inspect [--arch sm_100f|sm_100a|sm_103a|sm_90a] [--jobs J] [--pairwise] [--shard K/N]``:
+compile every kernel variant for an arch, no GPU needed, in J processes (default: the CPU count); ``--pairwise``:
 the subset of each family in which every pair of argument values occurs (the CPU test suite's check); ``--shard
 K/N``: every N-th variant from the K-th, so that N runs share the list (the test suite's workers do).
 
@@ -289,13 +289,14 @@ def variants(arch: str | None = None, pairwise: bool = False,
              shard: tuple[int, int] | None = None) -> list[tuple[Family, dict]]:
     """Every (family, arguments) pair, or those of the families built for ``arch``; ``pairwise``: each family's
     :meth:`Family.pairwise_variants` only; ``shard=(k, n)``: of those, every n-th from the k-th (the n shards
-    partition the list, each family spread over all of them)."""
+    partition the list; a family's variants land in consecutive shards).  ValueError unless k, n are ints with
+    0 <= k < n."""
     todo = [(family, args) for family in FAMILIES if arch is None or arch in family.archs
             for args in (family.pairwise_variants() if pairwise else family.variants())]
     if shard is not None:
         k, n = shard
-        if not 0 <= k < n:
-            raise ValueError(f"shard=(k, n) needs 0 <= k < n, got {shard!r}")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in shard) or not 0 <= k < n:
+            raise ValueError(f"shard=(k, n) needs ints with 0 <= k < n, got {shard!r}")
         todo = todo[k::n]
     return todo
 
@@ -410,6 +411,12 @@ def main(args) -> int:
     problem = output_file_problem("--json", args.json)  # (before minutes of compiling)
     if problem:
         raise SystemExit(f"inspect: {problem}")
+    shard = getattr(args, "shard", None)
+    if shard is not None:
+        total = len(variants(args.arch, getattr(args, "pairwise", False)))
+        if shard[0] >= total:
+            raise SystemExit(f"inspect: --shard {shard[0]}/{shard[1]} is empty: the list holds {total} variants, so "
+                             f"K must be below {total} (and N at most {total} for every shard to hold one)")
     with_sass = sass_facts.find_nvdisasm() is not None
     rows = inspect_all(args.arch, with_sass, getattr(args, "jobs", None) or os.cpu_count() or 1,
                        getattr(args, "pairwise", False), getattr(args, "shard", None))
@@ -422,6 +429,6 @@ def main(args) -> int:
     print("smem = static (CUBIN) + dynamic (launch) bytes per CTA; local_frame = local memory bytes per thread")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"arch": args.arch, "shard": getattr(args, "shard", None), "sass": with_sass, "rows": rows}, f,
-                      indent=2)
+            json.dump({"arch": args.arch, "pairwise": getattr(args, "pairwise", False), "shard": shard,
+                       "sass": with_sass, "rows": rows}, f, indent=2)
     return 0 if all(r["status"] == "ok" for r in rows) else 1

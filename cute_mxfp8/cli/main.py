@@ -36,8 +36,8 @@ def _shard(text: str) -> tuple[int, int]:
     try:
         k, n = int(k), int(n)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be K/N with integers 0 <= K < N (e.g. 0/4), got {text!r}") from None
-    if not sep or not 0 <= k < n:
+        k = n = None
+    if not sep or k is None or not 0 <= k < n:
         raise argparse.ArgumentTypeError(f"must be K/N with integers 0 <= K < N (e.g. 0/4), got {text!r}")
     return k, n
 
@@ -144,15 +144,16 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p_inspect.add_argument("--arch", default="sm_100f", choices=["sm_100f", "sm_100a", "sm_103a", "sm_90a"],
                            help="target architecture (default: %(default)s)")
     p_inspect.add_argument("--json", metavar="PATH", default=None, help="also write the rows as JSON to PATH")
-    p_inspect.add_argument("--jobs", metavar="N", type=_positive, default=None,
-                           help="compile in N processes (default: the CPU count)")
+    p_inspect.add_argument("--jobs", metavar="J", type=_positive, default=None,
+                           help="compile in J processes (default: the CPU count)")
     p_inspect.add_argument("--pairwise", action="store_true",
                            help="compile only a subset of each kernel's variants in which every value of each "
                                 "argument and every pair of values of two arguments occur (about 60 %%; the CI "
                                 "test's check; without it, every variant)")
     p_inspect.add_argument("--shard", metavar="K/N", type=_shard, default=None,
-                           help="compile only every N-th variant, starting at the K-th (0 <= K < N), so that N "
-                                "runs (machines, CI workers) share the list; the shards of one N cover it once")
+                           help="compile only every N-th variant, starting at the K-th (K counts from 0: 0 <= K < N), "
+                                "so that N runs (machines, CI workers) share the list; the shards of one N cover it "
+                                "once; an empty shard (N past the variant count) is an error")
     p_inspect.set_defaults(func=_run_inspect)
     return parser
 

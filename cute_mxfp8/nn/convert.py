@@ -4,7 +4,8 @@ What is recognized (parameters are shared, never copied, so the state dict keys,
 change):
 
 * ``nn.Linear`` and subclasses that keep ``nn.Linear.forward`` (torchtitan's ``Linear``) -> :class:`MXFP8Linear`
-  (a torchtitan ``_param_init`` table is kept; see below for torchtitan models still on the meta device).  Subclasses with their own forward are reported and kept.
+  (a torchtitan ``_param_init`` table is kept; torchtitan models on the meta device: see below).  Subclasses
+  with their own forward are reported and kept.
 * A SwiGLU FFN: bias-free Linears named ``w1``/``w2``/``w3`` (torchtitan) or ``gate_proj``/``down_proj``/``up_proj``
   (Hugging Face), no parameters of its own, any other children parameter-free (an activation module), whose forward
   computes ``down(silu(gate(x)) * up(x))`` -> :class:`MXFP8SwiGLUMLP` with the same child names.
@@ -29,8 +30,11 @@ candidate stays as it is, reported, where the swap would drop behaviour or state
 (forward, backward, state-dict, load-state-dict) on itself or (an FFN) on its Linears, which the fused MLP never
 calls, a forward replaced on the instance, a class keeping extra state, a buffer named like the MXFP8 module's own
 attribute; checked before any probe runs it (global module hooks are not looked at).  So does a torchtitan Linear or
-grouped-experts module still on the meta device: torchtitan's ``init_states`` would not reach the MXFP8 module, so
-its weights would stay uninitialized (convert after ``init_states``, or use :mod:`cute_mxfp8.integrations.torchtitan`).  So does a module wrapped
+grouped-experts module while the model has parameters on the meta device: torchtitan's ``init_states`` would not
+reach the MXFP8 module, so its weights would stay uninitialized.  Convert torchtitan models after ``init_states``
+(a model built on a real device too: torchtitan's experts start from ``torch.empty`` there, which nothing detects),
+or wrap the weights with ``quantize_weights_``, or, for the FFNs and experts, use
+:mod:`cute_mxfp8.integrations.torchtitan`.  So does a module wrapped
 by ``torch.compile`` (the wrapper's forward is bound to it).  A module held in several slots is converted once and
 the replacement put in every slot that ``filter_fn`` accepts (an excluded slot keeps the high-precision module,
 sharing the parameters).
@@ -314,19 +318,23 @@ def _wrapped_reason(m: nn.Module, cfg: MXFP8Config) -> str | None:
     return None
 
 
-def _init_reason(m: nn.Module, kind: str) -> str | None:
-    """Why ``m`` is not converted on the meta device: torchtitan initializes a model built there with
-    ``init_states``, which runs on its own ``Module`` classes and only looks inside other modules for them, so an
-    MXFP8Linear or MXFP8GroupedExperts in place of its Linear or experts would keep ``to_empty``'s garbage (the
-    SwiGLU MLP keeps the FFN's Linears, which do initialize).  None: not such a module, or not on meta."""
+def _init_reason(m: nn.Module, kind: str, model_on_meta: bool) -> str | None:
+    """Why ``m`` is not converted while the model is (partly) on the meta device: torchtitan initializes such a
+    model with ``to_empty`` + ``init_states``, which runs on its own ``Module`` classes and only looks inside other
+    modules for them, so an MXFP8Linear or MXFP8GroupedExperts in place of its Linear or experts would keep
+    ``to_empty``'s garbage (the SwiGLU MLP keeps the FFN's Linears, which do initialize).  ``model_on_meta``: some
+    parameter of the converted model is on meta (``to_empty`` on the model also empties materialized parts).
+    None: not such a module, or nothing on meta."""
     if kind not in ("MXFP8Linear", "MXFP8GroupedExperts") or not callable(getattr(type(m), "init_states", None)):
         return None
-    if not any(p.is_meta for p in m.parameters()):
+    if not model_on_meta:
         return None
-    return ("its parameters are on the meta device and its class initializes them with init_states (torchtitan), "
-            "which the MXFP8 module would not run, so they would stay uninitialized: convert after init_states, "
-            "convert the config with cute_mxfp8.integrations.torchtitan (MXFP8Converter or its overrides), or wrap "
-            "the weights with quantize_weights_ (the modules stay)")
+    fixes = "convert after init_states, or wrap the weights with quantize_weights_ (the modules stay)"
+    if kind == "MXFP8GroupedExperts":
+        fixes += (", or convert the config with cute_mxfp8.integrations.torchtitan (MXFP8Converter or its "
+                  "overrides)")
+    return ("the model is on the meta device and this module's class initializes its weights with init_states "
+            f"(torchtitan), which the MXFP8 module would not run, so they would stay uninitialized: {fixes}")
 
 
 def _gather_high_precision(m: nn.Module, fqn: str) -> None:
@@ -382,7 +390,7 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
         left in high precision (dims not multiples of 32, weights not bf16/fp32, filtered out, look-alikes whose
         forward is not the SwiGLU math, unknown experts layouts) and ``nn.Linear`` subclasses with their own
         forward are listed in ``report.skipped`` and logged, as are modules with hooks or a forward replaced on
-        the instance (see the module docstring).
+        the instance and torchtitan Linears / experts of a model on the meta device (see the module docstring).
     Raises:
         TypeError: ``model`` is not an ``nn.Module``, ``filter_fn`` not callable (or not taking the two
         arguments above), or ``config`` not an :class:`MXFP8Config`.
@@ -401,7 +409,8 @@ def convert_to_mxfp8(model: nn.Module, *, filter_fn: Callable[[nn.Module, str], 
         return report
     if isinstance(found, str):
         _skip(report, "", found)
-    _convert_children(model, "", cfg, filter_fn, report, gen, {id(model): ("done", None)})
+    model_on_meta = any(p.is_meta for p in model.parameters())
+    _convert_children(model, "", cfg, filter_fn, report, gen, {id(model): ("done", None)}, model_on_meta)
     return report
 
 
@@ -416,7 +425,8 @@ def _compiled_wrapper(m: nn.Module) -> bool:
     return isinstance(m, OptimizedModule)
 
 
-def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_fn, report, gen, seen) -> None:
+def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_fn, report, gen, seen,
+                      model_on_meta: bool) -> None:
     """Convert ``parent``'s children, each slot of it (``named_children`` would list a module held twice once, and
     the second slot would stay in high precision).  ``seen``: id -> ("converted", (replacement, label)) for a
     module converted in an earlier slot (it takes the same replacement unless ``filter_fn`` excludes this slot,
@@ -462,17 +472,17 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
                 _skip(report, fqn, found)
                 if not child._modules:  # a leaf left alone: said again for each slot holding it
                     seen[id(child)] = ("skipped", found)
-            _convert_children(child, fqn, cfg, filter_fn, report, gen, seen)
+            _convert_children(child, fqn, cfg, filter_fn, report, gen, seen, model_on_meta)
             continue
         kind, dims, names = found
         if filter_fn is not None and not filter_fn(child, fqn):
             _skip(report, fqn, "excluded by filter_fn")
             del seen[id(child)]  # (another slot holding it may be converted)
             continue
-        why = _why_not(child, dims) or _init_reason(child, kind)
+        why = _why_not(child, dims) or _init_reason(child, kind, model_on_meta)
         if why is None and (why := _wrapped_reason(child, cfg)) is not None and kind == "MXFP8SwiGLUMLP":
             _skip(report, fqn, f"{why}; its Linears are converted one by one")  # (the wrapped one is skipped)
-            _convert_children(child, fqn, cfg, filter_fn, report, gen, seen)
+            _convert_children(child, fqn, cfg, filter_fn, report, gen, seen, model_on_meta)
             continue
         if why is not None:
             _skip(report, fqn, why)
@@ -483,14 +493,14 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
             why = swiglu_weights_reason(*(w.weight if isinstance(w, nn.Linear) else w for w in weights))
             if why is not None:  # e.g. w1 and w3 in two dtypes: an FFN's Linears still convert one by one
                 _skip(report, fqn, why)
-                _convert_children(child, fqn, cfg, filter_fn, report, gen, seen)
+                _convert_children(child, fqn, cfg, filter_fn, report, gen, seen, model_on_meta)
                 continue
         if kind != "MXFP8Linear":
             why = fast_mode_hidden_reason(cfg.hopper_block_k, dims["hidden_dim"])
             if why is not None:  # the fast mode runs Linears of any multiple-of-32 shape
                 _skip(report, fqn, f"{why}; its Linears are converted one by one" if kind == "MXFP8SwiGLUMLP"
                       else f"{why}; left in high precision")  # (experts hold 3-D weights, no Linears)
-                _convert_children(child, fqn, cfg, filter_fn, report, gen, seen)
+                _convert_children(child, fqn, cfg, filter_fn, report, gen, seen, model_on_meta)
                 continue
         _gather_high_precision(child, fqn)
         new = _replacement(child, kind, names, cfg)
