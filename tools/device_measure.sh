@@ -25,9 +25,14 @@ if [ -f .kcache/kcache.tar.xz ]; then
 fi
 pack() {  # only when an entry changed since the last pack, so that timed commands after the compiles run undisturbed
     [ -z "$(find "$CUTE_MXFP8_CACHE_DIR" -type f -newer /tmp/kcache.mark -print -quit)" ] && return
-    touch /tmp/kcache.mark.new
-    tar -cJf /tmp/kcache.tar.xz -C "$CUTE_MXFP8_CACHE_DIR" . 2>/dev/null && cp /tmp/kcache.tar.xz "$OUT/kcache.tar.xz" \
-        && mv /tmp/kcache.mark.new /tmp/kcache.mark
+    # one pack at a time: the final pack waits for a background one still running (its tar outlives the killed
+    # loop and holds the lock until it exits), so the two never write the archive together
+    (
+        command -v flock > /dev/null && flock 9
+        touch /tmp/kcache.mark.new
+        tar -cJf /tmp/kcache.tar.xz -C "$CUTE_MXFP8_CACHE_DIR" . 2>/dev/null && cp /tmp/kcache.tar.xz "$OUT/kcache.tar.xz" \
+            && mv /tmp/kcache.mark.new /tmp/kcache.mark
+    ) 9> /tmp/kcache.lock
 }
 ( while sleep 20; do pack; done ) &
 packer=$!
