@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 
@@ -704,3 +705,89 @@ def test_convert_leaves_a_torch_compile_wrapped_module_and_asks_filter_fn_per_sl
     router = nn.Linear(64, 16)  # 16 outputs: left alone, in both slots
     report = convert_to_mxfp8(nn.Sequential(router, nn.Sequential(router)))
     assert set(dict(report.skipped)) == {"0", "1.0"} and not report.converted
+
+
+def test_swiglu_mlp_refuses_children_whose_bias_hooks_or_forward_it_would_ignore():
+    """The fused MLP reads its Linears' weights and never calls them: a bias, hook, own forward or wrapper put on
+    a child after construction would be silently ignored, so the forward raises, naming the child and the fix."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 64)
+
+    class Scaled(nn.Linear):
+        def forward(self, inp):
+            return 10 * super().forward(inp)
+
+    cases = [(lambda m: m.w1.register_forward_hook(lambda *a: None), ValueError, "'w1' has forward / backward hooks"),
+             (lambda m: m.w3.register_forward_pre_hook(lambda mod, a: (a[0] * 0,)), ValueError, "'w3' has forward"),
+             (lambda m: setattr(m, "w1", nn.Linear(64, 128)), ValueError, "'w1' has a bias"),
+             (lambda m: setattr(m, "w3", Scaled(64, 128, bias=False)), ValueError, r"own forward \(Scaled\)"),
+             (lambda m: setattr(m.w2, "forward", lambda inp: inp), ValueError, "forward set on the instance"),
+             (lambda m: setattr(m, "w2", nn.Sequential(nn.Linear(128, 64, bias=False))), TypeError,
+              "'w2' is a Sequential, not an nn.Linear")]
+    ref = MXFP8SwiGLUMLP(64, 128)
+    want = ref(x)
+    for setup, exc, msg in cases:
+        m = copy.deepcopy(ref)
+        setup(m)
+        with pytest.raises(exc, match=msg):
+            m(x)
+    # what it does run: the Linears' weights, whatever Linear subclass keeps nn.Linear's forward
+    sub = copy.deepcopy(ref)
+    sub.w1 = type("FrameworkLinear", (nn.Linear,), {})(64, 128, bias=False)
+    sub.w1.weight = ref.w1.weight
+    assert torch.equal(sub(x), want)
+
+
+def test_convert_keeps_ffns_and_experts_with_wider_forwards_or_eval_differences():
+    """The MXFP8 modules take ``forward(x)`` / ``forward(x, num_tokens_per_expert)`` and compute the same in train
+    and eval mode: an FFN with an extra argument or a ``self.training`` branch stays (its Linears convert one by
+    one), and so do experts with an extra argument; ``*args`` / ``**kwargs`` alone do not stop the swap."""
+    from cute_mxfp8 import convert_to_mxfp8
+
+    class FFN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1, self.w3 = nn.Linear(64, 128, bias=False), nn.Linear(64, 128, bias=False)
+            self.w2 = nn.Linear(128, 64, bias=False)
+
+        def forward(self, x):
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    class WithScale(FFN):
+        def forward(self, x, scale=None):
+            return super().forward(x) * (1.0 if scale is None else scale)
+
+    class HalfInEval(FFN):
+        def forward(self, x):
+            y = super().forward(x)
+            return y if self.training else 0.5 * y
+
+    class TakesKwargs(FFN):
+        def forward(self, x, *args, **kwargs):
+            return super().forward(x)
+
+    for cls, fused in ((FFN, True), (WithScale, False), (HalfInEval, False), (TakesKwargs, True)):
+        model = nn.Sequential(cls())
+        report = convert_to_mxfp8(model)
+        assert isinstance(model[0], MXFP8SwiGLUMLP) is fused, (cls.__name__, report)
+        if not fused:
+            assert isinstance(model[0].w1, MXFP8Linear) and report.skipped[0][0] == "0", report
+    assert "takes scale besides x" in dict(convert_to_mxfp8(nn.Sequential(WithScale())).skipped)["0"]
+
+    class Experts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1, self.w3 = (nn.Parameter(torch.randn(2, 64, 32) * 0.1) for _ in range(2))
+            self.w2 = nn.Parameter(torch.randn(2, 32, 64) * 0.1)
+
+        def forward(self, x, num_tokens_per_expert, scores=None):
+            out, start = [], 0
+            for g, n in enumerate(num_tokens_per_expert.tolist()):
+                xe = x[start:start + n]
+                out.append(F.silu(xe @ self.w1[g].T) * (xe @ self.w3[g].T) @ self.w2[g].T)
+                start += n
+            return torch.cat(out)
+
+    model = nn.Sequential(Experts())
+    report = convert_to_mxfp8(model)
+    assert type(model[0]) is Experts and "takes scores besides x, num_tokens_per_expert" in dict(report.skipped)["0"]

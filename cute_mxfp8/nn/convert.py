@@ -113,13 +113,15 @@ def _probe_input(rows: int, d: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def _train_mode_outputs(m: nn.Module, params: dict, args: tuple) -> list[torch.Tensor] | None:
-    """Run ``m`` twice in train mode on probe parameters (the module's own tensors are not touched); None if the
-    forward fails or does not return a tensor.  Restores every submodule's training flag."""
+    """Run ``m`` twice in train mode, then once in eval mode, on probe parameters (the module's own tensors are not
+    touched); None if the forward fails or does not return a tensor.  Restores every submodule's training flag."""
     modes = [(mod, mod.training) for mod in m.modules()]
-    m.train()
     try:
         with torch.random.fork_rng(devices=[]):  # a forward that draws random numbers leaves the global RNG as is
+            m.train()
             outs = [torch.func.functional_call(m, params, args) for _ in range(2)]
+            m.eval()  # (the MXFP8 module computes the same in both modes: so must the module it replaces)
+            outs.append(torch.func.functional_call(m, params, args))
     except Exception:  # a forward with another signature or other state: not the module we look for
         return None
     finally:
@@ -129,10 +131,11 @@ def _train_mode_outputs(m: nn.Module, params: dict, args: tuple) -> list[torch.T
 
 
 def _matches(outs: list[torch.Tensor] | None, ref: torch.Tensor, loose: bool = False) -> bool:
-    """Deterministic (the two train-mode runs agree exactly, so no dropout) and equal to the SwiGLU math; ``loose``:
+    """Deterministic and mode-free (the two train-mode runs and the eval-mode run agree exactly: no dropout, no
+    ``self.training`` branch) and equal to the SwiGLU math; ``loose``:
     within 2 % of each row's largest value (a module computing in bf16, as torchtitan's grouped experts do, is off
     by ~0.5 %; GELU instead of SiLU by ~18 %), so an output scaled by less than ~1.02 would pass unnoticed."""
-    if outs is None or outs[0].shape != ref.shape or not torch.equal(outs[0], outs[1]) \
+    if outs is None or outs[0].shape != ref.shape or not all(torch.equal(outs[0], o) for o in outs[1:]) \
             or not outs[0].is_floating_point():
         return False
     if loose:  # per row, against the row's largest value (the probe rows differ 3000x in magnitude)
@@ -236,6 +239,22 @@ def _is_grouped_experts(m: nn.Module, e: int, d: int, i: int, names: tuple[str, 
     return _matches(_train_mode_outputs(m, params, (x, counts)), ref, loose=True)
 
 
+def _forward_reason(m: nn.Module, inputs: tuple[str, ...]) -> str | None:
+    """Why ``m``'s forward is wider than the MXFP8 module's ``forward(*inputs)``: named parameters past the inputs
+    (``forward(x, scale=None)``), which callers may pass and the MXFP8 module would refuse (None: it is not;
+    ``*args`` / ``**kwargs`` are allowed, as a forward that takes them need not read them)."""
+    try:
+        params = list(inspect.signature(m.forward).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: the probe decides
+        return None
+    named = [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    extra = named[len(inputs):]
+    if not extra:
+        return None
+    return (f"its forward takes {', '.join(extra)} besides {', '.join(inputs)}, which the MXFP8 module's forward"
+            f"({', '.join(inputs)}) does not: a call passing them would fail")
+
+
 def _hf_experts(m: nn.Module) -> bool:
     """A Hugging Face experts module whose forward transformers dispatches (``use_experts_implementation``)."""
     return hasattr(m, "gate_up_proj") and hasattr(m, "down_proj") and hasattr(m, "_apply_gate") \
@@ -275,16 +294,16 @@ def _candidate(m: nn.Module, gen: torch.Generator) -> tuple[str, dict[str, int],
         return ("SwiGLU FFN with biased Linears: the fused MXFP8 MLP has no biases, so its Linears are converted "
                 "one by one")
     if dims is not None:
-        why = hooks_reason(m)  # (before the probe, which would run them on probe data)
+        why = hooks_reason(m) or _forward_reason(m, ("x",))  # (before the probe, which would run hooks on probe data)
         if why is not None:
             return f"SwiGLU FFN not fused: {why}; its Linears are converted one by one where they can be"
         if _is_swiglu_ffn(m, *dims, gen):
             return "MXFP8SwiGLUMLP", {"dim": dims[0], "hidden_dim": dims[1]}, dims[2]
         return (f"has SwiGLU FFN children {'/'.join(dims[2])} but its forward is not w2(silu(w1(x)) * w3(x)) "
-                "(other activation, scaling, gating or dropout)")
+                "(other activation, scaling, gating, dropout or a train / eval difference)")
     gdims = _grouped_experts_dims(m)
     if gdims is not None:
-        why = hooks_reason(m)
+        why = hooks_reason(m) or _forward_reason(m, ("x", "num_tokens_per_expert"))
         if why is not None:
             return f"grouped experts kept in high precision: {why}"
         if _is_grouped_experts(m, *gdims, gen):

@@ -166,6 +166,9 @@ def hooks_reason(module: nn.Module) -> str | None:
         where = f"its submodule {name!r}" if name else type(module).__name__
         kinds = [label for attr, label in _HOOK_KINDS
                  if any(not _own_hook(h) for h in getattr(sub, attr, {}).values())]
+        if kinds and name:  # (the fused MLP never calls its Linears: registering them after converting is no fix)
+            return (f"{where} has {' and '.join(kinds)}, which the fused MXFP8 module would not run (it never "
+                    f"calls its Linears): remove them, or keep the Linears separate")
         if kinds:
             return (f"{where} has {' and '.join(kinds)}, which the MXFP8 module would not run: convert before "
                     f"registering them, or remove them")
@@ -279,6 +282,31 @@ class MXFP8Linear(nn.Linear):
         return f"{super().extra_repr()}, config={self.config}"
 
 
+_CALL_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+def _fusable_linear(lin) -> bool:
+    """Whether the fused MLP, which reads only ``lin.weight`` and never calls ``lin``, runs what ``lin`` would: a
+    bias-free ``nn.Linear`` with ``nn.Linear``'s forward, no call hooks, no forward set on the instance (a cheap
+    check, run on every forward)."""
+    return (isinstance(lin, nn.Linear) and lin.bias is None and type(lin).forward is nn.Linear.forward
+            and "forward" not in vars(lin) and not any(getattr(lin, a) for a in _CALL_HOOKS))
+
+
+def _unfusable_child(cls_name: str, name: str, lin) -> Exception:
+    """The error for a child :func:`_fusable_linear` refuses, naming what would be ignored and the fix."""
+    if not isinstance(lin, nn.Linear):
+        return TypeError(f"{cls_name}: its child {name!r} is a {type(lin).__name__}, not an nn.Linear: the fused MLP "
+                         f"reads the three Linears' weights itself (wrappers such as LoRA are not run); keep the FFN "
+                         f"in high precision or give it plain Linears")
+    what = ("a bias" if lin.bias is not None else
+            f"its own forward ({type(lin).__name__})" if type(lin).forward is not nn.Linear.forward else
+            "a forward set on the instance" if "forward" in vars(lin) else "forward / backward hooks")
+    return ValueError(f"{cls_name}: its Linear {name!r} has {what}, which the fused MLP would ignore (it reads the "
+                      f"weights and never calls the Linears): remove that, or run the FFN as three Linears "
+                      f"(MXFP8Linear each; convert_to_mxfp8 does so for such FFNs)")
+
+
 class MXFP8SwiGLUMLP(nn.Module):
     """SwiGLU feed-forward ``w2(silu(w1(x)) * w3(x))`` run as ONE MXFP8 autograd function
     (:func:`cute_mxfp8.ops.mxfp8_swiglu_mlp`: fused W13 GEMM, SwiGLU + dual quantization, no bf16 ``h``).
@@ -356,6 +384,9 @@ class MXFP8SwiGLUMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         gate, down, up = (getattr(self, n) for n in self.names)
+        for n, lin in zip(self.names, (gate, down, up)):
+            if not _fusable_linear(lin):
+                raise _unfusable_child(type(self).__name__, n, lin)
         return mxfp8_swiglu_mlp(x, gate.weight, down.weight, up.weight, None, self.config)
 
 
