@@ -440,3 +440,22 @@ def test_wrapping_and_converting_in_either_order_never_changes_a_layers_config_s
     tied = nn.Sequential(nn.Linear(64, 64))
     quantize_weights_(tied, dataclasses.replace(floor, fsdp_mxfp8_all_gather=True))
     assert [f for f, _ in convert_to_mxfp8(tied, config=floor).converted] == ["0"]
+
+
+def test_quantize_weights_warns_when_it_wraps_nothing_it_could_have():
+    """fp16 / fp64 weights and dims that are not multiples of 32 stay plain (logged); a call that wraps nothing
+    because of that, leaving the model with no MXFP8 weight, says so in a warning naming the first one and why.  A
+    model with some weight wrapped (now or by an earlier call), or with no candidate at all, stays quiet."""
+    import warnings
+
+    for model, why in ((nn.Sequential(nn.Linear(64, 64)).half(), "a torch.float16 weight"),
+                       (nn.Sequential(nn.Linear(64, 64, dtype=torch.float64)), "a torch.float64 weight"),
+                       (nn.Sequential(nn.Linear(48, 64)), "in_features K=48 not a multiple of the MX block size 32")):
+        with pytest.warns(UserWarning, match=f"wrapped no weight: 1 left in high precision, e.g. 0.weight: {why}"):
+            assert quantize_weights_(model) == []
+    model = nn.Sequential(nn.Linear(64, 64), nn.Linear(48, 64))  # one wrapped: the other is logged only
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert quantize_weights_(model) == ["0.weight"]
+        assert quantize_weights_(model) == []  # (already wrapped)
+        assert quantize_weights_(nn.Sequential(nn.ReLU())) == []

@@ -25,6 +25,7 @@ scales).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 from torch import Tensor, nn
@@ -278,7 +279,9 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
             weight used by anything but ``F.linear`` / the 2d-3d ``torch._grouped_mm`` simply runs in high
             precision.
     Returns:
-        The fully qualified names of the wrapped parameters.
+        The fully qualified names of the wrapped parameters.  A ``UserWarning`` says when the model ends with no
+        MXFP8 weight although the default filter found candidates it left plain (fp16 / fp64, dims not multiples
+        of 32, lazy modules), naming the first and why.
     Raises:
         TypeError: ``model`` is not an ``nn.Module``, ``filter_fn`` not callable (or not taking the three
         arguments above), ``config`` not an MXFP8Config, or ``filter_fn`` chose a parameter that is not bfloat16 / float32 (the default filter
@@ -313,6 +316,7 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
     converted = {id(p): (n or "the model", cfg) for n, m in model.named_modules()
                  if (cfg := converted_config(m)) is not None for p in m.parameters()}
     todo = []  # decided (and every choice checked) before any parameter changes
+    left = []  # (fqn, reason) of the weights the default filter would take but leaves in high precision
     for entries in places.values():
         param = entries[0][3]
         if isinstance(param, MXFP8TrainingWeight):
@@ -324,12 +328,14 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
                                  "materialized yet: run one forward first, then wrap; nothing was wrapped")
             logger.info("cute_mxfp8: left %s in high precision: not materialized yet (a lazy module; wrap after "
                         "one forward)", fqn)
+            left.append((fqn, "not materialized yet (a lazy module; wrap after one forward)"))
             continue
         if not any(choose(m, n, p) for _, m, n, p in entries):
             why = None if filter_fn is not None else next(
                 (r for _, m, n, p in entries if (r := _linear_dims_reason(m, n, p)) is not None), None)
             if why is not None:  # as convert_to_mxfp8 reports such layers
                 logger.info("cute_mxfp8: left %s in high precision: %s", fqn, why)
+                left.append((fqn, why))
             continue
         if id(param) in converted and not same_numerics(converted[id(param)][1], config):
             owner, owner_cfg = converted[id(param)]  # (the same numerics: wrapped, e.g. for the MXFP8 all-gather)
@@ -340,6 +346,7 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
             if filter_fn is None:  # as convert_to_mxfp8 does with such layers: left as they are, and logged
                 logger.info("cute_mxfp8: left %s in high precision: a %s weight (MXFP8 weights are bfloat16 or "
                             "float32)", fqn, param.dtype)
+                left.append((fqn, f"a {param.dtype} weight (MXFP8 weights are bfloat16 or float32)"))
                 continue
             raise TypeError(f"quantize_weights_: filter_fn chose {fqn}, a {param.dtype} parameter; MXFP8 weights "
                             "are bfloat16 or float32: convert the model first (model.to(torch.bfloat16)); "
@@ -374,4 +381,9 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
         if not getattr(module, "_mxfp8_plain_state_dict", False):
             module._register_state_dict_hook(_plain_state_dict_hook)
             module._mxfp8_plain_state_dict = True
+    if not wrapped and left and not any(isinstance(p, MXFP8TrainingWeight) for p in model.parameters()):
+        # (logged one by one above; a call that leaves the model with no MXFP8 weight should not pass unseen)
+        fqn, why = left[0]
+        warnings.warn(f"quantize_weights_ wrapped no weight: {len(left)} left in high precision, e.g. {fqn}: {why} "
+                      "(each is logged at INFO level on the 'cute_mxfp8' logger)", stacklevel=2)
     return wrapped
