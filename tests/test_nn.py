@@ -625,7 +625,8 @@ def test_convert_leaves_modules_with_hooks_and_does_not_run_them():
     skipped = dict(report.skipped)
     assert "forward hooks" in skipped["0"] and "forward pre-hooks" in skipped["1"]
     assert "SwiGLU FFN not fused: FeedForward has forward hooks" in skipped["2"]
-    assert "3" not in skipped and "Linear has backward hooks" in skipped["3.w1"]  # (w1 is no plain Linear now)
+    assert "SwiGLU FFN not fused: its submodule 'w1' has backward hooks" in skipped["3"]  # (reported, not silent)
+    assert "Linear has backward hooks" in skipped["3.w1"]
     assert "forward replaced on the instance" in skipped["4"]
     converted = dict(report.converted)
     assert converted == {"2.w1": "MXFP8Linear", "2.w2": "MXFP8Linear", "2.w3": "MXFP8Linear",
@@ -791,3 +792,19 @@ def test_convert_keeps_ffns_and_experts_with_wider_forwards_or_eval_differences(
     model = nn.Sequential(Experts())
     report = convert_to_mxfp8(model)
     assert type(model[0]) is Experts and "takes scores besides x, num_tokens_per_expert" in dict(report.skipped)["0"]
+
+
+def test_convert_reports_an_ffn_left_unfused_by_hooks_on_one_of_its_linears():
+    """A hook on one Linear of a SwiGLU FFN: the FFN is reported unfused (the fused MLP would never call that
+    Linear), the hooked Linear stays, the other two convert."""
+    from cute_mxfp8 import convert_to_mxfp8
+
+    ffn = FeedForward(64, 128)
+    ffn.w3.register_forward_hook(lambda *a: None)
+    model = nn.Sequential(ffn)
+    report = convert_to_mxfp8(model)
+    reasons = dict(report.skipped)
+    assert "SwiGLU FFN not fused: its submodule 'w3' has forward hooks" in reasons["0"]
+    assert "never calls its Linears" in reasons["0"] and "convert before" not in reasons["0"]
+    assert "0.w3" in reasons and sorted(f for f, _ in report.converted) == ["0.w1", "0.w2"]
+    assert type(model[0].w3) is nn.Linear and isinstance(model[0].w1, MXFP8Linear)

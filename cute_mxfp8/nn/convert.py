@@ -56,7 +56,8 @@ from torch import nn
 from ..config import MXFP8Config
 from ..ops.shapes import fast_mode_hidden_reason
 from .modules import (MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, hooks_reason, layer_config, linear_reason,
-                      mxfp8_dims_reason, same_numerics, swiglu_weights_reason, weight_dtype_reason)
+                      linear_structure_reason, mxfp8_dims_reason, same_numerics, swiglu_weights_reason,
+                      weight_dtype_reason)
 
 __all__ = ["ConversionReport", "convert_to_mxfp8"]
 
@@ -170,12 +171,6 @@ def check_model_and_filter(fn: str, what: str, model, filter_fn, signature: str)
                             f"{params}") from None
 
 
-def _plain_linear(m: nn.Module) -> bool:
-    """An ``nn.Linear``, or a subclass that keeps ``nn.Linear.forward`` (e.g. torchtitan's ``Linear``), holding only
-    weight and bias."""
-    return isinstance(m, nn.Linear) and linear_reason(m) is None
-
-
 def _swiglu_ffn_dims(m: nn.Module) -> tuple[int, int, tuple[str, str, str]] | str | None:
     """(D, I, names) if ``m`` has the shape of a SwiGLU FFN: three bias-free Linears named as in
     :data:`_FFN_NAMES`, no parameters of its own, any other children parameter-free (an activation); ``"biases"``
@@ -187,7 +182,8 @@ def _swiglu_ffn_dims(m: nn.Module) -> tuple[int, int, tuple[str, str, str]] | st
         if not set(names) <= set(children):
             continue
         gate, down, up = (children[n] for n in names)
-        if not all(_plain_linear(c) for c in (gate, down, up)):
+        # (Linears with hooks still make an FFN: _candidate reports it unfused, naming the hooks)
+        if not all(isinstance(c, nn.Linear) and linear_structure_reason(c) is None for c in (gate, down, up)):
             return None
         if any(c.bias is not None for c in (gate, down, up)):
             return "biases"

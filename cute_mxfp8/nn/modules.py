@@ -86,8 +86,13 @@ def _require_layer_dtype(cls_name: str, dtype) -> None:
 
 def linear_reason(m: nn.Linear) -> str | None:
     """Why the ``nn.Linear`` ``m`` cannot become an :class:`MXFP8Linear` sharing its parameters (None: it can): a
-    subclass with its own forward, parameters besides weight and bias (adapters), which the swap would drop, or a
-    lazy Linear not materialized yet (no shape to convert)."""
+    subclass with its own forward, parameters besides weight and bias (adapters), which the swap would drop, a
+    lazy Linear not materialized yet (no shape to convert), or hooks (:func:`hooks_reason`)."""
+    return linear_structure_reason(m) or hooks_reason(m)
+
+
+def linear_structure_reason(m: nn.Linear) -> str | None:
+    """:func:`linear_reason` without the hooks: whether ``m`` computes and holds what ``nn.Linear`` does."""
     if any(isinstance(p, nn.parameter.UninitializedParameter) for p in m.parameters(recurse=False)):
         return (f"{type(m).__name__} has not materialized its parameters yet (a lazy module): run one forward "
                 "first, then convert it")
@@ -98,7 +103,7 @@ def linear_reason(m: nn.Linear) -> str | None:
     if extra:
         return (f"{type(m).__name__} holds parameters besides weight and bias ({', '.join(extra)}: e.g. adapters), "
                 "which an MXFP8Linear would drop")
-    return hooks_reason(m)
+    return None
 
 
 def swiglu_weights_reason(w1: Tensor, w2: Tensor, w3: Tensor) -> str | None:
