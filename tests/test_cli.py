@@ -586,3 +586,26 @@ def test_bench_plot_command_reports_bad_files_without_a_traceback(tmp_path, caps
     with pytest.raises(SystemExit, match="--json and --plot name one file"):
         main(["bench", "gemm", "--device", "cpu", "--json", str(tmp_path / "o.png"), "--plot",
               str(tmp_path / "o.png")])
+
+
+def test_train_refuses_moe_flags_without_moe_and_reprs_show_the_layers(capsys):
+    """``--experts`` / ``--top-k`` set the routed MoE FFN: without ``--moe`` they were silently ignored."""
+    from cute_mxfp8 import MXFP8SwiGLUMLP
+    from cute_mxfp8.cli import train
+    from cute_mxfp8.cli.main import build_parser
+    from cute_mxfp8.nn import MXFP8GroupedExperts
+
+    for extra in (["--top-k", "1"], ["--experts", "3"]):
+        with pytest.raises(SystemExit):
+            main(["train", *extra])
+        assert f"argument {extra[0]}: sets the routed MoE FFN, which only --moe builds" in capsys.readouterr().err
+    args = build_parser().parse_args(["train", "--moe"])
+    assert train.validate_args(args) is None and train.validate_args(args) is None  # (run() checks again)
+    assert (train._moe_value(args, "experts"), train._moe_value(args, "top_k")) == (4, 2)  # the defaults
+    args = build_parser().parse_args(["train", "--moe", "--experts", "3", "--top-k", "3"])
+    assert train.validate_args(args) is None
+    assert (train._moe_value(args, "experts"), train._moe_value(args, "top_k")) == (3, 3)
+    assert repr(MXFP8GroupedExperts(64, 128, 3)).startswith(
+        "MXFP8GroupedExperts(num_experts=3, dim=64, hidden_dim=128, dtype=torch.float32, validate_counts=False, "
+        "config=MXFP8Config(")
+    assert "config=MXFP8Config(scale_mode='rceil'" in repr(MXFP8SwiGLUMLP(64, 128))

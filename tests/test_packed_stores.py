@@ -67,7 +67,7 @@ def test_packed_stores_compile_without_local_memory_and_with_fewer_instructions(
         assert sum(ops1.values()) <= sum(ops0.values()) * 1.1  # (the full-block path duplicates the row stores)
 
 
-def test_packed_stores_flag_is_a_bool_and_the_ops_switch_reads_the_environment():
+def test_packed_stores_flag_is_a_bool_and_the_ops_switch_reads_the_environment(monkeypatch):
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl is a dependency; install the package")
     from cute_mxfp8.kernels.quantize_tile import TileQuantKernel
 
@@ -75,12 +75,18 @@ def test_packed_stores_flag_is_a_bool_and_the_ops_switch_reads_the_environment()
         TileQuantKernel("e4m3", "rceil", True, True, True, packed_stores=1)
     from cute_mxfp8.ops import cute_kernels
 
-    assert cute_kernels.PACKED_STORES is (os.environ.get("CUTE_MXFP8_PACKED_STORES", "0") == "1")
+    assert cute_kernels.PACKED_STORES is cute_kernels._env_flag("CUTE_MXFP8_PACKED_STORES", False)
     code = "from cute_mxfp8.ops import cute_kernels as c; print(c.PACKED_STORES)"
     for value, want in (("1", "True"), ("0", "False")):
         env = {**os.environ, "CUTE_MXFP8_PACKED_STORES": value}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert out.stdout.strip() == want, out.stderr[-500:]
+    for value, want in (("ON", True), (" yes ", True), ("off", False), ("", False)):
+        monkeypatch.setenv("CUTE_MXFP8_PACKED_STORES", value)
+        assert cute_kernels._env_flag("CUTE_MXFP8_PACKED_STORES", False) is want
+    monkeypatch.setenv("CUTE_MXFP8_PACKED_STORES", "yess")  # a typo is an error, not a silent off
+    with pytest.raises(ValueError, match="CUTE_MXFP8_PACKED_STORES='yess': set it to 1 \\(on\\) or 0 \\(off\\)"):
+        cute_kernels._env_flag("CUTE_MXFP8_PACKED_STORES", False)
 
 
 def _casts(rng):

@@ -33,6 +33,15 @@ FINAL_TRAIN_WINDOW = 10  # "final train loss" = mean of the last this-many step 
 MX_BLOCK = 32  # --dim and --hidden must be multiples of the MX scaling block so the layers convert to MXFP8
 
 
+MOE_DEFAULTS = {"experts": 4, "top_k": 2}  # --experts / --top-k when --moe is given without them
+
+
+def _moe_value(args: argparse.Namespace, attr: str):
+    """``--experts`` / ``--top-k`` as given, else its :data:`MOE_DEFAULTS` value."""
+    value = getattr(args, attr, None)
+    return MOE_DEFAULTS[attr] if value is None else value
+
+
 def add_args(parser: argparse.ArgumentParser) -> None:
     """Add the ``train`` flags to ``parser``."""
     g = parser.add_argument_group("training")
@@ -49,8 +58,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     m.add_argument("--layers", type=int, default=2, help="transformer blocks (default: %(default)s)")
     m.add_argument("--heads", type=int, default=4, help="attention heads (default: %(default)s)")
     m.add_argument("--moe", action="store_true", help="use a top-k routed MoE FFN instead of a dense one")
-    m.add_argument("--experts", type=int, default=4, help="MoE experts (default: %(default)s)")
-    m.add_argument("--top-k", type=int, default=2, help="experts per token (default: %(default)s)")
+    m.add_argument("--experts", type=int, default=None,
+                   help=f"MoE experts, with --moe (default: {MOE_DEFAULTS['experts']})")
+    m.add_argument("--top-k", type=int, default=None,
+                   help=f"experts per token, with --moe (default: {MOE_DEFAULTS['top_k']})")
     m.add_argument("--hopper-block-k", type=int, choices=[32, 128], default=32,
                    help="MXFP8Config(hopper_block_k=...) of the mxfp8 run: 128 is the Hopper fast mode (1x128 shared "
                         "scales, needs --hidden %% 128 == 0; the sm100 backend ignores it) (default: %(default)s)")
@@ -125,9 +136,14 @@ def validate_args(args: argparse.Namespace) -> str | None:
         errors.append(f"argument --hopper-block-k: 128 needs --hidden to be a multiple of 128, got {args.hidden}")
     if getattr(args, "hopper_weight_blocks", "1x128") != "1x128" and getattr(args, "hopper_block_k", 32) != 128:
         errors.append("argument --hopper-weight-blocks: 128x128 needs --hopper-block-k 128")
-    experts_ok = positive("--experts", args.experts)
-    if positive("--top-k", args.top_k) and experts_ok and args.moe and args.top_k > args.experts:
-        errors.append(f"argument --top-k: must be in [1, --experts {args.experts}], got {args.top_k}")
+    given = [flag for flag, attr in (("--experts", "experts"), ("--top-k", "top_k")) if getattr(args, attr) is not None]
+    if given and not args.moe:  # (they were silently ignored)
+        errors.append(f"argument {given[0]}: sets the routed MoE FFN, which only --moe builds: add --moe or drop "
+                      f"{' and '.join(given)}")
+    experts, top_k = _moe_value(args, "experts"), _moe_value(args, "top_k")
+    experts_ok = positive("--experts", experts)
+    if positive("--top-k", top_k) and experts_ok and args.moe and top_k > experts:
+        errors.append(f"argument --top-k: must be in [1, --experts {experts}], got {top_k}")
     if not isinstance(args.lr, (int, float)) or not math.isfinite(args.lr) or args.lr <= 0:
         errors.append(f"argument --lr: must be a finite number > 0, got {args.lr!r}")
     if (non_negative("--warmup", args.warmup) and args.warmup is not None and isinstance(args.steps, int)
@@ -305,7 +321,8 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = ModelConfig(
         dim=args.dim, hidden=args.hidden, layers=args.layers, heads=args.heads,
-        max_seq_len=max(args.seq_len, 1), moe=args.moe, num_experts=args.experts, top_k=args.top_k,
+        max_seq_len=max(args.seq_len, 1), moe=args.moe, num_experts=_moe_value(args, "experts"),
+        top_k=_moe_value(args, "top_k"),
     )  # fmt: skip
 
     # Data: identical batches for both runs.
@@ -432,7 +449,8 @@ def run(args: argparse.Namespace) -> int:
         "scale_block": scale_block(mx_config, device),
         "high_precision_dtype": precision,
         "torch_version": torch.__version__,
-        "args": {k: v for k, v in vars(args).items() if not callable(v)},
+        "args": {**{k: v for k, v in vars(args).items() if not callable(v)},
+                 **({k: _moe_value(args, k) for k in MOE_DEFAULTS} if args.moe else {})},  # (the values used)
         "model_config": cfg.to_dict(),
         "num_params": n_params,
         "steps": steps,

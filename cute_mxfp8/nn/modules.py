@@ -394,6 +394,9 @@ class MXFP8SwiGLUMLP(nn.Module):
                 raise _unfusable_child(type(self).__name__, n, lin)
         return mxfp8_swiglu_mlp(x, gate.weight, down.weight, up.weight, None, self.config)
 
+    def extra_repr(self) -> str:
+        return f"config={self.config}"
+
 
 class MXFP8GroupedExperts(nn.Module):
     """Mixture-of-experts SwiGLU experts in MXFP8: 2d-3d grouped GEMMs forward and dgrad, 2d-2d wgrad.
@@ -507,6 +510,12 @@ class MXFP8GroupedExperts(nn.Module):
         counts = _prefetch_counts(num_tokens_per_expert, self.num_experts)
         offs = lambda: offsets_from_counts(counts(), self.num_experts, x.shape[0], x.device)  # noqa: E731
         return swiglu_mlp_from_counts(x, *self._weights(), offs, self.config)
+
+    def extra_repr(self) -> str:
+        e, i, d = self._weights()[0].shape
+        names = "" if self.names == ("w1", "w2", "w3") else f", names={self.names}"
+        return (f"num_experts={e}, dim={d}, hidden_dim={i}, dtype={self._weights()[0].dtype}{names}, "
+                f"validate_counts={self.validate_counts}, config={self.config}")
 
 
 def _counts_on_device(counts, x: Tensor) -> bool:

@@ -250,7 +250,20 @@ TILE_KEEP_RUN = {(torch.bfloat16, False): True, (torch.bfloat16, True): True,
 # (TileQuantKernel packed_stores): 7-22 % fewer instructions on the sm_90a fall-through path (CPU, 2026-12-05), the
 # same bytes by construction, but not yet run on a GPU, so off unless CUTE_MXFP8_PACKED_STORES=1 (read at import:
 # the next device session runs the GPU tests and the A/B with it; docs/sm90_gemm.md, thirtieth session)
-PACKED_STORES = os.environ.get("CUTE_MXFP8_PACKED_STORES", "0") == "1"
+def _env_flag(name: str, default: bool) -> bool:
+    """An on/off environment switch: 1/true/yes/on or 0/false/no/off (any case); unset or empty: ``default``;
+    anything else: ValueError naming the variable (a typo must not silently mean off)."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={os.environ[name]!r}: set it to 1 (on) or 0 (off)")
+
+
+PACKED_STORES = _env_flag("CUTE_MXFP8_PACKED_STORES", False)
 
 
 def _keep_run(dtype: torch.dtype, scale_block: int, phase: str, grouped: bool) -> bool:
