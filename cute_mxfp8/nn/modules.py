@@ -325,7 +325,9 @@ class MXFP8SwiGLUMLP(nn.Module):
     Raises (at construction): TypeError for a size that is not an int (``32.0``, a bool) or a ``config`` that is
     not an :class:`MXFP8Config`; ValueError for a size that is not a multiple of 32, an fp16 (or other non
     bf16 / fp32) ``dtype``, or a ``config.backend`` that names no registered backend.  ``names`` that are not three distinct
-    identifiers free on the module raise ValueError.
+    identifiers free on the module raise ValueError.  The forward reads the three Linears' weights and never calls
+    the Linears, so it raises ValueError where one was given a bias, hooks or a forward of its own after
+    construction (they would be ignored), and TypeError where a child is no ``nn.Linear`` (e.g. a LoRA wrapper).
     """
 
     def __init__(self, dim: int, hidden_dim: int, device=None, dtype=None, config: MXFP8Config | None = None,
