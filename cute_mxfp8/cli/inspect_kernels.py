@@ -411,16 +411,15 @@ def main(args) -> int:
     problem = output_file_problem("--json", args.json)  # (before minutes of compiling)
     if problem:
         raise SystemExit(f"inspect: {problem}")
-    shard = getattr(args, "shard", None)
+    pairwise, shard = getattr(args, "pairwise", False), getattr(args, "shard", None)
     if shard is not None:
-        total = len(variants(args.arch, getattr(args, "pairwise", False)))
+        total = len(variants(args.arch, pairwise))
         if shard[0] >= total:
             raise SystemExit(f"inspect: --shard {shard[0]}/{shard[1]} is empty: the list holds {total} variants, so "
                              f"K must be below {total} (and N at most {total} for every shard to hold one)")
     with_sass = sass_facts.find_nvdisasm() is not None
-    rows = inspect_all(args.arch, with_sass, getattr(args, "jobs", None) or os.cpu_count() or 1,
-                       getattr(args, "pairwise", False), getattr(args, "shard", None))
-    part = f" (shard {args.shard[0]}/{args.shard[1]})" if getattr(args, "shard", None) else ""
+    rows = inspect_all(args.arch, with_sass, getattr(args, "jobs", None) or os.cpu_count() or 1, pairwise, shard)
+    part = f" (shard {shard[0]}/{shard[1]})" if shard else ""
     print(f"arch {args.arch}{part}: {sum(r['status'] == 'ok' for r in rows)}/{len(rows)} variants compiled")
     if not with_sass:
         print(SASS_HINT)
@@ -429,6 +428,6 @@ def main(args) -> int:
     print("smem = static (CUBIN) + dynamic (launch) bytes per CTA; local_frame = local memory bytes per thread")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"arch": args.arch, "pairwise": getattr(args, "pairwise", False), "shard": shard,
+            json.dump({"arch": args.arch, "pairwise": pairwise, "shard": shard,
                        "sass": with_sass, "rows": rows}, f, indent=2)
     return 0 if all(r["status"] == "ok" for r in rows) else 1

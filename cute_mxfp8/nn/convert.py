@@ -113,7 +113,7 @@ def _probe_input(rows: int, d: int, gen: torch.Generator) -> torch.Tensor:
     return torch.randn(rows, d, generator=gen) * scale
 
 
-def _train_mode_outputs(m: nn.Module, params: dict, args: tuple) -> list[torch.Tensor] | None:
+def _probe_outputs(m: nn.Module, params: dict, args: tuple) -> list[torch.Tensor] | None:
     """Run ``m`` twice in train mode, then once in eval mode, on probe parameters (the module's own tensors are not
     touched); None if the forward fails or does not return a tensor.  Restores every submodule's training flag."""
     modes = [(mod, mod.training) for mod in m.modules()]
@@ -202,7 +202,7 @@ def _is_swiglu_ffn(m: nn.Module, d: int, i: int, names: tuple[str, str, str], ge
     params = {f"{names[0]}.weight": w1, f"{names[1]}.weight": w2, f"{names[2]}.weight": w3}
     x = _probe_input(6, d, gen)
     ref = F.linear(F.silu(F.linear(x, w1)) * F.linear(x, w3), w2)
-    return _matches(_train_mode_outputs(m, params, (x,)), ref)
+    return _matches(_probe_outputs(m, params, (x,)), ref)
 
 
 def _grouped_experts_dims(m: nn.Module) -> tuple[int, int, int, tuple[str, str, str]] | None:
@@ -232,7 +232,7 @@ def _is_grouped_experts(m: nn.Module, e: int, d: int, i: int, names: tuple[str, 
     x = _probe_input(3 * e, d, gen).to(torch.bfloat16)  # the weights' dtype (modules that do not cast mix none)
     ref = torch.cat([F.linear(F.silu(F.linear(xe, w1[g])) * F.linear(xe, w3[g]), w2[g])
                      for g, xe in enumerate(x.float().split(3))])
-    return _matches(_train_mode_outputs(m, params, (x, counts)), ref, loose=True)
+    return _matches(_probe_outputs(m, params, (x, counts)), ref, loose=True)
 
 
 def _forward_reason(m: nn.Module, inputs: tuple[str, ...]) -> str | None:

@@ -317,9 +317,11 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
                  if (cfg := converted_config(m)) is not None for p in m.parameters()}
     todo = []  # decided (and every choice checked) before any parameter changes
     left = []  # (fqn, reason) of the weights the default filter would take but leaves in high precision
+    had_wrapped = False  # (an earlier call's MXFP8 weights: then a call that wraps nothing is no surprise)
     for entries in places.values():
         param = entries[0][3]
         if isinstance(param, MXFP8TrainingWeight):
+            had_wrapped = True
             continue
         fqn = ", ".join(f"{m}.{n}" if m else n for m, _, n, _ in entries)
         if isinstance(param, nn.parameter.UninitializedParameter):  # a lazy module's: no shape yet
@@ -381,7 +383,7 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
         if not getattr(module, "_mxfp8_plain_state_dict", False):
             module._register_state_dict_hook(_plain_state_dict_hook)
             module._mxfp8_plain_state_dict = True
-    if not wrapped and left and not any(isinstance(p, MXFP8TrainingWeight) for p in model.parameters()):
+    if not wrapped and left and not had_wrapped:
         # (logged one by one above; a call that leaves the model with no MXFP8 weight should not pass unseen)
         fqn, why = left[0]
         warnings.warn(f"quantize_weights_ wrapped no weight: {len(left)} left in high precision, e.g. {fqn}: {why} "
