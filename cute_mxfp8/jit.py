@@ -122,7 +122,7 @@ def _recording_launch_smem():
 def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
                   keep_ptx: bool = False, grouped: bool = False, batched: bool = False, scale_block: int = 32,
                   phase: str = "cast", pad_groups: bool = False, blocks_2d: bool = False, keep_run: bool = False,
-                  gate_up: bool = False, packed_stores: bool = False):
+                  gate_up: bool = False, packed_stores: bool = True):
     """Compiled MXFP8 cast for ``arch`` (e.g. ``"sm_90a"``).  ``direction``: ``"rowwise"``, ``"colwise"`` or
     ``"dual"``; ``grouped``: token groups along M (``offs``); ``batched``: rowwise of 3-D (E, N, K) weights.
 
@@ -156,8 +156,8 @@ def compile_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blo
       reducing and the casting walk instead of reloading them (the same bytes; what the ops run for bf16 inputs,
       ``ops.cute_kernels.TILE_KEEP_RUN``).
     * ``packed_stores`` (the tile kernels; the 32-block rowwise kernel ignores it): the fp8 outputs stored as packed
-      words, full 32-row blocks without per-row checks (:class:`TileQuantKernel`; the same bytes by construction,
-      not yet run on a GPU: ``ops.cute_kernels.PACKED_STORES``).
+      words, full 32-row blocks without per-row checks (:class:`TileQuantKernel`; the default stores' bytes, what
+      the ops build unless ``CUTE_MXFP8_PACKED_STORES=0``: ``ops.cute_kernels.PACKED_STORES``).
 
     With ``keep_ptx`` the function is built for inspection only (its ``__ptx__`` holds the PTX).
     """
@@ -225,7 +225,7 @@ def _amax_buffers():
 def compile_swiglu_quant(direction: str, in_dtype: str, elem: str, scale_mode: str, blocked: bool, arch: str,
                          keep_ptx: bool = False, grouped: bool = False, emit_hp: bool = False,
                          scale_block: int = 32, phase: str = "cast", h13_dtype: str | None = None,
-                         pad_groups: bool = False, persistent_ctas: int = 0, packed_stores: bool = False):
+                         pad_groups: bool = False, persistent_ctas: int = 0, packed_stores: bool = True):
     """Compiled fused SwiGLU + dual MXFP8 cast (:class:`~cute_mxfp8.kernels.quantize_tile.SwiGLUQuantKernel`).
 
     ``direction="fwd"``: ``fn(h13, q, s, qt, st, hp, offs, tile_starts)`` with h13 (1, M, 2I) ``in_dtype``,

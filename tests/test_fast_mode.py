@@ -483,7 +483,7 @@ def test_fast_mode_gate_up_cast_reads_w1_and_w3_and_matches_the_reference(shape,
 
     seen = []
     real = CK.compile_quant
-    monkeypatch.setattr(CK, "compile_quant", lambda *a: seen.append(a) or real(*a))
+    monkeypatch.setattr(CK, "compile_quant", lambda *a, **kw: seen.append(a) or real(*a, **kw))
     monkeypatch.setattr(CK, "pack_gate_up", lambda *a, **k: pytest.fail("packed W13 made"))
     w1 = torch.randn(*shape, generator=rng).to(dtype)
     w3 = _special(torch.randn(*shape, generator=rng) * torch.logspace(-6, 6, shape[-1])).to(dtype)
@@ -510,7 +510,7 @@ def test_gate_up_past_32_bit_indexing_casts_only_the_asked_direction(scale_block
 
     seen = []
     real = CK.compile_quant
-    monkeypatch.setattr(CK, "compile_quant", lambda *a: seen.append(a[0]) or real(*a))
+    monkeypatch.setattr(CK, "compile_quant", lambda *a, **kw: seen.append(a[0]) or real(*a, **kw))
     monkeypatch.setattr(CK, "_packed_limits", lambda *a: "forced")
     monkeypatch.setattr(B, "PLANS", {})  # (earlier tests' launch plans of this shape run the one-kernel cast)
     w1 = torch.randn(2, 256, 160, generator=rng).to(torch.bfloat16)

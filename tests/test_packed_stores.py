@@ -1,5 +1,5 @@
 """The tile casts' packed fp8 stores (``TileQuantKernel(packed_stores=True)``, ``ops.cute_kernels.PACKED_STORES``,
-``CUTE_MXFP8_PACKED_STORES=1``): compiled without local memory and with fewer instructions on the CPU; on an SM90
+on unless ``CUTE_MXFP8_PACKED_STORES=0``): compiled without local memory and with fewer instructions on the CPU; on an SM90
 GPU every cast writes the bytes of the default stores (which the other GPU tests hold against the reference)."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def test_packed_stores_flag_is_a_bool_and_the_ops_switch_reads_the_environment(m
         TileQuantKernel("e4m3", "rceil", True, True, True, packed_stores=1)
     from cute_mxfp8.ops import cute_kernels
 
-    assert cute_kernels.PACKED_STORES is cute_kernels._env_flag("CUTE_MXFP8_PACKED_STORES", False)
+    assert cute_kernels.PACKED_STORES is cute_kernels._env_flag("CUTE_MXFP8_PACKED_STORES", True)  # (on by default)
     code = "from cute_mxfp8.ops import cute_kernels as c; print(c.PACKED_STORES)"
     for value, want in (("1", "True"), ("0", "False")):
         env = {**os.environ, "CUTE_MXFP8_PACKED_STORES": value}

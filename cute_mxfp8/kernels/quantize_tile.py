@@ -126,7 +126,8 @@ class TileQuantKernel(MXCastParams):
             raise TypeError(f"packed_stores must be a bool, got {type(packed_stores).__name__}")
         # the fp8 stores as packed words (pack_fp8x4 / pack_fp8x8) and, for full 32-row blocks, rowwise without
         # per-row checks from one base: 7-22 % fewer instructions on the sm_90a fall-through path (2026-12-05,
-        # CPU); the same bytes by construction, NOT yet run on a GPU: off by default (ops.cute_kernels.PACKED_STORES)
+        # CPU); the default stores' bytes on the H200 (2026-12-06, tests/test_packed_stores.py), what the ops build
+        # (ops.cute_kernels.PACKED_STORES)
         self.packed_stores = packed_stores
         if type(gate_up) is not bool or (gate_up and (scale_block != 128 or phase != "cast" or grouped
                                                       or self.prologue != "cast")):
