@@ -31,6 +31,8 @@ import tempfile
 import warnings
 from importlib import metadata
 
+from .env import env_flag
+
 ENV_DIR = "CUTE_MXFP8_CACHE_DIR"
 ENV_SWITCH = "CUTE_MXFP8_DISK_CACHE"
 PACKAGE_ROOT = pathlib.Path(__file__).resolve().parent
@@ -57,8 +59,9 @@ def cache_dir() -> pathlib.Path:
 
 
 def enabled() -> bool:
-    """False when ``CUTE_MXFP8_DISK_CACHE`` is 0/false/no/off."""
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+    """False when ``CUTE_MXFP8_DISK_CACHE`` is 0/false/no/off; True when unset, empty or 1/true/yes/on; ValueError
+    naming the variable for anything else (:func:`cute_mxfp8.env.env_flag`)."""
+    return env_flag(ENV_SWITCH, True)
 
 
 def source_digest() -> str:

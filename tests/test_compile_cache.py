@@ -131,6 +131,22 @@ def test_disk_cache_switched_off(cache, monkeypatch, value):
     assert len(calls) == 2 and _files(cache) == []
 
 
+@pytest.mark.parametrize("value", ["1", " yes ", "ON", ""])
+def test_disk_cache_switched_on(cache, monkeypatch, value):
+    monkeypatch.setenv("CUTE_MXFP8_DISK_CACHE", value)
+    f, calls = _counting()
+    f(1), f(1)
+    assert len(calls) == 1 and _files(cache) != []
+
+
+def test_disk_cache_switch_typo_is_an_error(cache, monkeypatch):
+    monkeypatch.setenv("CUTE_MXFP8_DISK_CACHE", "offf")  # a typo must not silently keep (or drop) the cache
+    f, calls = _counting()
+    with pytest.raises(ValueError, match="CUTE_MXFP8_DISK_CACHE='offf': set it to 1 \\(on\\) or 0 \\(off\\)"):
+        f(1)
+    assert calls == [] and _files(cache) == []
+
+
 def test_skip_if_argument_bypasses_the_disk(cache):
     f, calls = _counting(skip_if="flag")
     f(1, flag=True), f(1, flag=True)

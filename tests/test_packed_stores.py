@@ -75,7 +75,9 @@ def test_packed_stores_flag_is_a_bool_and_the_ops_switch_reads_the_environment(m
         TileQuantKernel("e4m3", "rceil", True, True, True, packed_stores=1)
     from cute_mxfp8.ops import cute_kernels
 
-    assert cute_kernels.PACKED_STORES is cute_kernels._env_flag("CUTE_MXFP8_PACKED_STORES", True)  # (on by default)
+    from cute_mxfp8.env import env_flag
+
+    assert cute_kernels.PACKED_STORES is env_flag("CUTE_MXFP8_PACKED_STORES", True)  # (on by default)
     code = "from cute_mxfp8.ops import cute_kernels as c; print(c.PACKED_STORES)"
     for value, want in (("1", "True"), ("0", "False")):
         env = {**os.environ, "CUTE_MXFP8_PACKED_STORES": value}
@@ -83,10 +85,10 @@ def test_packed_stores_flag_is_a_bool_and_the_ops_switch_reads_the_environment(m
         assert out.stdout.strip() == want, out.stderr[-500:]
     for value, want in (("ON", True), (" yes ", True), ("off", False), ("", False)):
         monkeypatch.setenv("CUTE_MXFP8_PACKED_STORES", value)
-        assert cute_kernels._env_flag("CUTE_MXFP8_PACKED_STORES", False) is want
+        assert env_flag("CUTE_MXFP8_PACKED_STORES", False) is want
     monkeypatch.setenv("CUTE_MXFP8_PACKED_STORES", "yess")  # a typo is an error, not a silent off
     with pytest.raises(ValueError, match="CUTE_MXFP8_PACKED_STORES='yess': set it to 1 \\(on\\) or 0 \\(off\\)"):
-        cute_kernels._env_flag("CUTE_MXFP8_PACKED_STORES", False)
+        env_flag("CUTE_MXFP8_PACKED_STORES", False)
 
 
 def _casts(rng):

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 
 from .. import formats as F
+from ..env import env_flag
 from ..jit import SM100_TARGET, compile_quant, compile_swiglu_quant
 from ..swiglu import pack_gate_up
 from . import gemm_sm90, gemm_sm100
@@ -251,20 +251,7 @@ TILE_KEEP_RUN = {(torch.bfloat16, False): True, (torch.bfloat16, True): True,
 # the H200 (2026-12-06) every cast of tests/test_packed_stores.py wrote the default stores' bytes and the grouped
 # SwiGLU casts (T=32768 I=1536 E=8, token_align 128, one launch) took 0.168 vs 0.177 ms forward, 0.253 vs 0.263 ms
 # backward (tools/fast_mode_swiglu.py --only padded): on by default, CUTE_MXFP8_PACKED_STORES=0 turns them off
-def _env_flag(name: str, default: bool) -> bool:
-    """An on/off environment switch: 1/true/yes/on or 0/false/no/off (any case); unset or empty: ``default``;
-    anything else: ValueError naming the variable (a typo must not silently mean off)."""
-    value = os.environ.get(name, "").strip().lower()
-    if not value:
-        return default
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name}={os.environ[name]!r}: set it to 1 (on) or 0 (off)")
-
-
-PACKED_STORES = _env_flag("CUTE_MXFP8_PACKED_STORES", True)
+PACKED_STORES = env_flag("CUTE_MXFP8_PACKED_STORES", True)
 
 
 def _keep_run(dtype: torch.dtype, scale_block: int, phase: str, grouped: bool) -> bool:
