@@ -376,6 +376,9 @@ def test_grouped_experts_pickled_before_validate_counts_still_run(rng):
     with pytest.raises(TypeError, match="validate_counts must be a bool"):
         MXFP8GroupedExperts(64, 64, 2, validate_counts=1)
     assert "validate_counts" not in MXFP8GroupedExperts(64, 64, 2, validate_counts=True).state_dict()
+    ex.validate_counts = "no"  # set after construction: refused at the forward, not read as True
+    with pytest.raises(TypeError, match="validate_counts must be a bool, got 'no'"):
+        ex(x, [2, 3])
 
 
 def test_entry_points_name_the_fix_for_wrong_argument_types():

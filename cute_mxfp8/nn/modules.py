@@ -499,6 +499,9 @@ class MXFP8GroupedExperts(nn.Module):
             raise TypeError(f"x must be a torch.Tensor (tokens, dim), got {type(x).__name__}")
         if x.dim() != 2:
             raise ValueError(f"x must be (tokens, dim) with tokens sorted by expert, got shape {tuple(x.shape)}")
+        if type(self.validate_counts) is not bool:  # (set after construction: "no" must not mean True)
+            raise TypeError(f"validate_counts must be a bool, got {self.validate_counts!r}: set "
+                            f"module.validate_counts = True or False")
         counts = num_tokens_per_expert
         if not self.validate_counts and _counts_on_device(counts, x):
             # no host read: the step never waits for the GPU here, and torch.compile traces it as one graph
