@@ -63,12 +63,15 @@ def test_quant_kernels_compile_for_arch(arch, direction, grouped, batched, in_dt
     vec = r"v4\.[bu]16|v2\.[bfu]32" if in_dtype == "bfloat16" else r"v4\.[bfu]32"
     assert len(re.findall(rf"ld\.global(?:\.nc)?\.(?:{vec})", ptx)) >= 8
     shuffles = len(re.findall(r"shfl\.sync", ptx))
-    # reduce-scatter + broadcast: rowwise 7 + 8 shuffles per lane, colwise 3 + 4; with groups, the tail CTAs' unrolled
-    # blocks past offs[-1] add a rowwise cast each (their colwise data is a zero store)
+    # reduce-scatter + broadcast: rowwise 7 + 8 shuffles per lane, colwise 3 + 4; the packed stores (the default,
+    # jit.compile_quant's packed_stores) have two copies of the rowwise stores with their 8 factor broadcasts, one
+    # for full 32-row blocks without row checks, one checked; with groups, the tail CTAs' unrolled blocks past
+    # offs[-1] add a rowwise cast each (their colwise data is a zero store)
     from cute_mxfp8.kernels.quantize_tile import BLOCK, TAIL_ROWS
 
-    tail = TAIL_ROWS // BLOCK * 15 if grouped and direction != "colwise" else 0
-    assert shuffles == {"rowwise": 15, "colwise": 7, "dual": 22}[direction] + tail
+    rowwise = 7 + 8 + 8
+    tail = TAIL_ROWS // BLOCK * rowwise if grouped and direction != "colwise" else 0
+    assert shuffles == {"rowwise": rowwise, "colwise": 7, "dual": 7 + rowwise}[direction] + tail
     if direction != "rowwise" and not grouped:  # 8-byte stores of the transposed colwise data
         assert re.search(r"st\.global\.(v2\.[bu]32|[bu]64)", ptx)
 
