@@ -306,6 +306,40 @@ def test_modules_and_convert_take_only_whole_128_hidden_blocks():
     assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
+def test_modules_and_convert_with_fused_epilogues_take_only_whole_64_hidden_runs():
+    """``fused_epilogues=True`` needs I % 64 == 0 (the interleaved gate/up runs): the modules refuse other hidden
+    sizes when made (not at every forward) and ``convert_to_mxfp8`` leaves such FFNs unfused, converting their
+    Linears, as with the fast mode's 128."""
+    from torch import nn
+
+    from cute_mxfp8 import MXFP8GroupedExperts, MXFP8SwiGLUMLP, convert_to_mxfp8
+
+    fused = MXFP8Config(fused_epilogues=True)
+    for make in (lambda: MXFP8SwiGLUMLP(64, 96, config=fused), lambda: MXFP8GroupedExperts(64, 96, 2, config=fused)):
+        with pytest.raises(ValueError, match="I = 96 is not a multiple of 64, which fused_epilogues=True needs.*"
+                                             "fused_epilogues=None"):
+            make()
+    MXFP8SwiGLUMLP(64, 128, config=fused), MXFP8GroupedExperts(64, 96, 2)  # (whole runs; the default config)
+
+    class FFN(nn.Module):
+        def __init__(self, i):
+            super().__init__()
+            self.w1, self.w2, self.w3 = nn.Linear(64, i, bias=False), nn.Linear(i, 64, bias=False), \
+                nn.Linear(64, i, bias=False)
+
+        def forward(self, x):
+            return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
+
+    model = nn.Sequential(FFN(96), FFN(128))
+    report = convert_to_mxfp8(model, config=fused)
+    assert type(model[0]) is FFN and type(model[1]).__name__ == "MXFP8SwiGLUMLP"
+    assert [fqn for fqn, _ in report.converted] == ["0.w1", "0.w2", "0.w3", "1"]
+    assert any(fqn == "0" and "multiple of 64" in why for fqn, why in report.skipped)
+    x = torch.randn(8, 64, requires_grad=True)
+    model(x).sum().backward()  # (before, FFN 0 was swapped and every forward raised)
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
 def test_sm100_keeps_mx_blocks(monkeypatch):
     monkeypatch.setattr(AG, "resolve_backend", lambda device, backend, op: "sm100")
     assert AG.scale_block(FAST, torch.device("cpu")) == 32

@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import MXFP8Config
-from ..ops.shapes import fast_mode_hidden_reason
+from ..ops.shapes import mlp_hidden_reason
 from .modules import (MXFP8GroupedExperts, MXFP8Linear, MXFP8SwiGLUMLP, hooks_reason, layer_config, linear_reason,
                       linear_structure_reason, mxfp8_dims_reason, same_numerics, swiglu_weights_reason,
                       weight_dtype_reason)
@@ -511,8 +511,8 @@ def _convert_children(parent: nn.Module, prefix: str, cfg: MXFP8Config, filter_f
                 _convert_children(child, fqn, cfg, filter_fn, report, gen, seen, model_on_meta)
                 continue
         if kind != "MXFP8Linear":
-            why = fast_mode_hidden_reason(cfg.hopper_block_k, dims["hidden_dim"])
-            if why is not None:  # the fast mode runs Linears of any multiple-of-32 shape
+            why = mlp_hidden_reason(cfg, dims["hidden_dim"])
+            if why is not None:  # the fast mode and the fused epilogues run Linears of any multiple-of-32 shape
                 _skip(report, fqn, f"{why}; its Linears are converted one by one" if kind == "MXFP8SwiGLUMLP"
                       else f"{why}; left in high precision")  # (experts hold 3-D weights, no Linears)
                 _convert_children(child, fqn, cfg, filter_fn, report, gen, seen, model_on_meta)

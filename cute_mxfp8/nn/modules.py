@@ -29,7 +29,7 @@ from ..config import MXFP8Config, resolve_config
 from ..ops.autograd import mxfp8_linear, mxfp8_swiglu_mlp, swiglu_mlp_from_counts
 from ..ops.backends import registered_backends
 from ..ops.group_meta import known_host_copy, mark_safe
-from ..ops.shapes import fast_mode_hidden_reason, mxfp8_dims_reason
+from ..ops.shapes import mlp_hidden_reason, mxfp8_dims_reason
 
 _INT32_MAX = 2**31 - 1
 
@@ -237,10 +237,10 @@ def _require_dims(cls_name: str, **dims: int) -> None:
         raise ValueError(f"{cls_name}: {reason}; keep this layer in high precision")
 
 
-def _require_fast_mode_hidden(cls_name: str, config: MXFP8Config, hidden_dim: int) -> None:
-    reason = fast_mode_hidden_reason(config.hopper_block_k, hidden_dim)
+def _require_mlp_hidden(cls_name: str, config: MXFP8Config, hidden_dim: int) -> None:
+    reason = mlp_hidden_reason(config, hidden_dim)
     if reason is not None:
-        raise ValueError(f"{cls_name}: {reason}; pad the hidden dim to a multiple of 128 or use hopper_block_k=32")
+        raise ValueError(f"{cls_name}: {reason}")
 
 
 class MXFP8Linear(nn.Linear):
@@ -317,7 +317,8 @@ class MXFP8SwiGLUMLP(nn.Module):
     (:func:`cute_mxfp8.ops.mxfp8_swiglu_mlp`: fused W13 GEMM, SwiGLU + dual quantization, no bf16 ``h``).
 
     Args:
-        dim: D (model dim), hidden_dim: I; both multiples of 32 (I of 128 with ``hopper_block_k=128``; ValueError).
+        dim: D (model dim), hidden_dim: I; both multiples of 32 (I of 128 with ``hopper_block_k=128``, of 64 with
+            ``fused_epilogues=True``; ValueError).
         device, dtype: of the three bias-free Linears' weights (bf16 or fp32), as ``nn.Linear``'s.
         config: :class:`MXFP8Config` (None: the defaults).
         names: the child names of (gate, down, up), default ``("w1", "w2", "w3")``; state dict keys follow them.
@@ -343,7 +344,7 @@ class MXFP8SwiGLUMLP(nn.Module):
         self.add_module(down, nn.Linear(hidden_dim, dim, **kw))
         self.add_module(up, nn.Linear(dim, hidden_dim, **kw))
         self.config = layer_config(config, type(self).__name__)
-        _require_fast_mode_hidden(type(self).__name__, self.config, hidden_dim)
+        _require_mlp_hidden(type(self).__name__, self.config, hidden_dim)
 
     @classmethod
     def from_module(cls, ffn: nn.Module, config: MXFP8Config | None = None,
@@ -404,7 +405,8 @@ class MXFP8GroupedExperts(nn.Module):
     """Mixture-of-experts SwiGLU experts in MXFP8: 2d-3d grouped GEMMs forward and dgrad, 2d-2d wgrad.
 
     Args:
-        dim: D, hidden_dim: I (multiples of 32; I of 128 with ``hopper_block_k=128``: ValueError), num_experts: E.
+        dim: D, hidden_dim: I (multiples of 32; I of 128 with ``hopper_block_k=128``, of 64 with
+            ``fused_epilogues=True``: ValueError), num_experts: E.
         device, dtype: of the three (E, ., .) weights (bf16 or fp32); drawn from a truncated normal with std
             ``1 / sqrt(fan_in)`` unless on the meta device.
         config: :class:`MXFP8Config` (None: the defaults).
@@ -425,7 +427,7 @@ class MXFP8GroupedExperts(nn.Module):
     ints), ``sum <= T`` (rows past the sum give zeros).  Returns (T, D) in ``x.dtype``.
     Raises (at construction): TypeError for a size that is not an int, a non-bool ``validate_counts`` or a
     ``config`` that is not an :class:`MXFP8Config`; ValueError for dims that are not multiples of 32 (I of 128
-    with ``hopper_block_k=128``), ``num_experts < 0``, a non bf16 / fp32 ``dtype``, bad ``names`` or an unregistered
+    with ``hopper_block_k=128``, of 64 with ``fused_epilogues=True``), ``num_experts < 0``, a non bf16 / fp32 ``dtype``, bad ``names`` or an unregistered
     ``config.backend``.
     """
 
@@ -451,7 +453,7 @@ class MXFP8GroupedExperts(nn.Module):
         for n, shape in zip(self.names, shapes):
             self.register_parameter(n, nn.Parameter(torch.empty(shape, **kw)))
         self.config = layer_config(config, type(self).__name__)
-        _require_fast_mode_hidden(type(self).__name__, self.config, hidden_dim)
+        _require_mlp_hidden(type(self).__name__, self.config, hidden_dim)
         if self._weights()[0].device.type != "meta":
             self.reset_parameters()
 
