@@ -453,6 +453,15 @@ def test_quantize_weights_warns_when_it_wraps_nothing_it_could_have():
                        (nn.Sequential(nn.Linear(48, 64)), "in_features K=48 not a multiple of the MX block size 32")):
         with pytest.warns(UserWarning, match=f"wrapped no weight: 1 left in high precision, e.g. 0.weight: {why}"):
             assert quantize_weights_(model) == []
+
+    class Experts(nn.Module):  # 3-D expert weights (E, N, K) with a dim that is no multiple of 32
+        def __init__(self):
+            super().__init__()
+            self.w1 = nn.Parameter(torch.randn(2, 96, 40))
+
+    with pytest.warns(UserWarning, match="wrapped no weight: 1 left in high precision, e.g. 0.w1: dim 2=40 not a "
+                                         "multiple of the MX block size 32"):
+        assert quantize_weights_(nn.Sequential(Experts())) == []
     model = nn.Sequential(nn.Linear(64, 64), nn.Linear(48, 64))  # one wrapped: the other is logged only
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -228,20 +228,22 @@ def _padded_shard(inner: Tensor, mesh, outer_size) -> Tensor:
     return torch.cat([inner, inner.new_zeros(rows - inner.size(0), *inner.shape[1:])])
 
 
-def _linear_dims_reason(module: nn.Module, name: str, param: Tensor) -> str | None:
-    """Why a Linear's weight has no MXFP8 dims (None: it has, or this is no Linear weight)."""
+def _dims_reason(module: nn.Module, name: str, param: Tensor) -> str | None:
+    """Why a Linear's weight or a 3-D expert weight (E, N, K) has no MXFP8 dims (None: it has, or it is neither)."""
     if isinstance(module, nn.Linear) and name == "weight":
         n, k = param.shape
         return mxfp8_dims_reason(**{"in_features K": k, "out_features N": n})
+    if param.dim() == 3 and not isinstance(module, NOT_EXPERTS) and param.shape[0] > 0:
+        _, a, b = param.shape  # (the 2d-3d forward's K is the last dim, the dgrad's the middle one)
+        return mxfp8_dims_reason(**{"expert weight dim 1": a, "dim 2": b})
     return None
 
 
 def _default_filter(module: nn.Module, name: str, param: Tensor) -> bool:
     if isinstance(module, nn.Linear) and name == "weight":
-        return _linear_dims_reason(module, name, param) is None
+        return _dims_reason(module, name, param) is None
     if param.dim() == 3 and not isinstance(module, NOT_EXPERTS):
-        e, a, b = param.shape
-        return e > 0 and mxfp8_dims_reason(K=b, N=a) is None and mxfp8_dims_reason(K=a, N=b) is None
+        return param.shape[0] > 0 and _dims_reason(module, name, param) is None
     return False
 
 
@@ -334,7 +336,7 @@ def quantize_weights_(model: nn.Module, config: MXFP8Config | None = None, *, fi
             continue
         if not any(choose(m, n, p) for _, m, n, p in entries):
             why = None if filter_fn is not None else next(
-                (r for _, m, n, p in entries if (r := _linear_dims_reason(m, n, p)) is not None), None)
+                (r for _, m, n, p in entries if (r := _dims_reason(m, n, p)) is not None), None)
             if why is not None:  # as convert_to_mxfp8 reports such layers
                 logger.info("cute_mxfp8: left %s in high precision: %s", fqn, why)
                 left.append((fqn, why))
