@@ -639,7 +639,9 @@ def test_convert_leaves_modules_with_hooks_and_does_not_run_them():
     assert calls == ["Linear", "FeedForward"]  # the hooks still fire on the real forward
     with pytest.raises(ValueError, match="has forward hooks"):
         MXFP8Linear.from_linear(lin)
-    with pytest.raises(ValueError, match="w1: Linear has backward hooks"):
+    child = FeedForward(64, 128)
+    child.w1.register_full_backward_hook(lambda mod, gi, go: None)
+    with pytest.raises(ValueError, match="its submodule 'w1' has backward hooks"):
         MXFP8SwiGLUMLP.from_module(child)
     experts = GroupedExperts(64, 128, 4)
     experts.register_forward_pre_hook(lambda mod, args: None)
@@ -811,3 +813,21 @@ def test_convert_reports_an_ffn_left_unfused_by_hooks_on_one_of_its_linears():
     assert "never calls its Linears" in reasons["0"] and "convert before" not in reasons["0"]
     assert "0.w3" in reasons and sorted(f for f, _ in report.converted) == ["0.w1", "0.w2"]
     assert type(model[0].w3) is nn.Linear and isinstance(model[0].w1, MXFP8Linear)
+
+
+def test_convert_fuses_an_ffn_whose_linears_have_state_dict_hooks():
+    """State-dict and load-state-dict hooks on an FFN's Linears do not block fusing: the fused MLP keeps the
+    Linear objects, so those hooks still run (only call hooks, which it would skip, do)."""
+    from cute_mxfp8 import convert_to_mxfp8
+
+    ffn = FeedForward(64, 128)
+    saved, loaded = [], []
+    ffn.w1._register_state_dict_hook(lambda mod, sd, prefix, meta: saved.append(prefix))
+    ffn.w2.register_load_state_dict_post_hook(lambda mod, keys: loaded.append(mod))
+    model = nn.Sequential(ffn)
+    want = model.state_dict()
+    report = convert_to_mxfp8(model)
+    assert report.converted == [("0", "MXFP8SwiGLUMLP")] and report.skipped == []
+    assert model[0].w1 is ffn.w1 and list(model.state_dict()) == list(want)
+    model.load_state_dict(want)
+    assert saved == ["0.w1.", "0.w1."] and loaded == [ffn.w2]  # (the hooks ran on the fused module too)

@@ -290,7 +290,8 @@ def _candidate(m: nn.Module, gen: torch.Generator) -> tuple[str, dict[str, int],
         return ("SwiGLU FFN with biased Linears: the fused MXFP8 MLP has no biases, so its Linears are converted "
                 "one by one")
     if dims is not None:
-        why = hooks_reason(m) or _forward_reason(m, ("x",))  # (before the probe, which would run hooks on probe data)
+        # (before the probe, which would run hooks on probe data; the Linears are kept, so their state-dict hooks too)
+        why = hooks_reason(m, kept=dims[2]) or _forward_reason(m, ("x",))
         if why is not None:
             return f"SwiGLU FFN not fused: {why}; its Linears are converted one by one where they can be"
         if _is_swiglu_ffn(m, *dims, gen):

@@ -159,18 +159,21 @@ def _mxfp8_attribute_names() -> frozenset:
     return frozenset(_OWN_ATTRIBUTES).union(*(dir(c) for c in (MXFP8Linear, MXFP8SwiGLUMLP, MXFP8GroupedExperts)))
 
 
-def hooks_reason(module: nn.Module) -> str | None:
+def hooks_reason(module: nn.Module, kept=()) -> str | None:
     """Why ``module`` cannot be swapped for an MXFP8 module without losing behaviour (None: it can): it or a
     submodule has hooks (forward, backward, state-dict or load-state-dict: the swap would drop the module's own,
     and the fused MXFP8 MLP never calls its child Linears, so theirs would not fire), a ``forward`` replaced on
     the instance (e.g. by accelerate's device hooks), a class that keeps state of its own in the state dict
     (``get_extra_state`` and the like overridden), or a buffer named like an MXFP8 module's own attribute.
+    ``kept``: the names of children the MXFP8 module takes over as they are (an FFN's Linears): their state-dict
+    hooks and state methods stay with them, so only their call hooks and instance forwards count.
     Global hooks (``register_module_forward_hook``) are not looked at."""
     taken = _mxfp8_attribute_names()
     for name, sub in module.named_modules():
         where = f"its submodule {name!r}" if name else type(module).__name__
-        kinds = [label for attr, label in _HOOK_KINDS
-                 if any(not _own_hook(h) for h in getattr(sub, attr, {}).values())]
+        kept_child = bool(name) and name.split(".")[0] in kept
+        kinds = [label for attr, label in _HOOK_KINDS if (not kept_child or attr in _CALL_HOOKS)
+                 and any(not _own_hook(h) for h in getattr(sub, attr, {}).values())]
         if kinds and name:  # (the fused MLP never calls its Linears: registering them after converting is no fix)
             return (f"{where} has {' and '.join(kinds)}, which the fused MXFP8 module would not run (it never "
                     f"calls its Linears): remove them, or keep the Linears separate")
@@ -181,7 +184,7 @@ def hooks_reason(module: nn.Module) -> str | None:
             return (f"{where} has its forward replaced on the instance (e.g. by accelerate hooks), which the MXFP8 "
                     f"module would drop: convert before wrapping it")
         own = [m for m in _STATE_METHODS if getattr(type(sub), m) is not getattr(nn.Module, m)]
-        if own:
+        if own and not kept_child:
             return (f"{where} is a {type(sub).__name__} overriding {', '.join(own)} (state of its own in the state "
                     f"dict), which the MXFP8 module would drop")
         clash = [n for n in sub._buffers if n in taken] if not name else []
@@ -352,10 +355,10 @@ class MXFP8SwiGLUMLP(nn.Module):
         """Take over the (gate, down, up) Linears named ``names`` of a SwiGLU FFN (shared, not copied; the
         Linears keep their own class, e.g. a framework's ``nn.Linear`` subclass, and init hooks).  The FFN must
         compute ``down(silu(gate(x)) * up(x))`` with nothing else: TypeError where a child named in ``names`` is
-        no ``nn.Linear``; ValueError for biased Linears, Linears that are not plain (:func:`linear_reason`),
+        no ``nn.Linear``; ValueError for biased Linears, Linears that are not plain (:func:`linear_structure_reason`),
         weights that cannot form one MLP (:func:`swiglu_weights_reason`), parameters outside the three Linears,
-        buffers in other children, or hooks (:func:`hooks_reason`) (each would be dropped or fail later;
-        ``convert_to_mxfp8`` converts such FFNs' Linears one by one).  The FFN's own buffers and plain attributes
+        buffers in other children, or hooks (:func:`hooks_reason`; of the Linears only call hooks count) (each
+        would be dropped or fail later; ``convert_to_mxfp8`` converts such FFNs' Linears one by one).  The FFN's own buffers and plain attributes
         move to the new module."""
         _require_names(cls, names, "child")
         linears = [getattr(ffn, n, None) for n in names]
@@ -372,12 +375,12 @@ class MXFP8SwiGLUMLP(nn.Module):
         if any(lin.bias is not None for lin in linears):
             raise ValueError(f"{cls.__name__}.from_module: {type(ffn).__name__}'s Linears have biases, which the "
                              "MXFP8 SwiGLU MLP does not add; convert them one by one (convert_to_mxfp8 does)")
-        why = next((f"{n}: {r}" for n, r in zip(names, map(linear_reason, linears)) if r is not None), None) \
-            or swiglu_weights_reason(gate.weight, down.weight, up.weight)
+        why = next((f"{n}: {r}" for n, r in zip(names, map(linear_structure_reason, linears)) if r is not None),
+                   None) or swiglu_weights_reason(gate.weight, down.weight, up.weight)
         if why is not None:
             raise ValueError(f"{cls.__name__}.from_module: {why}")
         _require_only(cls.__name__, ffn, names, f"the Linears {tuple(names)}")
-        why = hooks_reason(ffn)
+        why = hooks_reason(ffn, kept=names)  # (the Linears stay the same objects: only their call hooks matter)
         if why is not None:
             raise ValueError(f"{cls.__name__}.from_module: {why}")
         new = cls(gate.in_features, gate.out_features, device="meta", dtype=gate.weight.dtype, config=config,
