@@ -14,7 +14,9 @@ class MXFP8Config:
     """How the MXFP8 layers quantize (frozen: ``dataclasses.replace`` makes a changed copy).
 
     Raises ValueError at construction for any field outside the values below, a value of the wrong type included
-    (``wgrad_with_hp=1``, ``backend=""``), naming the field.
+    (``wgrad_with_hp=1``, ``backend=""``), naming the field.  A ``backend`` string is checked against the
+    registered backends later, where a layer, :func:`~cute_mxfp8.convert_to_mxfp8` or
+    :func:`~cute_mxfp8.quantize_weights_` takes the config (a backend may be registered after the config is made).
 
     Attributes:
         scale_mode: ``"rceil"`` (default; cuBLAS / TransformerEngine) or ``"floor"`` (OCP MX v1.0).

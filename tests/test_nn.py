@@ -723,13 +723,18 @@ def test_swiglu_mlp_refuses_children_whose_bias_hooks_or_forward_it_would_ignore
         def forward(self, inp):
             return 10 * super().forward(inp)
 
+    class CallZero(nn.Linear):  # its own __call__: the fused MLP would not run it either
+        def __call__(self, inp):
+            return 0 * super().__call__(inp)
+
     cases = [(lambda m: m.w1.register_forward_hook(lambda *a: None), ValueError, "'w1' has forward / backward hooks"),
              (lambda m: m.w3.register_forward_pre_hook(lambda mod, a: (a[0] * 0,)), ValueError, "'w3' has forward"),
              (lambda m: setattr(m, "w1", nn.Linear(64, 128)), ValueError, "'w1' has a bias"),
              (lambda m: setattr(m, "w3", Scaled(64, 128, bias=False)), ValueError, r"own forward \(Scaled\)"),
              (lambda m: setattr(m.w2, "forward", lambda inp: inp), ValueError, "forward set on the instance"),
+             (lambda m: setattr(m, "w1", CallZero(64, 128, bias=False)), ValueError, r"own __call__ \(CallZero\)"),
              (lambda m: setattr(m, "w2", nn.Sequential(nn.Linear(128, 64, bias=False))), TypeError,
-              "'w2' is a Sequential, not an nn.Linear")]
+              r"'w2' \(Sequential\) is not an nn.Linear")]
     ref = MXFP8SwiGLUMLP(64, 128)
     want = ref(x)
     for setup, exc, msg in cases:
@@ -772,7 +777,13 @@ def test_convert_keeps_ffns_and_experts_with_wider_forwards_or_eval_differences(
         def forward(self, x, *args, **kwargs):
             return super().forward(x)
 
-    for cls, fused in ((FFN, True), (WithScale, False), (HalfInEval, False), (TakesKwargs, True)):
+    class DoubleWithGrad(FFN):  # a grad-mode branch (the probe once ran under no_grad only)
+        def forward(self, x):
+            y = super().forward(x)
+            return 2 * y if torch.is_grad_enabled() else y
+
+    for cls, fused in ((FFN, True), (WithScale, False), (HalfInEval, False), (TakesKwargs, True),
+                       (DoubleWithGrad, False)):
         model = nn.Sequential(cls())
         report = convert_to_mxfp8(model)
         assert isinstance(model[0], MXFP8SwiGLUMLP) is fused, (cls.__name__, report)

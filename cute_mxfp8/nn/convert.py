@@ -16,11 +16,14 @@ change):
   transformers' experts implementations): the module stays and its forward becomes
   :func:`cute_mxfp8.integrations.transformers.mxfp8_experts_forward`.
 
-The forward of a candidate FFN / experts module is checked before it is swapped: it runs twice in train mode on
-random probe weights (substituted with ``torch.func.functional_call``; the module's own tensors are not read, so
-meta-device models are checked too) and inputs at three magnitudes, and must be deterministic (no dropout) and
-equal to the SwiGLU math (experts: within bf16 rounding per row, as torchtitan computes them in bf16).  So a
-module that merely looks like one (other activation, scaling, clamping, dropout) is not swapped.  Layers whose
+The forward of a candidate FFN / experts module is checked before it is swapped: it runs in train mode with grad
+mode on, in train mode under ``no_grad`` and in eval mode, on random probe weights (substituted with
+``torch.func.functional_call``; the module's own tensors are not read, so meta-device models are checked too) and
+inputs at three magnitudes, and must give the same output every time (no dropout, no train / eval or grad-mode
+branch) and equal the SwiGLU math (experts: within bf16 rounding per row, as torchtitan computes them in bf16).
+So a module that merely looks like one (other activation, scaling, clamping, dropout) is not swapped.  Nor is one
+whose forward takes named arguments past ``x`` (experts: past ``x, num_tokens_per_expert``), which callers could
+pass and the MXFP8 module would refuse.  Layers whose
 dims are not multiples of 32 (e.g. a router with 16 outputs) or whose weights are not bf16/fp32 are left as they
 are.  Every candidate left alone is logged and reported with the reason, including look-alikes and modules with
 3-D (experts-like) parameters in a layout the converter does not know.
@@ -114,15 +117,20 @@ def _probe_input(rows: int, d: int, gen: torch.Generator) -> torch.Tensor:
 
 
 def _probe_outputs(m: nn.Module, params: dict, args: tuple) -> list[torch.Tensor] | None:
-    """Run ``m`` twice in train mode, then once in eval mode, on probe parameters (the module's own tensors are not
-    touched); None if the forward fails or does not return a tensor.  Restores every submodule's training flag."""
+    """Run ``m`` in train mode with grad mode on, in train mode under ``no_grad``, then in eval mode (``no_grad``),
+    on probe parameters (the module's own tensors are not touched); None if the forward fails or does not return a
+    tensor.  Restores every submodule's training flag.  (The MXFP8 module computes the same in every mode: so must
+    the module it replaces; the runs also catch a forward that draws random numbers.)"""
     modes = [(mod, mod.training) for mod in m.modules()]
     try:
         with torch.random.fork_rng(devices=[]):  # a forward that draws random numbers leaves the global RNG as is
             m.train()
-            outs = [torch.func.functional_call(m, params, args) for _ in range(2)]
-            m.eval()  # (the MXFP8 module computes the same in both modes: so must the module it replaces)
-            outs.append(torch.func.functional_call(m, params, args))
+            with torch.enable_grad():  # (probe tensors need no grad: no graph is built)
+                outs = [torch.func.functional_call(m, params, args)]
+            with torch.no_grad():
+                outs.append(torch.func.functional_call(m, params, args))
+                m.eval()
+                outs.append(torch.func.functional_call(m, params, args))
     except Exception:  # a forward with another signature or other state: not the module we look for
         return None
     finally:
@@ -132,8 +140,8 @@ def _probe_outputs(m: nn.Module, params: dict, args: tuple) -> list[torch.Tensor
 
 
 def _matches(outs: list[torch.Tensor] | None, ref: torch.Tensor, loose: bool = False) -> bool:
-    """Deterministic and mode-free (the two train-mode runs and the eval-mode run agree exactly: no dropout, no
-    ``self.training`` branch) and equal to the SwiGLU math; ``loose``:
+    """Deterministic and mode-free (the three runs of :func:`_probe_outputs` agree exactly: no dropout, no
+    ``self.training`` or grad-mode branch) and equal to the SwiGLU math; ``loose``:
     within 2 % of each row's largest value (a module computing in bf16, as torchtitan's grouped experts do, is off
     by ~0.5 %; GELU instead of SiLU by ~18 %), so an output scaled by less than ~1.02 would pass unnoticed."""
     if outs is None or outs[0].shape != ref.shape or not all(torch.equal(outs[0], o) for o in outs[1:]) \
@@ -297,7 +305,7 @@ def _candidate(m: nn.Module, gen: torch.Generator) -> tuple[str, dict[str, int],
         if _is_swiglu_ffn(m, *dims, gen):
             return "MXFP8SwiGLUMLP", {"dim": dims[0], "hidden_dim": dims[1]}, dims[2]
         return (f"has SwiGLU FFN children {'/'.join(dims[2])} but its forward is not w2(silu(w1(x)) * w3(x)) "
-                "(other activation, scaling, gating, dropout or a train / eval difference)")
+                "(other activation, scaling, gating, dropout, or a train / eval or grad-mode difference)")
     gdims = _grouped_experts_dims(m)
     if gdims is not None:
         why = hooks_reason(m) or _forward_reason(m, ("x", "num_tokens_per_expert"))
@@ -306,7 +314,8 @@ def _candidate(m: nn.Module, gen: torch.Generator) -> tuple[str, dict[str, int],
         if _is_grouped_experts(m, *gdims, gen):
             return "MXFP8GroupedExperts", {"dim": gdims[1], "hidden_dim": gdims[2]}, gdims[3]
         return (f"has grouped-experts parameters {'/'.join(gdims[3])} but forward(x, num_tokens_per_expert) is not "
-                "the per-expert SwiGLU")
+                "the per-expert SwiGLU (other activation, scaling, routing, dropout, or a train / eval or grad-mode "
+                "difference)")
     three_d = [n for n, p in m.named_parameters(recurse=False) if p.dim() == 3]
     if three_d and not isinstance(m, NOT_EXPERTS):
         return (f"3-D parameters {', '.join(three_d)} (experts-like) in a layout the converter does not know: "

@@ -96,9 +96,9 @@ def linear_structure_reason(m: nn.Linear) -> str | None:
     if any(isinstance(p, nn.parameter.UninitializedParameter) for p in m.parameters(recurse=False)):
         return (f"{type(m).__name__} has not materialized its parameters yet (a lazy module): run one forward "
                 "first, then convert it")
-    if type(m).forward is not nn.Linear.forward:
-        return (f"{type(m).__name__} overrides nn.Linear.forward; only Linears computing nn.Linear's forward are "
-                "converted")
+    if type(m).forward is not nn.Linear.forward or type(m).__call__ is not nn.Module.__call__:
+        what = "nn.Linear.forward" if type(m).forward is not nn.Linear.forward else "nn.Module.__call__"
+        return (f"{type(m).__name__} overrides {what}; only Linears computing nn.Linear's forward are converted")
     extra = [n for n, _ in m.named_parameters() if n not in ("weight", "bias")]
     if extra:
         return (f"{type(m).__name__} holds parameters besides weight and bias ({', '.join(extra)}: e.g. adapters), "
@@ -298,17 +298,19 @@ def _fusable_linear(lin) -> bool:
     bias-free ``nn.Linear`` with ``nn.Linear``'s forward, no call hooks, no forward set on the instance (a cheap
     check, run on every forward)."""
     return (isinstance(lin, nn.Linear) and lin.bias is None and type(lin).forward is nn.Linear.forward
-            and "forward" not in vars(lin) and not any(getattr(lin, a) for a in _CALL_HOOKS))
+            and type(lin).__call__ is nn.Module.__call__ and "forward" not in vars(lin)
+            and not any(getattr(lin, a) for a in _CALL_HOOKS))
 
 
 def _unfusable_child(cls_name: str, name: str, lin) -> Exception:
     """The error for a child :func:`_fusable_linear` refuses, naming what would be ignored and the fix."""
     if not isinstance(lin, nn.Linear):
-        return TypeError(f"{cls_name}: its child {name!r} is a {type(lin).__name__}, not an nn.Linear: the fused MLP "
+        return TypeError(f"{cls_name}: its child {name!r} ({type(lin).__name__}) is not an nn.Linear: the fused MLP "
                          f"reads the three Linears' weights itself (wrappers such as LoRA are not run); keep the FFN "
                          f"in high precision or give it plain Linears")
     what = ("a bias" if lin.bias is not None else
             f"its own forward ({type(lin).__name__})" if type(lin).forward is not nn.Linear.forward else
+            f"its own __call__ ({type(lin).__name__})" if type(lin).__call__ is not nn.Module.__call__ else
             "a forward set on the instance" if "forward" in vars(lin) else "forward / backward hooks")
     return ValueError(f"{cls_name}: its Linear {name!r} has {what}, which the fused MLP would ignore (it reads the "
                       f"weights and never calls the Linears): remove that, or run the FFN as three Linears "
