@@ -276,6 +276,18 @@ def test_config_rules():
         MXFP8Config(hopper_block_k=128, fused_epilogues=True)
 
 
+class _SwiGLUFFN(torch.nn.Module):
+    """A torchtitan-style SwiGLU FFN ``w2(silu(w1(x)) * w3(x))`` (what convert_to_mxfp8 fuses)."""
+
+    def __init__(self, d, i):
+        super().__init__()
+        lin = torch.nn.Linear
+        self.w1, self.w2, self.w3 = lin(d, i, bias=False), lin(i, d, bias=False), lin(d, i, bias=False)
+
+    def forward(self, x):
+        return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
+
+
 def test_modules_and_convert_take_only_whole_128_hidden_blocks():
     from torch import nn
 
@@ -287,18 +299,9 @@ def test_modules_and_convert_take_only_whole_128_hidden_blocks():
         MXFP8GroupedExperts(256, 320, 4, config=FAST)
     MXFP8SwiGLUMLP(256, 320)  # plain MXFP8 takes it
 
-    class FFN(nn.Module):
-        def __init__(self, i):
-            super().__init__()
-            self.w1, self.w2, self.w3 = nn.Linear(256, i, bias=False), nn.Linear(i, 256, bias=False), \
-                nn.Linear(256, i, bias=False)
-
-        def forward(self, x):
-            return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
-
-    model = nn.Sequential(FFN(320), FFN(384))
+    model = nn.Sequential(_SwiGLUFFN(256, 320), _SwiGLUFFN(256, 384))
     report = convert_to_mxfp8(model, config=FAST)
-    assert type(model[1]).__name__ == "MXFP8SwiGLUMLP" and type(model[0]) is FFN
+    assert type(model[1]).__name__ == "MXFP8SwiGLUMLP" and type(model[0]) is _SwiGLUFFN
     assert [fqn for fqn, _ in report.converted] == ["0.w1", "0.w2", "0.w3", "1"]
     assert any(fqn == "0" and "multiple of 128" in why for fqn, why in report.skipped)
     x = torch.randn(8, 256, requires_grad=True)
@@ -321,18 +324,9 @@ def test_modules_and_convert_with_fused_epilogues_take_only_whole_64_hidden_runs
             make()
     MXFP8SwiGLUMLP(64, 128, config=fused), MXFP8GroupedExperts(64, 96, 2)  # (whole runs; the default config)
 
-    class FFN(nn.Module):
-        def __init__(self, i):
-            super().__init__()
-            self.w1, self.w2, self.w3 = nn.Linear(64, i, bias=False), nn.Linear(i, 64, bias=False), \
-                nn.Linear(64, i, bias=False)
-
-        def forward(self, x):
-            return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
-
-    model = nn.Sequential(FFN(96), FFN(128))
+    model = nn.Sequential(_SwiGLUFFN(64, 96), _SwiGLUFFN(64, 128))
     report = convert_to_mxfp8(model, config=fused)
-    assert type(model[0]) is FFN and type(model[1]).__name__ == "MXFP8SwiGLUMLP"
+    assert type(model[0]) is _SwiGLUFFN and type(model[1]).__name__ == "MXFP8SwiGLUMLP"
     assert [fqn for fqn, _ in report.converted] == ["0.w1", "0.w2", "0.w3", "1"]
     assert any(fqn == "0" and "multiple of 64" in why for fqn, why in report.skipped)
     x = torch.randn(8, 64, requires_grad=True)
