@@ -826,6 +826,29 @@ def test_convert_reports_an_ffn_left_unfused_by_hooks_on_one_of_its_linears():
     assert type(model[0].w3) is nn.Linear and isinstance(model[0].w1, MXFP8Linear)
 
 
+def test_convert_probes_ffns_in_inference_mode_and_names_hooks_on_dropped_children():
+    """convert_to_mxfp8 called under ``torch.inference_mode``: the probe's grad-mode run still runs (an FFN that
+    checkpoints its forward is fused); a state-dict hook on a child the fused module drops keeps the FFN, and the
+    reason says why."""
+    from torch.utils.checkpoint import checkpoint
+
+    from cute_mxfp8 import convert_to_mxfp8
+
+    class Ckpt(FeedForward):
+        def forward(self, x):
+            return checkpoint(super().forward, x, use_reentrant=False)
+
+    model = nn.Sequential(Ckpt(64, 128))
+    with torch.inference_mode():
+        report = convert_to_mxfp8(model)
+    assert report.converted == [("0", "MXFP8SwiGLUMLP")], report
+    ffn = FeedForward(64, 128)
+    ffn.act = nn.SiLU()  # (parameter-free: the FFN keeps its SwiGLU shape)
+    ffn.act._register_state_dict_hook(lambda mod, sd, prefix, meta: sd)
+    reason = dict(convert_to_mxfp8(nn.Sequential(ffn)).skipped)["0"]
+    assert "its submodule 'act' has state-dict hooks, which would be lost with it" in reason, reason
+
+
 def test_convert_fuses_an_ffn_whose_linears_have_state_dict_hooks():
     """State-dict and load-state-dict hooks on an FFN's Linears do not block fusing: the fused MLP keeps the
     Linear objects, so those hooks still run (only call hooks, which it would skip, do)."""

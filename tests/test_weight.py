@@ -459,9 +459,19 @@ def test_quantize_weights_warns_when_it_wraps_nothing_it_could_have():
             super().__init__()
             self.w1 = nn.Parameter(torch.randn(2, 96, 40))
 
-    with pytest.warns(UserWarning, match="wrapped no weight: 1 left in high precision, e.g. 0.w1: dim 2=40 not a "
-                                         "multiple of the MX block size 32"):
+    with pytest.warns(UserWarning, match=r"wrapped no weight: 1 left in high precision, e.g. 0.w1: 3-D weight \(E, "
+                                         r"N, K\): K=40 not a multiple of the MX block size 32"):
         assert quantize_weights_(nn.Sequential(Experts())) == []
+
+    class PatchEmbed(nn.Module):  # 3-D parameters that are no expert weights: neither wrapped nor reported
+        def __init__(self):
+            super().__init__()
+            self.pos_embed, self.cls_token = nn.Parameter(torch.zeros(1, 197, 64)), nn.Parameter(torch.zeros(1, 1, 64))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert quantize_weights_(PatchEmbed()) == []
+        assert quantize_weights_(nn.Sequential(nn.Bilinear(40, 64, 64, bias=False))) == []
     model = nn.Sequential(nn.Linear(64, 64), nn.Linear(48, 64))  # one wrapped: the other is logged only
     with warnings.catch_warnings():
         warnings.simplefilter("error")

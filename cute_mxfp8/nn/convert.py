@@ -30,9 +30,10 @@ are.  Every candidate left alone is logged and reported with the reason, includi
 
 A replaced module's own buffers and plain attributes move to its replacement (the state dict keeps its keys).  A
 candidate stays as it is, reported, where the swap would drop behaviour or state (``modules.hooks_reason``): hooks
-(forward, backward, state-dict, load-state-dict) on itself or (an FFN) on its Linears, which the fused MLP never
-calls, a forward replaced on the instance, a class keeping extra state, a buffer named like the MXFP8 module's own
-attribute; checked before any probe runs it (global module hooks are not looked at).  So does a torchtitan Linear or
+(forward, backward, state-dict, load-state-dict) on itself or on a child the MXFP8 module drops, forward / backward
+hooks on an FFN's Linears, which the fused MLP never calls (their state-dict hooks stay with them: the fused MLP
+keeps the Linear objects), a forward replaced on the instance, a class keeping extra state, a buffer named like
+the MXFP8 module's own attribute; checked before any probe runs it (global module hooks are not looked at).  So does a torchtitan Linear or
 grouped-experts module while the model has parameters on the meta device: torchtitan's ``init_states`` would not
 reach the MXFP8 module, so its weights would stay uninitialized.  Convert torchtitan models after ``init_states``
 (a model built on a real device too: torchtitan's experts start from ``torch.empty`` there, which nothing detects),
@@ -204,7 +205,8 @@ def _swiglu_ffn_dims(m: nn.Module) -> tuple[int, int, tuple[str, str, str]] | st
     return None
 
 
-@torch.no_grad()
+@torch.inference_mode(False)  # (convert_to_mxfp8 called under inference_mode: the probe's grad-mode run needs
+@torch.no_grad()                # normal tensors)
 def _is_swiglu_ffn(m: nn.Module, d: int, i: int, names: tuple[str, str, str], gen: torch.Generator) -> bool:
     w1, w2, w3 = _probe_weight((i, d), gen), _probe_weight((d, i), gen), _probe_weight((i, d), gen)
     params = {f"{names[0]}.weight": w1, f"{names[1]}.weight": w2, f"{names[2]}.weight": w3}
@@ -230,6 +232,7 @@ def _grouped_experts_dims(m: nn.Module) -> tuple[int, int, int, tuple[str, str, 
     return None
 
 
+@torch.inference_mode(False)
 @torch.no_grad()
 def _is_grouped_experts(m: nn.Module, e: int, d: int, i: int, names: tuple[str, str, str],
                         gen: torch.Generator) -> bool:
@@ -271,8 +274,9 @@ def _skip(report: ConversionReport, fqn: str, why: str) -> None:
 
 
 HF_EXPERTS = "MXFP8 experts forward (transformers)"
-# modules whose 3-D parameters are no expert weights (a convolution's (out, in, k) kernel; Linear / Embedding)
-NOT_EXPERTS = (nn.Linear, nn.Embedding, nn.modules.conv._ConvNd)
+# modules whose 3-D parameters are no expert weights (a convolution's (out, in, k) kernel, a Bilinear's (out, in1,
+# in2); Linear / Embedding)
+NOT_EXPERTS = (nn.Linear, nn.Embedding, nn.modules.conv._ConvNd, nn.Bilinear)
 
 
 def _candidate(m: nn.Module, gen: torch.Generator) -> tuple[str, dict[str, int], object] | str | None:

@@ -174,9 +174,12 @@ def hooks_reason(module: nn.Module, kept=()) -> str | None:
         kept_child = bool(name) and name.split(".")[0] in kept
         kinds = [label for attr, label in _HOOK_KINDS if (not kept_child or attr in _CALL_HOOKS)
                  and any(not _own_hook(h) for h in getattr(sub, attr, {}).values())]
-        if kinds and name:  # (the fused MLP never calls its Linears: registering them after converting is no fix)
+        if kinds and kept_child:  # (the fused MLP never calls its Linears: registering them after converting is no fix)
             return (f"{where} has {' and '.join(kinds)}, which the fused MXFP8 module would not run (it never "
                     f"calls its Linears): remove them, or keep the Linears separate")
+        if kinds and name:
+            return (f"{where} has {' and '.join(kinds)}, which would be lost with it (the MXFP8 module keeps only "
+                    f"the weights it computes with): remove them, or keep the module in high precision")
         if kinds:
             return (f"{where} has {' and '.join(kinds)}, which the MXFP8 module would not run: convert before "
                     f"registering them, or remove them")
@@ -432,8 +435,9 @@ class MXFP8GroupedExperts(nn.Module):
     ints), ``sum <= T`` (rows past the sum give zeros).  Returns (T, D) in ``x.dtype``.
     Raises (at construction): TypeError for a size that is not an int, a non-bool ``validate_counts`` or a
     ``config`` that is not an :class:`MXFP8Config`; ValueError for dims that are not multiples of 32 (I of 128
-    with ``hopper_block_k=128``, of 64 with ``fused_epilogues=True``), ``num_experts < 0``, a non bf16 / fp32 ``dtype``, bad ``names`` or an unregistered
-    ``config.backend``.
+    with ``hopper_block_k=128``, of 64 with ``fused_epilogues=True``), ``num_experts < 0``, a non bf16 / fp32
+    ``dtype``, bad ``names`` or an unregistered ``config.backend``.  The forward raises TypeError where
+    ``validate_counts`` was later set to a non-bool.
     """
 
     validate_counts = False  # the class default: modules pickled before the attribute existed keep working

@@ -233,9 +233,11 @@ def _dims_reason(module: nn.Module, name: str, param: Tensor) -> str | None:
     if isinstance(module, nn.Linear) and name == "weight":
         n, k = param.shape
         return mxfp8_dims_reason(**{"in_features K": k, "out_features N": n})
-    if param.dim() == 3 and not isinstance(module, NOT_EXPERTS) and param.shape[0] > 0:
-        _, a, b = param.shape  # (the 2d-3d forward's K is the last dim, the dgrad's the middle one)
-        return mxfp8_dims_reason(**{"expert weight dim 1": a, "dim 2": b})
+    if param.dim() == 3 and not isinstance(module, NOT_EXPERTS) and param.shape[0] > 1:
+        # (E > 1: a (1, tokens, dim) position embedding or a cls token is no expert weight; the 2d-3d forward's K is
+        # the last dim, the dgrad's the middle one)
+        _, a, b = param.shape
+        return mxfp8_dims_reason(**{"3-D weight (E, N, K): N": a, "3-D weight (E, N, K): K": b})
     return None
 
 
@@ -243,7 +245,7 @@ def _default_filter(module: nn.Module, name: str, param: Tensor) -> bool:
     if isinstance(module, nn.Linear) and name == "weight":
         return _dims_reason(module, name, param) is None
     if param.dim() == 3 and not isinstance(module, NOT_EXPERTS):
-        return param.shape[0] > 0 and _dims_reason(module, name, param) is None
+        return param.shape[0] > 0 and mxfp8_dims_reason(N=param.shape[1], K=param.shape[2]) is None
     return False
 
 
