@@ -360,11 +360,11 @@ class MXFP8SwiGLUMLP(nn.Module):
         """Take over the (gate, down, up) Linears named ``names`` of a SwiGLU FFN (shared, not copied; the
         Linears keep their own class, e.g. a framework's ``nn.Linear`` subclass, and init hooks).  The FFN must
         compute ``down(silu(gate(x)) * up(x))`` with nothing else: TypeError where a child named in ``names`` is
-        no ``nn.Linear``; ValueError for biased Linears, Linears that are not plain (:func:`linear_structure_reason`),
-        weights that cannot form one MLP (:func:`swiglu_weights_reason`), parameters outside the three Linears,
-        buffers in other children, or hooks (:func:`hooks_reason`; of the Linears only call hooks count) (each
-        would be dropped or fail later; ``convert_to_mxfp8`` converts such FFNs' Linears one by one).  The FFN's own buffers and plain attributes
-        move to the new module."""
+        no ``nn.Linear``; ValueError for biased Linears, Linears that are not plain
+        (:func:`linear_structure_reason`), weights that cannot form one MLP (:func:`swiglu_weights_reason`),
+        parameters outside the three Linears, buffers in other children, or hooks (:func:`hooks_reason`; of the
+        Linears only call hooks count) (each would be dropped or fail later; ``convert_to_mxfp8`` converts such
+        FFNs' Linears one by one).  The FFN's own buffers and plain attributes move to the new module."""
         _require_names(cls, names, "child")
         linears = [getattr(ffn, n, None) for n in names]
         if not all(isinstance(lin, nn.Linear) for lin in linears):
