@@ -34,8 +34,8 @@ candidate stays as it is, reported, where the swap would drop behaviour or state
 hooks on an FFN's Linears, which the fused MLP never calls (their state-dict hooks stay with them: the fused MLP
 keeps the Linear objects), a forward replaced on the instance, a class keeping extra state, a buffer named like
 the MXFP8 module's own attribute; checked before any probe runs it (global module hooks are not looked at).  So
-does a torchtitan Linear or grouped-experts module while the model has parameters on the meta device: torchtitan's ``init_states`` would not
-reach the MXFP8 module, so its weights would stay uninitialized.  Convert torchtitan models after ``init_states``
+does a torchtitan Linear or grouped-experts module while the model has parameters on the meta device:
+torchtitan's ``init_states`` would not reach the MXFP8 module, so its weights would stay uninitialized.  Convert torchtitan models after ``init_states``
 (a model built on a real device too: torchtitan's experts start from ``torch.empty`` there, which nothing detects),
 or wrap the weights with ``quantize_weights_``, or, for the FFNs and experts, use
 :mod:`cute_mxfp8.integrations.torchtitan`.  So does a module wrapped
