@@ -91,13 +91,23 @@ def linear_reason(m: nn.Linear) -> str | None:
     return linear_structure_reason(m) or hooks_reason(m)
 
 
+def _overridden_call(m: nn.Module) -> str | None:
+    """``"nn.Linear.forward"`` or ``"nn.Module.__call__"`` where ``type(m)`` overrides it (the MXFP8 layers would not
+    run the override), else None."""
+    if type(m).forward is not nn.Linear.forward:
+        return "nn.Linear.forward"
+    if type(m).__call__ is not nn.Module.__call__:
+        return "nn.Module.__call__"
+    return None
+
+
 def linear_structure_reason(m: nn.Linear) -> str | None:
     """:func:`linear_reason` without the hooks: whether ``m`` computes and holds what ``nn.Linear`` does."""
     if any(isinstance(p, nn.parameter.UninitializedParameter) for p in m.parameters(recurse=False)):
         return (f"{type(m).__name__} has not materialized its parameters yet (a lazy module): run one forward "
                 "first, then convert it")
-    if type(m).forward is not nn.Linear.forward or type(m).__call__ is not nn.Module.__call__:
-        what = "nn.Linear.forward" if type(m).forward is not nn.Linear.forward else "nn.Module.__call__"
+    what = _overridden_call(m)
+    if what is not None:
         return (f"{type(m).__name__} overrides {what}; only Linears computing nn.Linear's forward are converted")
     extra = [n for n, _ in m.named_parameters() if n not in ("weight", "bias")]
     if extra:
@@ -300,9 +310,8 @@ def _fusable_linear(lin) -> bool:
     """Whether the fused MLP, which reads only ``lin.weight`` and never calls ``lin``, runs what ``lin`` would: a
     bias-free ``nn.Linear`` with ``nn.Linear``'s forward, no call hooks, no forward set on the instance (a cheap
     check, run on every forward)."""
-    return (isinstance(lin, nn.Linear) and lin.bias is None and type(lin).forward is nn.Linear.forward
-            and type(lin).__call__ is nn.Module.__call__ and "forward" not in vars(lin)
-            and not any(getattr(lin, a) for a in _CALL_HOOKS))
+    return (isinstance(lin, nn.Linear) and lin.bias is None and _overridden_call(lin) is None
+            and "forward" not in vars(lin) and not any(getattr(lin, a) for a in _CALL_HOOKS))
 
 
 def _unfusable_child(cls_name: str, name: str, lin) -> Exception:
@@ -311,9 +320,9 @@ def _unfusable_child(cls_name: str, name: str, lin) -> Exception:
         return TypeError(f"{cls_name}: its child {name!r} ({type(lin).__name__}) is not an nn.Linear: the fused MLP "
                          f"reads the three Linears' weights itself (wrappers such as LoRA are not run); keep the FFN "
                          f"in high precision or give it plain Linears")
+    own = _overridden_call(lin)
     what = ("a bias" if lin.bias is not None else
-            f"its own forward ({type(lin).__name__})" if type(lin).forward is not nn.Linear.forward else
-            f"its own __call__ ({type(lin).__name__})" if type(lin).__call__ is not nn.Module.__call__ else
+            f"its own {own.rsplit('.', 1)[1]} ({type(lin).__name__})" if own is not None else
             "a forward set on the instance" if "forward" in vars(lin) else "forward / backward hooks")
     return ValueError(f"{cls_name}: its Linear {name!r} has {what}, which the fused MLP would ignore (it reads the "
                       f"weights and never calls the Linears): remove that, or run the FFN as three Linears "

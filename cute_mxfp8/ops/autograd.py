@@ -36,7 +36,7 @@ from ..swiglu import GATE_UP_TILE, convert_gate_up, split_gate_up
 from . import api
 from .amp import autocast_input, autocast_off
 from .backends import fuses_mlp, resolve_backend
-from .shapes import fast_mode_hidden_reason, mxfp8_dims_reason
+from .shapes import fast_mode_hidden_reason, fused_hidden_reason, mxfp8_dims_reason
 from .token_layout import prime_fast_schedules
 
 
@@ -529,9 +529,9 @@ def fused_epilogues_enabled(config, device, i: int, grouped: bool) -> bool:
         return False
     if c.fused_epilogues is None:
         return i % GATE_UP_TILE == 0 and fuses_mlp(device, c.backend, grouped)
-    if c.fused_epilogues and i % GATE_UP_TILE:
-        raise ValueError(f"fused_epilogues=True needs I % {GATE_UP_TILE} == 0 (the interleaved gate/up layout), got "
-                         f"I = {i}: pad the gate and up projections EACH (w1 and w3, or each half of a packed "
+    reason = fused_hidden_reason(c.fused_epilogues, i)
+    if reason is not None:
+        raise ValueError(f"{reason}: pad the gate and up projections EACH (w1 and w3, or each half of a packed "
                          f"w13; and w2's columns) to a multiple of {GATE_UP_TILE}")
     return c.fused_epilogues
 

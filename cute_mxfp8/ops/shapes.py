@@ -79,17 +79,26 @@ def fast_mode_hidden_reason(hopper_block_k: int, hidden_dim: int) -> str | None:
     return None
 
 
+def fused_hidden_reason(fused_epilogues, hidden_dim: int) -> str | None:
+    """None unless ``MXFP8Config(fused_epilogues=...)`` cannot run a SwiGLU MLP / experts block of hidden size
+    ``hidden_dim``: ``True`` needs I % 64 == 0 (W13 and h13 in the interleaved gate/up runs of ``GATE_UP_TILE``)."""
+    if fused_epilogues and hidden_dim % GATE_UP_TILE:
+        return (f"hidden_dim I = {hidden_dim} is not a multiple of {GATE_UP_TILE}, which fused_epilogues=True needs "
+                f"(I % {GATE_UP_TILE} == 0: the interleaved gate/up layout)")
+    return None
+
+
 def mlp_hidden_reason(config, hidden_dim: int) -> str | None:
     """None unless ``config`` (an :class:`~cute_mxfp8.MXFP8Config`) cannot run a SwiGLU MLP / experts block of
-    hidden size ``hidden_dim`` on any backend: the fast mode's I % 128 (:func:`fast_mode_hidden_reason`) or
-    ``fused_epilogues=True``'s I % 64 (the interleaved gate/up layout); the reason ends with the fix."""
+    hidden size ``hidden_dim`` on any backend (:func:`fast_mode_hidden_reason`, :func:`fused_hidden_reason`); the
+    reason ends with the fix."""
     reason = fast_mode_hidden_reason(config.hopper_block_k, hidden_dim)
     if reason is not None:
         return f"{reason}; pad the hidden dim to a multiple of 128 or use hopper_block_k=32"
-    if config.fused_epilogues and hidden_dim % GATE_UP_TILE:
-        return (f"hidden_dim I = {hidden_dim} is not a multiple of {GATE_UP_TILE}, which fused_epilogues=True needs "
-                f"(the interleaved gate/up layout); pad the hidden dim to a multiple of {GATE_UP_TILE} or pass "
-                f"fused_epilogues=None (fused where the hidden dim allows)")
+    reason = fused_hidden_reason(config.fused_epilogues, hidden_dim)
+    if reason is not None:
+        return (f"{reason}; pad the hidden dim to a multiple of {GATE_UP_TILE} or pass fused_epilogues=None (fused "
+                f"where the hidden dim allows)")
     return None
 
 
